@@ -1,0 +1,80 @@
+"""The gpuk8s exception tree: every error we raise on purpose is a Gpuk8sError."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class Gpuk8sError(Exception):
+    """Base of every error gpuk8s raises on purpose."""
+
+
+class InventoryError(Gpuk8sError, ValueError):
+    """The inventory (or a values file, or --set) is wrong; says file, line and fix."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 fix: str | None = None) -> None:
+        self.message = message
+        self.path = path
+        self.line = line
+        self.fix = fix
+        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        text = f"{where}{message}"
+        if fix:
+            text += f"\n  fix: {fix}"
+        super().__init__(text)
+
+
+class ConnectError(Gpuk8sError):
+    """A host could not be reached, authenticated, or its host key is not trusted."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}")
+
+
+class FactError(Gpuk8sError):
+    """A fact probe produced output we cannot parse."""
+
+
+class PlanError(Gpuk8sError, ValueError):
+    """Variables and facts cannot make a valid plan (bad template, unsupported OS...)."""
+
+
+class PreflightError(Gpuk8sError):
+    """Preflight found problems; ``problems`` maps host -> list of (check, message, fix)."""
+
+    def __init__(self, problems: Mapping[str, list[tuple[str, str, str]]]) -> None:
+        self.problems = dict(problems)
+        count = sum(len(v) for v in self.problems.values())
+        hosts = ", ".join(sorted(self.problems))
+        super().__init__(f"preflight found {count} problem(s) on {hosts}; nothing was changed")
+
+
+class CommandFailed(Gpuk8sError):
+    """A command on a host exited non-zero."""
+
+    def __init__(self, host: str, op_id: str, command: str, exit_code: int,
+                 stderr_tail: str) -> None:
+        self.host = host
+        self.op_id = op_id
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+        super().__init__(
+            f"{host}: [{op_id}] exited {exit_code}: {command}\n{stderr_tail}".rstrip()
+        )
+
+
+class PhaseFailed(Gpuk8sError):
+    """A phase failed on one or more hosts; ``results`` carries every host's result."""
+
+    def __init__(self, phase: str, results: Mapping[str, Any]) -> None:
+        self.phase = phase
+        self.results = dict(results)
+        failed = sorted(h for h, r in self.results.items() if getattr(r, "error", None))
+        lines = [f"phase {phase!r} failed on {len(failed)} host(s): {', '.join(failed)}"]
+        for h in failed:
+            lines.append(f"  {self.results[h].error}")
+        super().__init__("\n".join(lines))
