@@ -1,0 +1,466 @@
+"""The entry points tasks.py and the CLI call: bootstrap, plan, facts.
+
+Each run: load and validate the inventory (no host contacted), connect to every host once, gather
+facts with one probe per host, preflight, then per phase plan -> show -> apply -> barrier, probing
+again only the hosts a phase changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.errors import (
+    ConnectError,
+    Gpuk8sError,
+    InventoryError,
+    PhaseFailed,
+    PreflightError,
+)
+from gpuk8s.executor import HostResult, HostRunner, RoleWork, run_phase
+from gpuk8s.executor import parallel as in_parallel
+from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.probe import build_probe, parse_probe
+from gpuk8s.facts.system import Files, PciDevices, System
+from gpuk8s.inventory import Host, Inventory, load_inventory
+from gpuk8s.ops import Op
+from gpuk8s.playbook import ALL_ROLES, PHASES, PREFLIGHT, Phase
+from gpuk8s.report import Reporter, RunLog
+from gpuk8s.roles import HostContext, load_role
+from gpuk8s.transport import ConnectSpec, Redactor, Transport, open_all, open_transport
+
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
+_JOIN_RE = re.compile(r"kubeadm join (\S+) --token (\S+)\s+--discovery-token-ca-cert-hash (\S+)")
+
+
+@dataclass
+class Session:
+    """The state of one run: connections, facts and the values phases hand each other."""
+
+    inventory: Inventory
+    scope: list[str]
+    reporter: Reporter
+    redact: Redactor
+    runlog: RunLog
+    opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+    transports: dict[str, Transport] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    totals: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def first_cp(self) -> str:
+        return self.inventory.control_planes[0].name
+
+    def host(self, name: str) -> Host:
+        return self.inventory.hosts[name]
+
+
+def connect_spec(host: Host, env: Mapping[str, str] | None = None) -> ConnectSpec:
+    """Connection settings of an inventory host."""
+    password = host.become_password.reveal() if host.become_password else None
+    return ConnectSpec(
+        name=host.name, address=host.address, port=host.port, user=host.user,
+        key_file=host.key_file, become=host.become, become_password=password,
+        local=host.connection == "local", proxy_jump=host.proxy_jump,
+        proxy_command=host.proxy_command, known_hosts_files=tuple(host.known_hosts_files),
+        ssh_config_file=host.ssh_config_file,
+        host_key_policy=host.strict_host_key_checking or "yes")
+
+
+# -- facts ------------------------------------------------------------------------------------
+def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    """Every fact any role needs on a host with these vars, each once."""
+    seen: dict[Fact[Any], None] = {}
+    for role in ALL_ROLES:
+        for fact in load_role(role).facts(vars):
+            seen.setdefault(fact, None)
+    return list(seen)
+
+
+def gather(session: Session, hosts: Sequence[str]) -> None:
+    """One probe per host, all hosts in parallel; raise PhaseFailed if any probe fails."""
+
+    def one(name: str) -> HostFacts:
+        requests = fact_requests(session.host(name).vars)
+        script, marker = build_probe(requests)
+        result = session.transports[name].run(script, timeout=120)
+        return parse_probe(name, result.stdout, requests, marker)
+
+    results = in_parallel(list(hosts), one)
+    failed: dict[str, HostResult] = {}
+    for name, value in results.items():
+        if isinstance(value, HostFacts):
+            session.facts[name] = value
+        else:
+            err = value if isinstance(value, Gpuk8sError) else \
+                Gpuk8sError(f"{name}: fact probe failed: {value!r}")
+            failed[name] = HostResult(name, error=err)
+    if failed:
+        raise PhaseFailed("facts", failed)
+
+
+def context(session: Session, host: str, role: str) -> HostContext:
+    h = session.host(host)
+    return HostContext(host, role, h.vars, session.facts[host], session.cluster, h.groups)
+
+
+# -- cluster-wide values -----------------------------------------------------------------------
+def cluster_values(session: Session) -> None:
+    """Node names, addresses and GPU counts of the hosts in this run; the API endpoint."""
+    cp = session.host(session.first_cp)
+    endpoint = cp.vars["control_plane_endpoint"] or f"{cp.address}:6443"
+    nodes = {}
+    for name in session.facts:
+        facts = session.facts[name]
+        gpus = [d for d in facts[PciDevices()] if d.is_gpu]
+        nodes[name] = {"name": facts[System()].hostname.lower(),
+                       "address": session.host(name).address, "gpus": len(gpus),
+                       "model": gpus[0].model if gpus else ""}
+    session.cluster.update(endpoint=endpoint, advertise_address=cp.address,
+                           node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes)
+
+
+def preflight(session: Session) -> None:
+    """Run every host's checks and the cross-host ones; raise PreflightError on any error."""
+    errors: dict[str, list[tuple[str, str, str]]] = {}
+    warnings: dict[str, list[tuple[str, str, str]]] = {}
+    role = load_role(PREFLIGHT).module
+    for name in session.scope:
+        kubelet = session.facts[name].get(Files("/etc/kubernetes/kubelet.conf"))
+        session.cluster.setdefault("joined", {})[name] = bool(
+            kubelet and kubelet["/etc/kubernetes/kubelet.conf"].exists)
+    for name in session.scope:
+        errs, warns = role.check(context(session, name, PREFLIGHT))
+        errors[name], warnings[name] = list(errs), list(warns)
+    for attr, label in (("hostname", "hostname"), ("product_uuid", "product_uuid"),
+                        ("machine_id", "machine-id")):
+        seen: dict[str, str] = {}
+        for name in session.facts:
+            value = getattr(session.facts[name][System()], attr)
+            if not value:
+                continue
+            if value in seen and name in session.scope:
+                errors.setdefault(name, []).append((
+                    f"unique_{attr}", f"{label} {value!r} is the same as on {seen[value]}",
+                    f"give every node its own {label} (cloned VM images often share it)"))
+            seen.setdefault(value, name)
+    session.reporter.problems("preflight warnings", warnings, style="magenta")
+    if any(errors.values()):
+        session.reporter.problems("preflight problems", errors)
+        raise PreflightError({h: p for h, p in errors.items() if p})
+
+
+# -- phases ------------------------------------------------------------------------------------
+def phase_hosts(session: Session, phase: Phase) -> list[str]:
+    if phase.hosts == "all":
+        return list(session.scope)
+    if phase.hosts == "first_control_plane":
+        return [session.first_cp]
+    return [h for h in session.scope if h != session.first_cp]
+
+
+def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
+               ) -> dict[str, list[RoleWork]]:
+    work: dict[str, list[RoleWork]] = {}
+    for host in hosts:
+        items = []
+        for name in phase.roles:
+            role = load_role(name)
+            ctx = context(session, host, name)
+            ops = role.plan(ctx)
+            handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
+            items.append(RoleWork(name, tuple(ops), handlers))
+        work[host] = items
+    return work
+
+
+def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
+    return {h: [op for rw in items for op in rw.ops] for h, items in work.items()}
+
+
+def mint_join(session: Session) -> None:
+    """A fresh short-lived token on the first control plane, kept in memory only."""
+    cp = session.first_cp
+    ttl = session.host(cp).vars["join_token_ttl"]
+    result = session.transports[cp].run(
+        f"kubeadm token create --ttl {ttl} --print-join-command 2>&1", timeout=120)
+    match = _JOIN_RE.search(result.stdout)
+    if result.exit_code != 0 or not match:
+        raise PhaseFailed("join", {cp: HostResult(cp, error=Gpuk8sError(
+            f"{cp}: kubeadm token create failed (exit {result.exit_code}): "
+            + session.redact(result.stdout.strip()[-500:])))})
+    session.redact.add(match.group(2), match.group(2).split(".")[-1])
+    session.cluster["join"] = {"endpoint": match.group(1), "token": match.group(2),
+                               "ca_hash": match.group(3)}
+
+
+def fetch_admin_conf(session: Session) -> Path | None:
+    """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine."""
+    cp = session.first_cp
+    result = session.transports[cp].run(f"cat {ADMIN_CONF}")
+    if result.exit_code != 0:
+        return None
+    data = result.stdout
+    for line in data.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key.endswith("-data") and value.strip():
+            session.redact.add(value.strip())
+    dest = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if dest.exists() and dest.read_text() == data:
+        os.chmod(dest, 0o600)
+        return dest
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+    os.chmod(dest, 0o600)
+    return dest
+
+
+def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[RoleWork]]
+                ) -> dict[str, HostResult]:
+    runners = {h: HostRunner(h, session.transports[h], session.redact,
+                             session.runlog.host_logger(h), session.reporter.event,
+                             float(session.host(h).vars["reboot_timeout"])) for h in work}
+    changing = [h for h, items in work.items() if any(op.changes for rw in items
+                                                      for op in rw.ops)]
+    session.reporter.start(changing)
+    try:
+        results = run_phase(work, runners)
+    finally:
+        session.reporter.stop()
+    return results
+
+
+def _tally(session: Session, results: Mapping[str, HostResult]) -> None:
+    for host, res in results.items():
+        t = session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0, "time": 0.0})
+        t["changed"] += res.changed
+        t["ok"] += res.ok
+        t["failed"] += res.failed + (1 if res.error and not res.failed else 0)
+        t["time"] += res.elapsed
+
+
+# -- entry points ------------------------------------------------------------------------------
+def _runs_dir() -> Path:
+    return Path(os.environ.get("GPUK8S_RUNS_DIR", "runs"))
+
+
+def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str],
+                 command: str, reporter: Reporter | None, redact: Redactor | None = None,
+                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+                 password_prompt: Callable[[str], str] | None = None) -> Session:
+    """Load the inventory, then connect to the hosts in scope plus the first control plane."""
+    inv = load_inventory(inventory, overrides=list(sets))
+    if not inv.control_planes:
+        raise InventoryError("no control plane in the inventory", path=str(inv.path),
+                             fix="add a host under children: control_plane: hosts:")
+    if len(inv.control_planes) > 1:
+        raise InventoryError(
+            f"{len(inv.control_planes)} control planes; gpuk8s supports one for now",
+            path=str(inv.path), fix="keep one host under control_plane")
+    redact = redact or Redactor()
+    reporter = reporter or Reporter(redact=redact)
+    reporter.redact = redact
+    selected = [h.name for h in inv.select(limit) if not h.absent]
+    skipped = [h.name for h in inv.select(limit) if h.absent]
+    for name in skipped:
+        reporter.print(f"skipping {name}: absent: true in the inventory", style="dim")
+    for name in inv.needs_become_password():
+        if password_prompt is None:
+            raise InventoryError(
+                f"host {name} needs a sudo password", path=str(inv.path),
+                fix="set ansible_become_password in host_vars, or export GPUK8S_BECOME_PASSWORD")
+    session = Session(inv, selected, reporter, redact, RunLog(_runs_dir(), command, redact),
+                      opener)
+    contact = list(dict.fromkeys([*selected, session.first_cp]))
+    specs = [connect_spec(inv.hosts[h]) for h in contact]
+    for spec in specs:
+        redact.add(spec.become_password)
+    transports, errors = open_all(specs, redact, opener)
+    session.transports = transports
+    if errors:
+        for t in transports.values():
+            t.close()
+        raise PhaseFailed("connect", {h: HostResult(h, error=e) for h, e in errors.items()})
+    return session
+
+
+def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,
+              diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
+              reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
+              opener: Callable[[ConnectSpec, Redactor], Any] = open_transport) -> dict[str, Any]:
+    """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.
+
+    Args:
+        inventory: path of the inventory (YAML or INI).
+        limit: Ansible-style host pattern; the first control plane is always contacted.
+        check: plan only: print what would change and change nothing (``invoke plan``).
+        diff: show file diffs in the plan.
+        yes: apply without asking.
+        sets: ``key=value`` overrides, highest precedence.
+        reporter: where output goes (a default one prints to stdout).
+        confirm: asks the user; None with yes=False and a TTY prompts on stdin.
+        opener: opens one host's transport (tests pass fakes).
+
+    Returns:
+        A summary dict: changes planned/applied per host, wall time, run folder.
+    """
+    started = time.monotonic()
+    command = "plan" if check else "bootstrap"
+    session = open_session(inventory, limit=limit, sets=sets, command=command,
+                           reporter=reporter, opener=opener)
+    rep = session.reporter
+    try:
+        gather(session, list(session.transports))
+        cluster_values(session)
+        preflight(session)
+        planned_total = 0
+        if not check and not yes:
+            planned_total = _preview(session, diff)
+            if planned_total and not _confirm(confirm, planned_total):
+                rep.print("nothing changed")
+                return {"changed": 0, "aborted": True}
+        dirty: set[str] = set()   # hosts changed since their facts were gathered
+        cluster_moved = False     # anything changed since the first control plane's probe
+        applied_total = 0
+        for phase in PHASES:
+            hosts = phase_hosts(session, phase)
+            regather = dirty & set(hosts)
+            if cluster_moved and session.first_cp in hosts:
+                regather.add(session.first_cp)
+            if regather:
+                gather(session, sorted(regather))
+                cluster_values(session)
+                dirty -= regather
+                if session.first_cp in regather:
+                    cluster_moved = False
+            if phase.name == "join" and not check:
+                work = plan_phase(session, phase, hosts)
+                if any(op.changes for items in work.values() for rw in items for op in rw.ops):
+                    mint_join(session)
+            work = plan_phase(session, phase, hosts)
+            changes = sum(op.changes for items in work.values() for rw in items
+                          for op in rw.ops)
+            if check or changes or diff:
+                rep.phase(f"{phase.name}: {phase.title}")
+                n = rep.plan(_ops(work), show_all=check, diff=diff)
+                planned_total += n if check else 0
+            if check:
+                session.runlog.add_phase(phase.name, {}, 0.0, _ops(work))
+                continue
+            if not changes:
+                session.runlog.add_phase(phase.name, {h: HostResult(h) for h in work}, 0.0,
+                                         _ops(work))
+                _tally(session, {h: _ok_result(h, work[h]) for h in work})
+                continue
+            t0 = time.monotonic()
+            results = apply_phase(session, phase, work)
+            session.runlog.add_phase(phase.name, results, time.monotonic() - t0)
+            _tally(session, results)
+            applied_total += sum(r.changed for r in results.values())
+            if any(r.error for r in results.values()):
+                raise PhaseFailed(phase.name, results)
+            changed_hosts = {h for h, r in results.items() if r.changed}
+            dirty |= changed_hosts
+            cluster_moved = cluster_moved or bool(changed_hosts)
+            if phase.name == "control-plane":
+                path = fetch_admin_conf(session)
+                if path:
+                    rep.print(f"admin kubeconfig: {path} (0600)")
+        elapsed = time.monotonic() - started
+        report = session.runlog.write_report(wall_time=round(elapsed, 3), check=check)
+        if check:
+            rep.print(f"\nplan: {planned_total} change(s); nothing was changed "
+                      f"({elapsed:.2f}s)")
+        else:
+            rep.summary(session.totals, elapsed)
+            if not applied_total:
+                rep.print(f"no changes: the cluster already matches the inventory "
+                          f"({elapsed:.2f}s)")
+        rep.print(f"run folder: {report.parent}", style="dim")
+        return {"changed": applied_total, "planned": planned_total, "wall_time": elapsed,
+                "run_dir": str(report.parent), "totals": session.totals}
+    except Gpuk8sError as exc:
+        session.runlog.write_report(error=session.redact(str(exc)))
+        raise
+    finally:
+        for t in session.transports.values():
+            t.close()
+
+
+def _ok_result(host: str, items: Sequence[RoleWork]) -> HostResult:
+    from gpuk8s.executor import OpResult
+
+    res = HostResult(host)
+    res.results = [OpResult(host, op, "warning" if op.warning else "ok")
+                   for rw in items for op in rw.ops]
+    return res
+
+
+def _preview(session: Session, diff: bool) -> int:
+    """Print the plan of every phase on current facts; return the number of changes."""
+    total = 0
+    for phase in PHASES:
+        work = plan_phase(session, phase, phase_hosts(session, phase))
+        ops = _ops(work)
+        n = sum(op.changes for v in ops.values() for op in v)
+        if n:
+            session.reporter.phase(f"{phase.name}: {phase.title}")
+            session.reporter.plan(ops, show_all=False, diff=diff)
+        total += n
+    return total
+
+
+def _confirm(confirm: Callable[[str], bool] | None, changes: int) -> bool:
+    question = f"apply {changes} change(s)? (later phases may add more) [y/N] "
+    if confirm is not None:
+        return confirm(question)
+    if not sys.stdin.isatty():
+        raise Gpuk8sError("refusing to change hosts without confirmation: stdin is not a "
+                          "terminal; pass --yes")
+    return input(question).strip().lower() in ("y", "yes")
+
+
+def plan(inventory: str | Path, **kwargs: Any) -> dict[str, Any]:
+    """Show what bootstrap would change; change nothing on any host."""
+    return bootstrap(inventory, check=True, **kwargs)
+
+
+def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str] = (),
+          reporter: Reporter | None = None, as_json: bool = True) -> dict[str, Any]:
+    """Gather and print every fact of every host (one probe per host)."""
+    session = open_session(inventory, limit=limit, sets=sets, command="facts",
+                           reporter=reporter)
+    try:
+        gather(session, [h for h in session.scope if h in session.transports])
+        data = {h: session.facts[h].as_json() for h in session.scope}
+        text = json.dumps(data, indent=2, default=_jsonable)
+        session.reporter.console.print(session.redact(text), markup=False, highlight=False)
+        return data
+    finally:
+        for t in session.transports.values():
+            t.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+__all__ = ["ConnectError", "bootstrap", "facts", "plan"]

@@ -1,0 +1,233 @@
+"""Apply planned ops: one thread per host, one script per role, handlers, reboots, barriers."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError
+from gpuk8s.ops import Op
+from gpuk8s.transport import CommandResult, Redactor, Transport
+
+PREAMBLE = ("exec 2>&1\nexport LC_ALL=C DEBIAN_FRONTEND=noninteractive "
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+
+
+@dataclass(frozen=True)
+class RoleWork:
+    """One role's ops on one host, and the handlers its changed ops may notify."""
+
+    role: str
+    ops: tuple[Op, ...]
+    handlers: Mapping[str, Op] = field(default_factory=dict)
+
+
+@dataclass
+class OpResult:
+    host: str
+    op: Op
+    status: str  # "changed" | "ok" | "failed" | "warning"
+    elapsed: float = 0.0
+    output: str = ""
+
+
+@dataclass
+class HostResult:
+    host: str
+    results: list[OpResult] = field(default_factory=list)
+    error: Gpuk8sError | None = None
+    elapsed: float = 0.0
+
+    @property
+    def changed(self) -> int:
+        return sum(r.status == "changed" for r in self.results)
+
+    @property
+    def ok(self) -> int:
+        return sum(r.status == "ok" for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return sum(r.status == "failed" for r in self.results)
+
+
+#: callback(host, event, text): "op" / "handler" / "reboot" / "fail" / "done"
+Listener = Callable[[str, str, str], None]
+
+
+def build_script(ops: Sequence[Op], marker: str) -> str:
+    """One script running the ops in order, each delimited, stopping at the first failure."""
+    parts = [PREAMBLE]
+    for i, op in enumerate(ops):
+        body = "\n".join(op.commands)
+        parts.append(f"echo '{marker} B {i}'\n( set -e\n{body}\n)\n"
+                     f"rc=$?; echo \"\n{marker} E {i} $rc\"; [ $rc -eq 0 ] || exit $rc\n")
+    return "".join(parts)
+
+
+def split_output(output: str, marker: str) -> dict[int, tuple[str, int | None]]:
+    """Per-op (output, exit code); an op whose end marker is missing has exit code None."""
+    sections: dict[int, tuple[str, int | None]] = {}
+    current: int | None = None
+    buf: list[str] = []
+    for line in output.split("\n"):
+        if line.startswith(marker + " "):
+            word = line.split()
+            if word[1] == "B":
+                current, buf = int(word[2]), []
+            elif current is not None:
+                sections[current] = ("\n".join(buf).rstrip("\n"), int(word[3]))
+                current = None
+            continue
+        if current is not None:
+            buf.append(line)
+    if current is not None:
+        sections[current] = ("\n".join(buf).rstrip("\n"), None)
+    return sections
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class HostRunner:
+    """Applies a host's role work through its transport."""
+
+    def __init__(self, host: str, transport: Transport, redact: Redactor,
+                 log: Callable[[str], None], listener: Listener,
+                 reboot_timeout: float = 600.0) -> None:
+        self.host = host
+        self.transport = transport
+        self.redact = redact
+        self.log = log
+        self.listener = listener
+        self.reboot_timeout = reboot_timeout
+
+    def run_ops(self, ops: Sequence[Op], result: HostResult) -> list[Op]:
+        """Run ops that change something as one script; record every op; return changed ones."""
+        todo = [op for op in ops if op.commands]
+        for op in ops:
+            if not op.commands and not op.reboot:
+                result.results.append(OpResult(self.host, op,
+                                               "warning" if op.warning else "ok"))
+        if not todo:
+            return []
+        marker = "@@GPUK8S-OP-" + secrets.token_hex(6)
+        for op in todo:
+            self.listener(self.host, "op", op.id)
+            self.log(f"--> {op.id}: {op.reason}")
+            if not op.secret:
+                self.log(self.redact("\n".join(op.commands)))
+        timeout = max((op.timeout or 900.0) for op in todo)
+        started = time.monotonic()
+        res: CommandResult = self.transport.run(build_script(todo, marker), timeout=timeout)
+        elapsed = time.monotonic() - started
+        sections = split_output(res.stdout, marker)
+        changed: list[Op] = []
+        for i, op in enumerate(todo):
+            text, code = sections.get(i, ("", None))
+            text = self.redact(text)
+            if text:
+                self.log(text)
+            if code == 0:
+                result.results.append(OpResult(self.host, op, "changed", elapsed / len(todo),
+                                               text))
+                changed.append(op)
+                continue
+            if code is None and i not in sections:
+                break  # never started: an earlier op failed
+            exit_code = code if code is not None else res.exit_code
+            shown = op.id if op.secret else self.redact("; ".join(op.commands))[:300]
+            result.results.append(OpResult(self.host, op, "failed", elapsed, text))
+            raise CommandFailed(self.host, op.id, shown, exit_code,
+                                _tail(text or self.redact(res.stdout)))
+        if res.exit_code != 0 and len(changed) == len(todo):
+            raise CommandFailed(self.host, todo[-1].id, "(script)", res.exit_code,
+                                _tail(self.redact(res.stdout)))
+        return changed
+
+    def reboot(self, op: Op, result: HostResult) -> None:
+        self.listener(self.host, "reboot", op.id)
+        self.log(f"--> {op.id}: rebooting")
+        started = time.monotonic()
+        boot = self.transport.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        # detach, so the exec returns before sshd goes away
+        self.transport.run("systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
+                           "systemctl reboot >/dev/null 2>&1 || (sleep 1; systemctl reboot) "
+                           ">/dev/null 2>&1 &")
+        new = self.transport.wait_reboot(boot, self.reboot_timeout)
+        self.log(f"back after {time.monotonic() - started:.1f}s (boot id {new})")
+        result.results.append(OpResult(self.host, op, "changed", time.monotonic() - started))
+
+    def apply(self, work: Sequence[RoleWork]) -> HostResult:
+        result = HostResult(self.host)
+        started = time.monotonic()
+        try:
+            for role in work:
+                changed = self.run_ops(role.ops, result)
+                notified = {name for op in changed for name in op.notify}
+                for name, handler in role.handlers.items():
+                    if name not in notified:
+                        continue
+                    self.listener(self.host, "handler", handler.id)
+                    if handler.reboot:
+                        self.reboot(handler, result)
+                    else:
+                        self.run_ops([handler], result)
+        except (CommandFailed, ConnectError) as exc:
+            result.error = exc
+            self.listener(self.host, "fail", str(exc))
+            self.log(f"FAILED: {exc}")
+        result.elapsed = time.monotonic() - started
+        self.listener(self.host, "done", "")
+        return result
+
+
+def run_phase(work: Mapping[str, Sequence[RoleWork]], runners: Mapping[str, HostRunner],
+              ) -> dict[str, HostResult]:
+    """Apply every host's work in parallel (one thread per host) and wait for all: a barrier."""
+    results: dict[str, HostResult] = {}
+    lock = threading.Lock()
+
+    def one(host: str) -> None:
+        try:
+            res = runners[host].apply(work[host])
+        except Exception as exc:
+            res = HostResult(host, error=Gpuk8sError(f"{host}: internal error: {exc!r}"))
+        with lock:
+            results[host] = res
+
+    threads = [threading.Thread(target=one, args=(h,), name=f"gpuk8s-{h}", daemon=True)
+               for h in work if any(rw.ops for rw in work[h])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for host in work:
+        results.setdefault(host, HostResult(host))
+    return results
+
+
+def parallel(hosts: Sequence[str], fn: Callable[[str], Any]) -> dict[str, Any]:
+    """Run fn(host) for every host in its own thread; exceptions are returned as values."""
+    out: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def one(host: str) -> None:
+        try:
+            value = fn(host)
+        except Exception as exc:
+            value = exc
+        with lock:
+            out[host] = value
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out

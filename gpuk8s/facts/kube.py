@@ -1,0 +1,139 @@
+"""Facts about containerd and the Kubernetes cluster as seen from a node."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuk8s.facts import Fact
+
+ADMIN_CONF = "/etc/kubernetes/admin.conf"
+
+
+@dataclass(frozen=True)
+class ContainerdState:
+    version: str = ""                 # "2.1.4" or "" when not installed
+    cri_disabled: bool = False
+    systemd_cgroup: bool | None = None
+    runtimes: tuple[str, ...] = ()
+    default_runtime: str = ""
+    sandbox_image: str = ""
+    config_error: str = ""
+
+
+_VERSION_RE = re.compile(r"containerd\s+\S+\s+v?(\d+\.\d+\.\d+)")
+
+
+def parse_config_dump(dump: str) -> dict[str, Any]:
+    """The few keys we need from ``containerd config dump`` (TOML, v2 or v3 layout)."""
+    import tomllib
+
+    data = tomllib.loads(dump)
+    plugins = data.get("plugins", {})
+    out: dict[str, Any] = {"disabled": data.get("disabled_plugins", [])}
+    runtime = plugins.get("io.containerd.cri.v1.runtime") or \
+        plugins.get("io.containerd.grpc.v1.cri", {})
+    ctrd = runtime.get("containerd", {})
+    runtimes = ctrd.get("runtimes", {})
+    out["runtimes"] = tuple(sorted(runtimes))
+    out["default_runtime"] = ctrd.get("default_runtime_name", "")
+    out["systemd_cgroup"] = runtimes.get("runc", {}).get("options", {}).get("SystemdCgroup")
+    images = plugins.get("io.containerd.cri.v1.images", {})
+    out["sandbox"] = images.get("pinned_images", {}).get("sandbox", "") or \
+        plugins.get("io.containerd.grpc.v1.cri", {}).get("sandbox_image", "")
+    return out
+
+
+class Containerd(Fact[ContainerdState]):
+    """containerd's version and the effective config (imports merged) it would run with."""
+
+    def command(self) -> str:
+        return """if command -v containerd >/dev/null 2>&1; then containerd --version
+echo '## dump'; containerd config dump 2>&1; fi; true"""
+
+    def parse(self, output: str, exit_code: int) -> ContainerdState:
+        head, _, dump = output.partition("## dump\n")
+        m = _VERSION_RE.search(head)
+        if not m:
+            return ContainerdState()
+        try:
+            cfg = parse_config_dump(dump)
+        except Exception as exc:
+            return ContainerdState(m.group(1), config_error=str(exc).splitlines()[0])
+        disabled = cfg["disabled"]
+        return ContainerdState(
+            m.group(1),
+            cri_disabled=any(p in ("cri", "io.containerd.grpc.v1.cri") for p in disabled),
+            systemd_cgroup=cfg["systemd_cgroup"], runtimes=cfg["runtimes"],
+            default_runtime=cfg["default_runtime"], sandbox_image=cfg["sandbox"])
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    ready: bool
+    unschedulable: bool
+    kubelet_version: str
+    runtime_version: str
+    gpu_allocatable: int | None
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[str, ...] = ()
+    ready_message: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The cluster seen with admin.conf on a control plane (empty before kubeadm init)."""
+
+    reachable: bool = False
+    error: str = ""
+    nodes: dict[str, NodeStatus] = field(default_factory=dict)
+    #: applied gpuk8s objects: "kind/namespace/name" -> sha256 annotation
+    managed: dict[str, str] = field(default_factory=dict)
+
+
+MANAGED_KINDS = ("namespaces,serviceaccounts,configmaps,clusterroles,clusterrolebindings,"
+                 "daemonsets,runtimeclasses")
+
+
+def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
+    nodes = {}
+    for item in data.get("items", []):
+        meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
+        ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+        gpu = status.get("allocatable", {}).get("nvidia.com/gpu")
+        info = status.get("nodeInfo", {})
+        nodes[meta["name"]] = NodeStatus(
+            meta["name"], ready.get("status") == "True", bool(spec.get("unschedulable")),
+            info.get("kubeletVersion", ""), info.get("containerRuntimeVersion", ""),
+            int(gpu) if gpu is not None else None, dict(meta.get("labels", {})),
+            tuple(f"{t['key']}:{t.get('effect', '')}" for t in spec.get("taints", [])),
+            ready.get("message", ""))
+    return nodes
+
+
+class Cluster(Fact[ClusterState]):
+    """Nodes and gpuk8s-managed objects, read with kubectl and admin.conf."""
+
+    def command(self) -> str:
+        return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
+k="kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+$k get nodes -o json 2>&1 || exit 3
+echo '## managed'
+$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json 2>&1 || exit 4"""
+
+    def parse(self, output: str, exit_code: int) -> ClusterState:
+        if exit_code == 0 and not output.strip():
+            return ClusterState()
+        if exit_code != 0:
+            return ClusterState(False, output.strip().splitlines()[-1] if output.strip() else
+                                f"kubectl exited {exit_code}")
+        nodes_text, _, managed_text = output.partition("## managed\n")
+        managed = {}
+        for item in json.loads(managed_text).get("items", []):
+            meta = item.get("metadata", {})
+            key = f"{item.get('kind')}/{meta.get('namespace', '')}/{meta.get('name')}"
+            managed[key] = meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
+        return ClusterState(True, "", parse_nodes(json.loads(nodes_text)), managed)

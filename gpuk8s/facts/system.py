@@ -1,0 +1,291 @@
+"""Facts about the operating system, kernel, hardware and services."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from gpuk8s.facts import Fact
+
+# PCI ids of NVIDIA parts we name; anything else with vendor 0x10de is still a GPU by class.
+NVIDIA_MODELS: dict[str, str] = {
+    "0x2330": "NVIDIA H100 80GB HBM3",
+    "0x2331": "NVIDIA H100 PCIe",
+    "0x2335": "NVIDIA H200",
+    "0x233b": "NVIDIA H200 NVL",
+    "0x20b0": "NVIDIA A100-SXM4-40GB",
+    "0x20b2": "NVIDIA A100-SXM4-80GB",
+    "0x20b5": "NVIDIA A100 80GB PCIe",
+    "0x26b9": "NVIDIA L40S",
+    "0x26b5": "NVIDIA L40",
+    "0x2684": "NVIDIA GeForce RTX 4090",
+    "0x1eb8": "Tesla T4",
+    "0x1db4": "Tesla V100-PCIE-16GB",
+    "0x2901": "NVIDIA B200",
+}
+NVSWITCH_IDS = {"0x22a3", "0x1af1", "0x2901"}
+
+
+class OsRelease(Fact[dict[str, str]]):
+    """/etc/os-release as a dict: ``{"ID": "ubuntu", "VERSION_ID": "24.04", ...}``."""
+
+    def command(self) -> str:
+        return "cat /etc/os-release 2>/dev/null || true"
+
+    def parse(self, output: str, exit_code: int) -> dict[str, str]:
+        result: dict[str, str] = {}
+        for line in output.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and not key.startswith("#"):
+                parts = shlex.split(value) if value else [""]
+                result[key.strip()] = parts[0] if parts else ""
+        return result
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Kernel, hardware and identity of a host."""
+
+    kernel: str
+    arch: str
+    hostname: str
+    cpus: int
+    memory_mb: int
+    cgroup: str
+    product_uuid: str
+    machine_id: str
+    boot_id: str
+    virt: str
+    secure_boot: str
+    time_synced: str
+    swap_active: tuple[str, ...]
+    swap_fstab: tuple[str, ...]
+    headers: bool
+    listening: tuple[int, ...]
+    reboot_required: bool
+
+
+class System(Fact[SystemInfo]):
+    """Kernel, CPU/RAM, cgroup version, identity, swap, time sync, Secure Boot, listen ports."""
+
+    def command(self) -> str:
+        return r"""
+echo "kernel=$(uname -r)"; echo "arch=$(uname -m)"; echo "hostname=$(hostname)"
+echo "cpus=$(nproc)"; echo "mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+echo "cgroup=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)"
+echo "product_uuid=$(cat /sys/class/dmi/id/product_uuid 2>/dev/null)"
+echo "machine_id=$(cat /etc/machine-id 2>/dev/null)"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
+echo "virt=$(systemd-detect-virt 2>/dev/null || true)"
+if command -v mokutil >/dev/null 2>&1; then sb=$(mokutil --sb-state 2>&1 | head -n1)
+elif [ -d /sys/firmware/efi ]; then
+  f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n1)
+  if [ -n "$f" ]; then b=$(od -An -t u1 -j4 -N1 "$f" | tr -d ' ')
+    [ "$b" = 1 ] && sb="SecureBoot enabled" || sb="SecureBoot disabled"
+  else sb="unknown"; fi
+else sb="not EFI"; fi
+echo "secure_boot=$sb"
+echo "time_synced=$(timedatectl show -p NTPSynchronized --value 2>/dev/null || echo unknown)"
+echo "swap=$(tail -n +2 /proc/swaps | awk '{print $1}' | tr '\n' ' ')"
+echo "swap_fstab=$(awk '!/^[[:space:]]*#/ && $3 == "swap" {print $1}' /etc/fstab 2>/dev/null | tr '\n' ' ')"
+if [ -e "/lib/modules/$(uname -r)/build" ] || [ -d "/usr/src/linux-headers-$(uname -r)" ]; then
+  echo headers=1; else echo headers=0; fi
+echo "listen=$(ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print a[n]}' | sort -un | tr '\n' ' ')"
+[ -e /var/run/reboot-required ] && echo reboot_required=1 || echo reboot_required=0
+"""
+
+    def parse(self, output: str, exit_code: int) -> SystemInfo:
+        kv = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+        return SystemInfo(
+            kernel=kv.get("kernel", ""), arch=kv.get("arch", ""),
+            hostname=kv.get("hostname", ""), cpus=int(kv.get("cpus") or 0),
+            memory_mb=int(kv.get("mem_kb") or 0) // 1024, cgroup=kv.get("cgroup", ""),
+            product_uuid=kv.get("product_uuid", "").strip().lower(),
+            machine_id=kv.get("machine_id", "").strip(), boot_id=kv.get("boot_id", "").strip(),
+            virt=kv.get("virt", "").strip() or "none",
+            secure_boot=kv.get("secure_boot", "unknown").strip(),
+            time_synced=kv.get("time_synced", "unknown").strip(),
+            swap_active=tuple(kv.get("swap", "").split()),
+            swap_fstab=tuple(kv.get("swap_fstab", "").split()),
+            headers=kv.get("headers") == "1",
+            listening=tuple(int(p) for p in kv.get("listen", "").split() if p.isdigit()),
+            reboot_required=kv.get("reboot_required") == "1",
+        )
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str
+    vendor: str
+    device: str
+    pci_class: str
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor == "0x10de" and self.pci_class[:6] in ("0x0300", "0x0302")
+
+    @property
+    def is_nvswitch(self) -> bool:
+        return self.vendor == "0x10de" and self.pci_class.startswith("0x0680")
+
+    @property
+    def model(self) -> str:
+        return NVIDIA_MODELS.get(self.device, f"NVIDIA GPU [10de:{self.device[2:]}]")
+
+
+class PciDevices(Fact[tuple[PciDevice, ...]]):
+    """NVIDIA PCI functions from sysfs (no driver or lspci needed)."""
+
+    def command(self) -> str:
+        return r"""for d in /sys/bus/pci/devices/*; do
+  [ -r "$d/vendor" ] || continue; v=$(cat "$d/vendor")
+  [ "$v" = 0x10de ] && echo "${d##*/} $v $(cat "$d/device") $(cat "$d/class")"
+done; true"""
+
+    def parse(self, output: str, exit_code: int) -> tuple[PciDevice, ...]:
+        devices = []
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) == 4:
+                devices.append(PciDevice(parts[0], parts[1].lower(), parts[2].lower(),
+                                         parts[3].lower()))
+        return tuple(sorted(devices, key=lambda d: d.address))
+
+
+class KernelModules(Fact[dict[str, bool]]):
+    """Whether each named kernel module is present (loaded or built in)."""
+
+    def command(self) -> str:
+        return "for m in " + " ".join(self.args) + \
+            '; do if [ -d "/sys/module/$m" ]; then echo "$m 1"; else echo "$m 0"; fi; done'
+
+    def parse(self, output: str, exit_code: int) -> dict[str, bool]:
+        return {p[0]: p[1] == "1" for p in (line.split() for line in output.splitlines())
+                if len(p) == 2}
+
+
+class Sysctls(Fact[dict[str, str]]):
+    """Current values of sysctl keys (absent keys are missing from the dict)."""
+
+    def command(self) -> str:
+        return "for k in " + " ".join(self.args) + \
+            '; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done; true'
+
+    def parse(self, output: str, exit_code: int) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+
+
+@dataclass(frozen=True)
+class FileState:
+    """One path: existence, mode (octal string), owner, sha256 and (if asked) content."""
+
+    path: str
+    exists: bool
+    mode: str = ""
+    owner: str = ""
+    sha256: str = ""
+    content: bytes | None = None
+
+    @property
+    def text(self) -> str | None:
+        return None if self.content is None else self.content.decode(errors="replace")
+
+
+class Files(Fact[dict[str, FileState]]):
+    """State of files; args are paths, a path prefixed with ``+`` also returns its content."""
+
+    def command(self) -> str:
+        lines = []
+        for arg in self.args:
+            path = arg.lstrip("+")
+            q = shlex.quote(path)
+            lines.append(
+                f"if [ -e {q} ]; then echo \"F {path} $(stat -c '%a %U' {q}) "
+                f"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
+                + (f"echo \"C {path} $(base64 -w0 < {q})\"; " if arg.startswith("+") else "")
+                + f"else echo 'N {path}'; fi")
+        return "\n".join(lines)
+
+    def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
+        states: dict[str, FileState] = {}
+        contents: dict[str, bytes] = {}
+        for line in output.splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "F":
+                path, mode, owner, sha = rest.rsplit(" ", 3)
+                states[path] = FileState(path, True, mode, owner, sha)
+            elif kind == "N":
+                states[rest] = FileState(rest, False)
+            elif kind == "C":
+                path, _, data = rest.rpartition(" ")
+                if not path:
+                    path, data = data, ""
+                contents[path] = base64.b64decode(data)
+        for path, data in contents.items():
+            old = states[path]
+            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, data)
+        return states
+
+
+@dataclass(frozen=True)
+class Unit:
+    active: str
+    enabled: str
+
+
+class Services(Fact[dict[str, Unit]]):
+    """``systemctl is-active`` / ``is-enabled`` of units."""
+
+    def command(self) -> str:
+        return "for u in " + " ".join(self.args) + \
+            '; do echo "$u $(systemctl is-active "$u" 2>/dev/null | head -n1) ' \
+            '$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
+
+    def parse(self, output: str, exit_code: int) -> dict[str, Unit]:
+        units = {}
+        for line in output.splitlines():
+            parts = line.split()
+            if parts:
+                units[parts[0]] = Unit(parts[1] if len(parts) > 1 else "unknown",
+                                       parts[2] if len(parts) > 2 else "unknown")
+        return units
+
+
+@dataclass(frozen=True)
+class PackageState:
+    version: str
+    held: bool
+    status: str  # dpkg's two-letter abbreviation, "ii" when installed and configured
+
+
+class Packages(Fact[dict[str, PackageState]]):
+    """Installed Debian packages among the args (absent ones missing), with hold state."""
+
+    def command(self) -> str:
+        names = " ".join(shlex.quote(a) for a in self.args)
+        return ("dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev} ${Status}\\n' "
+                f"{names} 2>/dev/null; true")
+
+    def parse(self, output: str, exit_code: int) -> dict[str, PackageState]:
+        result = {}
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[2].startswith(("ii", "hi")):
+                result[parts[0]] = PackageState(parts[1], parts[3] == "hold"
+                                                if len(parts) > 3 else False, parts[2])
+        return result
+
+
+class DpkgHealth(Fact[dict[str, Any]]):
+    """Interrupted dpkg runs (``dpkg --audit``) and holders of the dpkg lock."""
+
+    def command(self) -> str:
+        return r"""a=$(dpkg --audit 2>/dev/null | head -n 5); echo "audit=$(echo "$a" | tr '\n' ' ')"
+echo "lock=$(fuser /var/lib/dpkg/lock-frontend 2>/dev/null | tr -s ' ')"; true"""
+
+    def parse(self, output: str, exit_code: int) -> dict[str, Any]:
+        kv = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+        return {"interrupted": bool(kv.get("audit", "").strip()),
+                "lock_holders": kv.get("lock", "").split()}

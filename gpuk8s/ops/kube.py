@@ -1,0 +1,67 @@
+"""Kubernetes ops: kubeadm guards and server-side apply of gpuk8s-managed manifests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from gpuk8s.facts.kube import MANAGED_KINDS, ClusterState
+from gpuk8s.ops import Op, change, noop, sha256
+
+ADMIN = "/etc/kubernetes/admin.conf"
+KUBECTL = f"kubectl --kubeconfig {ADMIN}"
+_MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
+                  "clusterrolebinding", "daemonset", "runtimeclass"}
+
+
+def stamp(manifest: str, component: str) -> tuple[str, list[str], str]:
+    """Label and annotate every object of a manifest as gpuk8s-managed.
+
+    Returns (stamped YAML, object keys "Kind/namespace/name", sha256 of the input)."""
+    digest = sha256(manifest.encode())
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    keys = []
+    for doc in docs:
+        kind = doc["kind"]
+        if kind.lower() not in _MANAGED_KINDS:
+            raise ValueError(f"{component}: kind {kind} is not tracked by the Cluster fact "
+                             f"({MANAGED_KINDS}); add it there")
+        meta = doc.setdefault("metadata", {})
+        meta.setdefault("labels", {}).update({"app.kubernetes.io/managed-by": "gpuk8s",
+                                              "gpuk8s.io/component": component})
+        meta.setdefault("annotations", {})["gpuk8s.io/sha256"] = digest
+        keys.append(f"{kind}/{meta.get('namespace', '')}/{meta['name']}")
+    return yaml.safe_dump_all(docs, sort_keys=False), keys, digest
+
+
+def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> Op:
+    """Ensure every object of ``manifest`` is applied (server-side) at this exact content.
+
+    No-op when: every object exists with the manifest's sha256 annotation.
+    """
+    text, keys, digest = stamp(manifest, component)
+    stale = [k for k in keys if cluster.managed.get(k) != digest]
+    if cluster.reachable and not stale:
+        return noop(op_id, f"= {component}: {len(keys)} objects applied")
+    what = "create" if all(k not in cluster.managed for k in keys) else "update"
+    cmd = (f"{KUBECTL} apply --server-side --force-conflicts --field-manager=gpuk8s -f - "
+           f"<<'GPUK8S_EOF'\n{text}GPUK8S_EOF")
+    return change(op_id, f"+ {what} {component} ({len(stale)} of {len(keys)} objects)", cmd,
+                  meta={"objects": ",".join(stale)})
+
+
+def labels(cluster: ClusterState, op_id: str, node: str, wanted: Mapping[str, str]) -> Op:
+    """Ensure a node carries the labels. No-op when: all are present with these values."""
+    have = cluster.nodes.get(node)
+    missing = {k: v for k, v in wanted.items() if not have or have.labels.get(k) != v}
+    if have and not missing:
+        return noop(op_id, f"= {node} labelled")
+    pairs = " ".join(f"{k}={v}" for k, v in sorted(missing.items()))
+    return change(op_id, f"+ label {node}: {pairs}",
+                  f"{KUBECTL} label node {node} {pairs} --overwrite")
+
+
+def feature_gate_arg(gates: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(gates.items()))

@@ -1,0 +1,195 @@
+"""What a run shows and keeps: the plan, live per-host progress, the run folder (per-host logs
+and a JSON report) and the final table. Everything passes through the redactor first."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from gpuk8s.executor import HostResult
+from gpuk8s.ops import Op
+from gpuk8s.transport import Redactor
+
+
+class RunLog:
+    """runs/<timestamp>-<command>/: <host>.log per host and report.json."""
+
+    def __init__(self, base: Path, command: str, redact: Redactor) -> None:
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        self.path = base / f"{stamp}-{command}"
+        n = 1
+        while self.path.exists():
+            n += 1
+            self.path = base / f"{stamp}-{command}-{n}"
+        self.path.mkdir(parents=True, mode=0o700)
+        self.redact = redact
+        self.command = command
+        self.started = time.time()
+        self.phases: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def host_logger(self, host: str) -> Any:
+        path = self.path / f"{host}.log"
+
+        def write(text: str) -> None:
+            line = self.redact(text)
+            with self._lock, open(path, "a", encoding="utf-8") as fh:
+                fh.write(f"{datetime.now(UTC).strftime('%H:%M:%S')} {line}\n")
+        return write
+
+    def add_phase(self, name: str, results: Mapping[str, HostResult], elapsed: float,
+                  planned: Mapping[str, Sequence[Op]] | None = None) -> None:
+        hosts: dict[str, Any] = {}
+        for host, res in results.items():
+            hosts[host] = {
+                "elapsed": round(res.elapsed, 3),
+                "error": self.redact(str(res.error)) if res.error else None,
+                "ops": [{"id": r.op.id, "status": r.status, "reason": self.redact(r.op.reason),
+                         "elapsed": round(r.elapsed, 3)} for r in res.results],
+            }
+        for host, ops in (planned or {}).items():
+            hosts.setdefault(host, {"elapsed": 0, "error": None, "ops": [
+                {"id": op.id, "status": "planned" if op.changes else "ok",
+                 "reason": self.redact(op.reason)} for op in ops]})
+        self.phases.append({"phase": name, "elapsed": round(elapsed, 3), "hosts": hosts})
+
+    def write_report(self, **extra: Any) -> Path:
+        report = {"command": self.command, "started": datetime.fromtimestamp(
+            self.started, UTC).isoformat(), "elapsed": round(time.time() - self.started, 3),
+            "phases": self.phases, **extra}
+        path = self.path / "report.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(self.redact(json.dumps(report, indent=2, default=str)) + "\n")
+        return path
+
+
+@dataclass
+class _HostLine:
+    status: str = "waiting"
+    current: str = ""
+    changed: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Reporter:
+    """Terminal output. A live per-host table on a TTY; plain lines otherwise."""
+
+    def __init__(self, stream: TextIO | None = None, *, redact: Redactor | None = None,
+                 verbose: bool = False) -> None:
+        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+        self.redact = redact or Redactor()
+        self.verbose = verbose
+        self._live: Live | None = None
+        self._hosts: dict[str, _HostLine] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def tty(self) -> bool:
+        return self.console.is_terminal
+
+    def print(self, text: str = "", style: str | None = None) -> None:
+        self.console.print(self.redact(text), style=style, markup=False)
+
+    def phase(self, title: str) -> None:
+        self.console.print(f"\n[bold]== {self.redact(title)}[/bold]")
+
+    def plan(self, ops_by_host: Mapping[str, Sequence[Op]], *, show_all: bool,
+             diff: bool) -> int:
+        """Print the plan; return the number of changes."""
+        total = 0
+        for host, ops in ops_by_host.items():
+            changes = [op for op in ops if op.changes]
+            total += len(changes)
+            shown = [op for op in ops if show_all or op.changes or op.warning]
+            if not shown:
+                continue
+            self.console.print(f"  [bold]{host}[/bold]: {len(changes)} change(s)")
+            for op in shown:
+                style = {"+": "yellow", "=": "dim", "!": "magenta"}[op.symbol]
+                reason = op.reason if op.reason[:1] in "+=~-!" else f"{op.symbol} {op.reason}"
+                self.console.print(f"    {self.redact(reason)}  [dim]({op.id})[/dim]",
+                                   style=style, markup=True, highlight=False)
+                if diff and op.diff and not op.secret:
+                    for line in self.redact(op.diff).splitlines():
+                        color = "green" if line.startswith("+") else \
+                            "red" if line.startswith("-") else "dim"
+                        self.console.print(f"      {line}", style=color, markup=False)
+        return total
+
+    # -- live progress (executor listener) --------------------------------------------------
+    def start(self, hosts: Sequence[str]) -> None:
+        self._hosts = {h: _HostLine() for h in hosts}
+        if self.tty:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=8,
+                              transient=True)
+            self._live.start()
+
+    def stop(self) -> None:
+        if self._live:
+            self._live.stop()
+            self._live = None
+
+    def event(self, host: str, kind: str, text: str) -> None:
+        text = self.redact(text)
+        with self._lock:
+            line = self._hosts.setdefault(host, _HostLine())
+            if kind in ("op", "handler", "reboot"):
+                line.status, line.current = ("rebooting" if kind == "reboot" else "running"), text
+                line.changed += 1
+            elif kind == "fail":
+                line.status, line.current = "failed", text.splitlines()[0]
+            elif kind == "done" and line.status != "failed":
+                line.status, line.current = "done", ""
+            if self._live:
+                self._live.update(self._table())
+            elif kind in ("op", "handler", "reboot", "fail"):
+                label = {"op": "->", "handler": "=>", "reboot": "reboot", "fail": "FAILED"}[kind]
+                self.console.print(f"  [{host}] {label} {text.splitlines()[0]}", markup=False,
+                                   highlight=False)
+
+    def _table(self) -> Table:
+        table = Table(box=None, show_header=False, pad_edge=False)
+        for host, line in self._hosts.items():
+            style = {"failed": "red", "done": "green", "rebooting": "magenta"}.get(
+                line.status, "yellow")
+            table.add_row(host, f"[{style}]{line.status}[/{style}]",
+                          f"{time.monotonic() - line.started:5.1f}s", line.current)
+        return table
+
+    # -- tables ------------------------------------------------------------------------------
+    def problems(self, title: str, problems: Mapping[str, Sequence[tuple[str, str, str]]],
+                 style: str = "red") -> None:
+        for host, items in problems.items():
+            if not items:
+                continue
+            table = Table(title=f"{title}: {host}", title_justify="left", title_style=style)
+            table.add_column("check")
+            table.add_column("problem")
+            table.add_column("fix")
+            for name, message, fix in items:
+                table.add_row(name, self.redact(message), self.redact(fix))
+            self.console.print(table)
+
+    def summary(self, totals: Mapping[str, Mapping[str, Any]], elapsed: float) -> None:
+        table = Table(title="result", title_justify="left")
+        for col in ("host", "changed", "ok", "failed", "time"):
+            table.add_column(col, justify="left" if col == "host" else "right")
+        for host, t in totals.items():
+            failed = t["failed"]
+            table.add_row(host, str(t["changed"]), str(t["ok"]),
+                          f"[red]{failed}[/red]" if failed else "0", f"{t['time']:.1f}s")
+        self.console.print(table)
+        self.console.print(f"wall time {elapsed:.2f}s")

@@ -1,0 +1,96 @@
+"""Roles in Ansible's shape (defaults.yaml, templates/, role.py) loaded from <project>/roles."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jinja2
+
+from gpuk8s.errors import PlanError
+from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.ops import Op
+
+
+def project_root() -> Path:
+    """The checkout gpuk8s runs from (roles/, templates/): $GPUK8S_HOME or the package's parent."""
+    env = os.environ.get("GPUK8S_HOME")
+    return Path(env) if env else Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class HostContext:
+    """Everything a role's plan may read: one host's vars and facts, plus cluster values."""
+
+    host: str
+    role: str
+    vars: Mapping[str, Any]
+    facts: HostFacts
+    #: values shared by the whole run: control plane address, GPU counts, join command...
+    cluster: dict[str, Any] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+    def var(self, name: str) -> Any:
+        return self.vars[name]
+
+    def template(self, name: str, **extra: Any) -> bytes:
+        """Render roles/<role>/templates/<name> (or templates/<name>) with vars + extra."""
+        return render(self.role, name, {**self.vars, **self.cluster, **extra}).encode()
+
+
+@cache
+def _env(role: str) -> jinja2.Environment:
+    root = project_root()
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(root / "roles" / role / "templates"),
+                                        str(root / "templates")]),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+        lstrip_blocks=True, autoescape=False)
+
+
+def render(role: str, name: str, context: Mapping[str, Any]) -> str:
+    """Render a template; an undefined variable or syntax error is a PlanError naming both."""
+    try:
+        return _env(role).get_template(name).render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PlanError(f"template {exc.filename or name}:{exc.lineno}: {exc.message}") from None
+    except jinja2.UndefinedError as exc:
+        raise PlanError(f"template {name} (role {role}): {exc.message}") from None
+
+
+@dataclass(frozen=True)
+class Role:
+    """A loaded role module."""
+
+    name: str
+    module: ModuleType
+
+    def facts(self, vars: Mapping[str, Any]) -> Sequence[Fact[Any]]:
+        fn: Callable[[Mapping[str, Any]], Sequence[Fact[Any]]] | None = \
+            getattr(self.module, "facts", None)
+        return fn(vars) if fn else ()
+
+    def plan(self, ctx: HostContext) -> list[Op]:
+        result: list[Op] = self.module.plan(ctx)
+        return result
+
+    def handlers(self) -> Mapping[str, Callable[[HostContext], Op]]:
+        return getattr(self.module, "HANDLERS", {})
+
+
+@cache
+def load_role(name: str) -> Role:
+    path = project_root() / "roles" / name / "role.py"
+    if not path.exists():
+        raise PlanError(f"role {name!r} not found at {path}")
+    spec = importlib.util.spec_from_file_location(f"gpuk8s_roles.{name}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Role(name, module)

@@ -1,0 +1,96 @@
+"""base: dpkg health, apt proxy, swap off, kernel modules and sysctls Kubernetes needs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.system import DpkgHealth, Files, KernelModules, Packages, Sysctls, System
+from gpuk8s.ops import Op, change, files, noop, warn
+from gpuk8s.ops.apt import packages
+from gpuk8s.roles import HostContext
+
+MODULES = ("overlay", "br_netfilter")
+MODULES_FILE = "/etc/modules-load.d/k8s.conf"
+SYSCTL_FILE = "/etc/sysctl.d/99-kubernetes.conf"
+PROXY_FILE = "/etc/apt/apt.conf.d/90gpuk8s-proxy"
+K8S_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.bridge.bridge-nf-call-iptables": "1",
+    "net.bridge.bridge-nf-call-ip6tables": "1",
+}
+BASE_PACKAGES = ("ca-certificates", "curl", "gnupg", "conntrack", "iptables")
+
+
+def _sysctls(vars: Mapping[str, Any]) -> dict[str, str]:
+    return {**K8S_SYSCTLS, **{k: str(v) for k, v in vars["base_sysctls"].items()}}
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [System(), DpkgHealth(), KernelModules(*MODULES), Sysctls(*_sysctls(vars)),
+            Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE), Packages(*BASE_PACKAGES)]
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    f = ctx.facts
+    sysinfo = f[System()]
+    ops: list[Op] = []
+    dpkg = f[DpkgHealth()]
+    if dpkg["interrupted"]:
+        ops.append(change("base | repair interrupted dpkg", "+ dpkg --configure -a (an earlier "
+                          "package run was interrupted)", "dpkg --configure -a"))
+    file_states = f[Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE)]
+    proxy = ctx.var("apt_proxy")
+    if proxy:
+        ops.append(files.content(file_states[PROXY_FILE], "base | apt proxy",
+                                 f'Acquire::http::Proxy "{proxy}";\n'.encode()))
+    elif file_states[PROXY_FILE].exists:
+        ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))
+    ops.append(packages(f[Packages(*BASE_PACKAGES)], "base | packages",
+                        dict.fromkeys(BASE_PACKAGES, ""), update_first=True))
+    if sysinfo.swap_active or sysinfo.swap_fstab:
+        cmds = []
+        if sysinfo.swap_active:
+            cmds.append("swapoff -a")
+        if sysinfo.swap_fstab:
+            cmds.append("sed -i.gpuk8s-bak -E 's@^([^#].*[[:space:]]swap[[:space:]].*)$@# \\1"
+                        "  # disabled by gpuk8s@' /etc/fstab")
+        cmds.append("for u in $(systemctl list-units --type=swap --plain --no-legend "
+                    "| awk '{print $1}'); do systemctl mask \"$u\"; done")
+        ops.append(change("base | swap off", "+ swap off now and after reboot: "
+                          + " ".join(sysinfo.swap_active + sysinfo.swap_fstab), *cmds))
+    else:
+        ops.append(noop("base | swap off", "= no swap active or in /etc/fstab"))
+    ops.append(files.content(file_states[MODULES_FILE], "base | kernel modules persisted",
+                             ("\n".join(MODULES) + "\n").encode()))
+    present = f[KernelModules(*MODULES)]
+    missing = [m for m in MODULES if not present.get(m)]
+    in_container = sysinfo.virt in ("systemd-nspawn", "lxc", "lxc-libvirt", "docker", "podman",
+                                    "openvz", "container-other")
+    if not missing:
+        ops.append(noop("base | kernel modules loaded", f"= {', '.join(MODULES)} present"))
+    elif in_container:
+        ops.append(warn("base | kernel modules loaded", f"! {', '.join(missing)} not present; "
+                        f"this node is a {sysinfo.virt} container, so modules are the host "
+                        "kernel's to load"))
+    else:
+        ops.append(change("base | kernel modules loaded", f"+ modprobe {' '.join(missing)}",
+                          *(f"modprobe {m}" for m in missing)))
+    wanted = _sysctls(ctx.vars)
+    current = f[Sysctls(*wanted)]
+    applicable = {k: v for k, v in wanted.items()
+                  if k in current or not k.startswith("net.bridge.")}
+    body = "".join(f"{k} = {v}\n" for k, v in wanted.items())
+    ops.append(files.content(file_states[SYSCTL_FILE], "base | sysctls persisted",
+                             ("# managed by gpuk8s\n" + body).encode()))
+    stale = {k: v for k, v in applicable.items() if current.get(k) != v}
+    if stale:
+        ops.append(change("base | sysctls applied", "+ sysctl " + " ".join(
+            f"{k}={v}" for k, v in stale.items()),
+            *(f"sysctl -q -w {k}={v}" for k, v in stale.items())))
+    else:
+        ops.append(noop("base | sysctls applied", "= sysctls already set"))
+    return ops
+
+

@@ -1,0 +1,77 @@
+"""control_plane: render and validate the kubeadm config, `kubeadm init` once, admin
+kubeconfig for the admin user."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import ADMIN_CONF, Cluster
+from gpuk8s.facts.system import Files, Packages
+from gpuk8s.ops import Op, change, files, noop, warn
+from gpuk8s.ops.kube import KUBECTL, feature_gate_arg
+from gpuk8s.roles import HostContext
+
+CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+ROOT_KUBECONFIG = "/root/.kube/config"
+CP_TAINT = "node-role.kubernetes.io/control-plane"
+
+
+def user_kubeconfig(vars: Mapping[str, Any]) -> str:
+    user = vars.get("ansible_user", "root")
+    return ROOT_KUBECONFIG if user == "root" else f"/home/{user}/.kube/config"
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [Files("+" + CONFIG, ADMIN_CONF, user_kubeconfig(vars)), Packages("kubeadm"),
+            Cluster()]
+
+
+def kubeadm_config(ctx: HostContext) -> bytes:
+    version = ctx.facts[Packages("kubeadm")].get("kubeadm")
+    kubeadm_version = ("v" + version.version.split("-")[0]) if version else \
+        f"v{ctx.var('kubernetes_version')}.0"
+    return ctx.template("kubeadm-config.yaml.j2", kubeadm_version=kubeadm_version,
+                        feature_gate_arg=feature_gate_arg(ctx.var("feature_gates")))
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    f = ctx.facts
+    user_conf = user_kubeconfig(ctx.vars)
+    states = f[Files("+" + CONFIG, ADMIN_CONF, user_conf)]
+    ops: list[Op] = []
+    config = kubeadm_config(ctx)
+    initialised = states[ADMIN_CONF].exists
+    if initialised and states[CONFIG].exists and \
+            files.content(states[CONFIG], "x", config, mode="0600").changes:
+        ops.append(warn("control_plane | kubeadm config",
+                        f"! {CONFIG} differs from the inventory, but the cluster is already "
+                        "initialised: kubeadm init does not run twice. Apply control-plane "
+                        "changes with `kubeadm upgrade apply` or `invoke reset` + bootstrap."))
+    else:
+        ops.append(files.content(states[CONFIG], "control_plane | kubeadm config", config,
+                                 mode="0600"))
+    if initialised:
+        ops.append(noop("control_plane | kubeadm init", f"= {ADMIN_CONF} exists: initialised"))
+    else:
+        ops.append(change("control_plane | kubeadm init",
+                          f"+ kubeadm init (endpoint {ctx.cluster['endpoint']})",
+                          f"kubeadm config validate --config {CONFIG}",
+                          f"kubeadm init --config {CONFIG} --skip-token-print", timeout=900))
+    user = ctx.vars.get("ansible_user", "root")
+    if initialised and states[user_conf].exists and \
+            states[user_conf].sha256 == states[ADMIN_CONF].sha256:
+        ops.append(noop("control_plane | admin kubeconfig", f"= {user_conf} is admin.conf"))
+    else:
+        ops.append(change("control_plane | admin kubeconfig",
+                          f"+ {user_conf} for {user} (0600)",
+                          f"install -D -m 0600 -o {user} -g \"$(id -gn {user})\" "
+                          f"{ADMIN_CONF} {user_conf}"))
+    if ctx.var("control_plane_schedulable"):
+        node = ctx.facts[Cluster()].nodes.get(ctx.cluster["nodes"][ctx.host]["name"])
+        if node is None or any(t.startswith(CP_TAINT + ":") for t in node.taints):
+            ops.append(change("control_plane | schedulable",
+                              "+ remove the control-plane NoSchedule taint",
+                              f"{KUBECTL} taint nodes --all {CP_TAINT}:NoSchedule- || true"))
+    return ops

@@ -1,0 +1,37 @@
+"""cuda: the CUDA toolkit on GPU nodes (containers bring their own; this is for the host)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.nvidia import CudaToolkits
+from gpuk8s.facts.system import OsRelease, Packages, PciDevices
+from gpuk8s.ops import Op, noop
+from gpuk8s.ops.apt import packages
+from gpuk8s.roles import HostContext, load_role
+
+
+def _package(vars: Mapping[str, Any]) -> str:
+    return "cuda-toolkit-" + str(vars["cuda_version"]).replace(".", "-")
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [PciDevices(), OsRelease(), CudaToolkits(), Packages(_package(vars))]
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    if not any(d.is_gpu for d in ctx.facts[PciDevices()]):
+        return []
+    if not ctx.var("cuda_toolkit_enabled"):
+        return [noop("cuda | toolkit", "= cuda_toolkit_enabled is false")]
+    driver = load_role("nvidia_driver").module
+    ops = []
+    if driver.driver_source(ctx.vars, ctx.facts[OsRelease()]) != "cuda":
+        ops.append(driver.cuda_repo_op(ctx, "cuda | CUDA apt repo"))
+    name = _package(ctx.vars)
+    ops.append(packages(ctx.facts[Packages(name)], "cuda | toolkit",
+                        {name: f"{ctx.var('cuda_version')}."}))
+    return ops
+

@@ -1,0 +1,70 @@
+"""gpu_cluster: nodes Ready, GPU node labels, RuntimeClass nvidia, the NVIDIA device plugin,
+then allocatable nvidia.com/gpu on every GPU node equals its PCI GPU count."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import Cluster
+from gpuk8s.ops import Op, change, noop
+from gpuk8s.ops.kube import KUBECTL, apply, labels
+from gpuk8s.roles import HostContext
+
+GPU_PATH = "'{.status.allocatable.nvidia\\.com/gpu}'"
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [Cluster()]
+
+
+def label_value(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:63]
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    cluster = ctx.facts[Cluster()]
+    nodes: Mapping[str, Mapping[str, Any]] = ctx.cluster["nodes"]
+    timeout = int(ctx.var("join_ready_timeout"))
+    ops: list[Op] = []
+    waiting = sorted(n["name"] for n in nodes.values()
+                     if n["name"] not in cluster.nodes or not cluster.nodes[n["name"]].ready)
+    if waiting:
+        ops.append(change("gpu_cluster | nodes Ready", f"+ wait for {', '.join(waiting)} Ready",
+                          f"{KUBECTL} wait --for=condition=Ready "
+                          + " ".join(f"node/{n}" for n in waiting) + f" --timeout={timeout}s",
+                          timeout=timeout + 30))
+    else:
+        ops.append(noop("gpu_cluster | nodes Ready", f"= {len(nodes)} nodes Ready"))
+    gpu_nodes = {h: n for h, n in nodes.items() if n["gpus"]}
+    for node in gpu_nodes.values():
+        ops.append(labels(cluster, f"gpu_cluster | labels {node['name']}", node["name"], {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.count": str(node["gpus"]),
+            "nvidia.com/gpu.product": label_value(node["model"]),
+        }))
+    if not gpu_nodes:
+        return ops
+    ops.append(apply(cluster, "gpu_cluster | RuntimeClass nvidia", "runtimeclass-nvidia",
+                     ctx.template("gpu/runtimeclass.yaml.j2").decode()))
+    ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin",
+                     ctx.template("gpu/nvidia-device-plugin.yaml.j2").decode()))
+    gpu_timeout = int(ctx.var("gpu_ready_timeout"))
+    for node in gpu_nodes.values():
+        have = cluster.nodes.get(node["name"])
+        got = have.gpu_allocatable if have else None
+        op_id = f"gpu_cluster | {node['name']} allocatable nvidia.com/gpu"
+        if got == node["gpus"]:
+            ops.append(noop(op_id, f"= {node['name']}: {got} GPU(s) allocatable"))
+            continue
+        ops.append(change(op_id, f"+ wait until {node['name']} offers {node['gpus']} GPU(s) "
+                          f"(now {got if got is not None else 'none'})",
+                          f"{KUBECTL} wait --for=jsonpath={GPU_PATH}={node['gpus']} "
+                          f"node/{node['name']} --timeout={gpu_timeout}s || "
+                          f"{{ echo \"{node['name']}: allocatable nvidia.com/gpu is "
+                          f"$({KUBECTL} get node {node['name']} -o "
+                          f"jsonpath={GPU_PATH}), expected "
+                          f"{node['gpus']}\" >&2; exit 1; }}", timeout=gpu_timeout + 30))
+    return ops

@@ -1,0 +1,44 @@
+"""kubernetes: the pkgs.k8s.io repo of the pinned minor; kubeadm, kubelet, kubectl held."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.system import Files, Packages, Services
+from gpuk8s.ops import Op, change, noop
+from gpuk8s.ops.apt import packages, repo
+from gpuk8s.roles import HostContext
+from gpuk8s.variables import render_value
+
+LIST = "/etc/apt/sources.list.d/kubernetes.list"
+KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
+PACKAGES = ("kubeadm", "kubelet", "kubectl")
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [Packages(*PACKAGES), Files(LIST, KEYRING), Services("kubelet")]
+
+
+def version_prefix(vars: Mapping[str, Any]) -> str:
+    return str(vars["kubernetes_package_version"]) or f"{vars['kubernetes_version']}."
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    f = ctx.facts
+    states = f[Files(LIST, KEYRING)]
+    ops = [repo(states[LIST], states[KEYRING], "kubernetes | pkgs.k8s.io repo",
+                name="kubernetes", url=render_value(ctx.var("kubernetes_repo_url"), ctx.vars),
+                suite="/", components="",
+                key_url=render_value(ctx.var("kubernetes_repo_key_url"), ctx.vars))]
+    prefix = version_prefix(ctx.vars)
+    ops.append(packages(f[Packages(*PACKAGES)], "kubernetes | packages",
+                        dict.fromkeys(PACKAGES, prefix), hold=True))
+    kubelet = f[Services("kubelet")]["kubelet"]
+    if kubelet.enabled != "enabled":
+        ops.append(change("kubernetes | kubelet enabled", "+ enable kubelet (it waits for "
+                          "kubeadm init/join)", "systemctl enable kubelet"))
+    else:
+        ops.append(noop("kubernetes | kubelet enabled", "= kubelet enabled"))
+    return ops

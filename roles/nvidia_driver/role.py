@@ -1,0 +1,169 @@
+"""nvidia_driver: nouveau off, headers, the pinned driver branch, Fabric Manager on NVSwitch
+systems, a reboot only when the loaded module is not the installed one, then nvidia-smi must
+see every PCI GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.nvidia import Nvidia
+from gpuk8s.facts.system import (
+    Files,
+    KernelModules,
+    OsRelease,
+    Packages,
+    PciDevices,
+    Services,
+    System,
+)
+from gpuk8s.ops import Op, change, files, noop
+from gpuk8s.ops.apt import packages, repo
+from gpuk8s.roles import HostContext
+from gpuk8s.variables import render_value
+
+BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
+CUDA_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
+#: PCI device ids of GPUs older than Turing: proprietary modules only
+PRE_TURING = {"0x1db4", "0x1db1", "0x1db5", "0x1db6", "0x1b38", "0x15f8", "0x15f7"}
+
+
+def cuda_distro(os_: Mapping[str, str]) -> str:
+    return f"{os_.get('ID', '')}{os_.get('VERSION_ID', '').replace('.', '')}"
+
+
+def driver_source(vars: Mapping[str, Any], os_: Mapping[str, str]) -> str:
+    source = str(vars["nvidia_driver_source"])
+    if source == "auto":
+        return "ubuntu" if os_.get("ID") == "ubuntu" else "cuda"
+    return source
+
+
+def flavour(vars: Mapping[str, Any], devices: Any) -> str:
+    wanted = str(vars["nvidia_driver_flavor"])
+    if wanted != "auto":
+        return wanted
+    return "proprietary" if any(d.device in PRE_TURING for d in devices) else "open"
+
+
+def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: Any,
+                    kernel: str) -> dict[str, str]:
+    """Package -> version prefix for the driver, by source and flavour."""
+    branch = str(vars["nvidia_driver_branch"])
+    prefix = str(vars["nvidia_driver_version"]) or f"{branch}."
+    open_ = flavour(vars, devices) == "open"
+    if driver_source(vars, os_) == "ubuntu":
+        name = f"nvidia-driver-{branch}-server" + ("-open" if open_ else "")
+        return {f"linux-headers-{kernel}": "", name: prefix}
+    meta = f"nvidia-open-{branch}" if open_ else f"cuda-drivers-{branch}"
+    return {f"linux-headers-{kernel}": "", meta: prefix}
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [OsRelease(), System(), PciDevices(), Nvidia(), KernelModules("nouveau"),
+            Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING),
+            Packages("nvidia-fabricmanager", *_all_driver_names(vars)),
+            Services("nvidia-fabricmanager")]
+
+
+def _all_driver_names(vars: Mapping[str, Any]) -> list[str]:
+    b = vars["nvidia_driver_branch"]
+    return [f"nvidia-open-{b}", f"cuda-drivers-{b}", f"nvidia-driver-{b}-server",
+            f"nvidia-driver-{b}-server-open"]
+
+
+def cuda_repo_op(ctx: HostContext, op_id: str) -> Op:
+    """The NVIDIA CUDA apt repo (drivers, CUDA toolkit, Fabric Manager)."""
+    os_ = ctx.facts[OsRelease()]
+    states = ctx.facts[Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING)]
+    context = {**ctx.vars, "nvidia_cuda_distro": cuda_distro(os_)}
+    return repo(states[CUDA_LIST], states[CUDA_KEYRING], op_id, name="cuda",
+                url=render_value(ctx.var("nvidia_cuda_repo_url"), context), suite="/",
+                components="", key_url=render_value(ctx.var("nvidia_cuda_repo_key_url"), context))
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    f = ctx.facts
+    devices = f[PciDevices()]
+    gpus = [d for d in devices if d.is_gpu]
+    if not gpus:
+        return []
+    os_ = f[OsRelease()]
+    sysinfo = f[System()]
+    ops: list[Op] = []
+    states = f[Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING)]
+    nouveau_loaded = bool(f[KernelModules("nouveau")].get("nouveau"))
+    ops.append(files.content(states[BLACKLIST], "nvidia_driver | blacklist nouveau",
+                             b"blacklist nouveau\noptions nouveau modeset=0\n",
+                             notify=("update initramfs",) + (("reboot",) if nouveau_loaded
+                                                              else ())))
+    if driver_source(ctx.vars, os_) == "cuda":
+        ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
+    wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel)
+    installed = f[Packages("nvidia-fabricmanager", *_all_driver_names(ctx.vars))]
+    pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
+                      update_first=driver_source(ctx.vars, os_) == "ubuntu")
+    if pkg_op.changes:
+        pkg_op = change(pkg_op.id, pkg_op.reason, *pkg_op.commands,
+                        notify=("reboot", "verify driver"), timeout=pkg_op.timeout)
+    ops.append(pkg_op)
+    nv = f[Nvidia()]
+    driver_pkg = next(n for n in wanted if not n.startswith("linux-headers"))
+    installed_version = installed[driver_pkg].version if driver_pkg in installed else ""
+    upstream = installed_version.split("-")[0]
+    if pkg_op.changes:
+        reboot = None
+    elif not nv.smi_present or nv.exit_code != 0:
+        reboot = (f"+ reboot: driver {upstream} installed but not loaded "
+                  f"(nvidia-smi: {nv.error.splitlines()[0] if nv.error else 'absent'})")
+    elif nv.loaded_version and upstream and nv.loaded_version != upstream:
+        reboot = f"+ reboot: loaded driver {nv.loaded_version} is not the installed {upstream}"
+    else:
+        reboot = None
+    if reboot:
+        ops.append(change("nvidia_driver | load installed driver", reboot, "true",
+                          notify=("reboot", "verify driver")))
+    elif not pkg_op.changes:
+        seen = len(nv.gpus)
+        if seen != len(gpus):
+            ops.append(change("nvidia_driver | verify", f"+ nvidia-smi sees {seen} of "
+                              f"{len(gpus)} PCI GPUs: check", *verify_commands(len(gpus))))
+        else:
+            ops.append(noop("nvidia_driver | verify", f"= driver {nv.loaded_version} "
+                            f"({nv.module or 'module'}) sees {seen}/{len(gpus)} GPUs"))
+    nvswitch = any(d.is_nvswitch for d in devices)
+    fm = ctx.var("nvidia_fabricmanager")
+    if fm is True or fm == "true" or (fm == "auto" and nvswitch):
+        ops.append(packages(installed, "nvidia_driver | fabric manager",
+                            {"nvidia-fabricmanager": str(ctx.var("nvidia_driver_version"))
+                             or upstream or f"{ctx.var('nvidia_driver_branch')}."}, hold=True))
+        unit = f[Services("nvidia-fabricmanager")]["nvidia-fabricmanager"]
+        if unit.active != "active" or unit.enabled != "enabled":
+            ops.append(change("nvidia_driver | fabric manager service",
+                              "+ enable and start nvidia-fabricmanager",
+                              "systemctl enable nvidia-fabricmanager",
+                              "systemctl start nvidia-fabricmanager || "
+                              "[ -e /var/run/reboot-required ]"))
+    ctx.cluster.setdefault("driver_source", {})[ctx.host] = driver_source(ctx.vars, os_)
+    return ops
+
+
+def verify_commands(count: int) -> tuple[str, ...]:
+    return (f"n=$(nvidia-smi -L 2>&1 | grep -c '^GPU ') || true; "
+            f"if [ \"$n\" -ne {count} ]; then echo \"nvidia-smi sees $n of {count} PCI GPUs:\"; "
+            "nvidia-smi -L 2>&1 | head -n 20; exit 1; fi",)
+
+
+HANDLERS = {
+    "update initramfs": lambda ctx: change(
+        "nvidia_driver | update initramfs", "update initramfs",
+        "if command -v update-initramfs >/dev/null 2>&1 && [ -d /boot ] && "
+        "ls /boot/initrd.img-* >/dev/null 2>&1; then update-initramfs -u; fi"),
+    "reboot": lambda ctx: Op("nvidia_driver | reboot", (), "reboot to load the driver",
+                             reboot=True),
+    "verify driver": lambda ctx: change(
+        "nvidia_driver | verify", "nvidia-smi must see every PCI GPU",
+        *verify_commands(sum(d.is_gpu for d in ctx.facts[PciDevices()]))),
+}

@@ -1,0 +1,90 @@
+"""preflight: check every host before anything changes; problems stop the run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import Containerd
+from gpuk8s.facts.system import KernelModules, OsRelease, PciDevices, System
+from gpuk8s.ops import Op
+from gpuk8s.roles import HostContext
+
+SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
+CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
+WORKER_PORTS = (10250,)
+
+#: (check name, message, fix); a check listed in preflight_ignore becomes a warning
+Problem = tuple[str, str, str]
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"), Containerd()]
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    return []
+
+
+def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) for one host."""
+    f = ctx.facts
+    os_ = f[OsRelease()]
+    sysinfo = f[System()]
+    gpus = [d for d in f[PciDevices()] if d.is_gpu]
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
+    if (os_id, os_ver) not in SUPPORTED_OS:
+        errors.append(("os", f"{os_.get('PRETTY_NAME', os_id + ' ' + os_ver)} is not supported",
+                       "use Ubuntu 22.04, Ubuntu 24.04 or Debian 12"))
+    if sysinfo.arch not in ("x86_64", "aarch64"):
+        errors.append(("arch", f"architecture {sysinfo.arch} is not supported",
+                       "use an x86_64 or aarch64 host"))
+    is_cp = "control_plane" in ctx.groups
+    min_cpus = int(ctx.var("preflight_min_cpus"))
+    if is_cp and sysinfo.cpus < min_cpus:
+        errors.append(("cpus", f"{sysinfo.cpus} CPU(s); a control plane needs {min_cpus}",
+                       "give the host more CPUs or lower preflight_min_cpus"))
+    min_mem = int(ctx.var("preflight_min_memory_mb"))
+    if sysinfo.memory_mb < min_mem:
+        errors.append(("memory", f"{sysinfo.memory_mb} MiB of RAM; needs {min_mem} MiB",
+                       "add memory or lower preflight_min_memory_mb"))
+    if sysinfo.cgroup != "cgroup2fs":
+        errors.append(("cgroup", f"cgroup v1 ({sysinfo.cgroup}); kubelet >= 1.35 needs cgroup v2",
+                       "boot with systemd.unified_cgroup_hierarchy=1"))
+    if sysinfo.time_synced not in ("yes", "unknown"):
+        warnings.append(("time_sync", "the clock is not NTP-synchronised (certificates and "
+                         "tokens are time-sensitive)", "enable systemd-timesyncd or chrony"))
+    joined = ctx.cluster.get("joined", {}).get(ctx.host, False)
+    if not joined:
+        ports = CONTROL_PLANE_PORTS if is_cp else WORKER_PORTS
+        busy = sorted(set(ports) & set(sysinfo.listening))
+        if busy:
+            errors.append(("ports", f"port(s) {', '.join(map(str, busy))} already in use",
+                           "stop what listens there (ss -tlnp) before bootstrapping"))
+    if ctx.var("gpu_required") and not gpus:
+        errors.append(("gpu", "gpu_required is set but no NVIDIA GPU is on the PCI bus",
+                       "check the card is seated and enabled in the BIOS, or drop gpu_required"))
+    if gpus:
+        if "enabled" in sysinfo.secure_boot.lower() and \
+                ctx.cluster.get("driver_source", {}).get(ctx.host) == "cuda":
+            errors.append(("secure_boot", "Secure Boot is on and the driver would be built by "
+                           "DKMS from NVIDIA's repo, unsigned",
+                           "use nvidia_driver_source: ubuntu (signed modules), enroll a MOK "
+                           "key, or turn Secure Boot off"))
+        if f[KernelModules("nouveau")].get("nouveau"):
+            warnings.append(("nouveau", "nouveau is loaded; gpuk8s blacklists it and reboots",
+                             "nothing to do"))
+    containerd = f[Containerd()]
+    major = int(containerd.version.split(".")[0]) if containerd.version else None
+    k8s = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split("."))
+    if major is not None and major < 2 and k8s >= (1, 36):
+        warnings.append(("containerd", f"containerd {containerd.version} is installed; "
+                         f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
+                         "replaces it with containerd.io 2.x", "nothing to do"))
+    ignore = set(ctx.var("preflight_ignore"))
+    warnings += [p for p in errors if p[0] in ignore]
+    errors = [p for p in errors if p[0] not in ignore]
+    return errors, warnings
