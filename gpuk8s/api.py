@@ -68,7 +68,9 @@ def connect_spec(host: Host, env: Mapping[str, str] | None = None) -> ConnectSpe
     password = host.become_password.reveal() if host.become_password else None
     return ConnectSpec(
         name=host.name, address=host.address, port=host.port, user=host.user,
-        key_file=host.key_file, become=host.become, become_password=password,
+        key_files=host.identity_files or ((host.private_key_file,) if host.private_key_file
+                                          else ()),
+        become=bool(host.become), become_password=password,
         local=host.connection == "local", proxy_jump=host.proxy_jump,
         proxy_command=host.proxy_command, known_hosts_files=tuple(host.known_hosts_files),
         ssh_config_file=host.ssh_config_file,
@@ -274,11 +276,19 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     skipped = [h.name for h in inv.select(limit) if h.absent]
     for name in skipped:
         reporter.print(f"skipping {name}: absent: true in the inventory", style="dim")
-    for name in inv.needs_become_password():
+    needy = [h for h in inv.needs_become_password() if h in selected]
+    if needy and password_prompt is None and sys.stdin.isatty():
+        import getpass
+
+        password_prompt = getpass.getpass
+    if needy:
         if password_prompt is None:
             raise InventoryError(
-                f"host {name} needs a sudo password", path=str(inv.path),
-                fix="set ansible_become_password in host_vars, or export GPUK8S_BECOME_PASSWORD")
+                f"{', '.join(needy)}: sudo needs a password and none was given",
+                path=str(inv.path), fix="set ansible_become_password in host_vars, or export "
+                "GPUK8S_BECOME_PASSWORD, or run from a terminal to be asked")
+        inv = inv.with_become_password(password_prompt(f"sudo password for {', '.join(needy)}: "),
+                                       needy)
     session = Session(inv, selected, reporter, redact, RunLog(_runs_dir(), command, redact),
                       opener)
     contact = list(dict.fromkeys([*selected, session.first_cp]))

@@ -74,7 +74,7 @@ class ConnectSpec:
     address: str
     port: int = 22
     user: str = "root"
-    key_file: str | None = None
+    key_files: tuple[str, ...] = ()
     become: bool = False
     become_password: str | None = field(default=None, repr=False)
     local: bool = False
@@ -151,8 +151,8 @@ class SSHTransport:
             gateway = _jump_connection(spec, config)
         connect_kwargs: dict[str, Any] = {"banner_timeout": spec.connect_timeout,
                                           "auth_timeout": spec.connect_timeout}
-        if spec.key_file:
-            connect_kwargs["key_filename"] = [spec.key_file]
+        if spec.key_files:
+            connect_kwargs["key_filename"] = list(spec.key_files)
         conn = fabric.Connection(spec.address, user=spec.user, port=spec.port, config=config,
                                  gateway=gateway, connect_timeout=spec.connect_timeout,
                                  connect_kwargs=connect_kwargs)

@@ -1,0 +1,92 @@
+"""Golden plans: each role's ops on fresh Ubuntu 22.04, 24.04 and Debian 12 nodes, GPU and CPU.
+
+Regenerate after an intended change with GPUK8S_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuk8s.playbook import PHASES
+from gpuk8s.roles import HostContext, load_role
+from tests.unit.scenarios import OSES, default_vars, fresh_facts
+
+GOLDEN = Path(__file__).parent / "golden"
+_B64 = re.compile(r"<<'GPUK8S_EOF'\n.*?GPUK8S_EOF", re.S)
+
+
+def summarise(cmd: str) -> str:
+    return _B64.sub("<<'GPUK8S_EOF' <content> GPUK8S_EOF", cmd)
+
+
+def plan_all(os_key: str, gpus: int) -> dict[str, Any]:
+    vars = default_vars(feature_gates={"DynamicResourceAllocation": True})
+    cluster: dict[str, Any] = {
+        "endpoint": "10.0.0.10:6443", "advertise_address": "10.0.0.10", "node_name": "cp-01",
+        "nodes": {"node": {"name": "node", "address": "10.0.0.11", "gpus": gpus,
+                           "model": "NVIDIA H100 80GB HBM3"}}}
+    facts = fresh_facts(os_key, gpus, "node", vars)
+    out: dict[str, Any] = {}
+    for phase in PHASES:
+        for role_name in phase.roles:
+            role = load_role(role_name)
+            ctx = HostContext("node", role_name, vars, facts, cluster,
+                              ("control_plane",) if phase.hosts != "joiners" else ("workers",))
+            ops = role.plan(ctx)
+            out[role_name] = [{"id": op.id, "change": op.symbol, "reason": op.reason,
+                               "notify": list(op.notify),
+                               "commands": [summarise(c) for c in op.commands]
+                               if not op.secret else ["<secret>"],
+                               **({"diff": op.diff} if op.diff else {})} for op in ops]
+    return out
+
+
+@pytest.mark.parametrize("gpus", [0, 2], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("os_key", sorted(OSES))
+def test_golden_fresh_plan(os_key: str, gpus: int) -> None:
+    got = plan_all(os_key, gpus)
+    path = GOLDEN / f"fresh-{os_key}-{'gpu' if gpus else 'cpu'}.json"
+    text = json.dumps(got, indent=1, sort_keys=False) + "\n"
+    if os.environ.get("GPUK8S_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text)
+    assert json.loads(path.read_text()) == got, f"plan changed: see {path}"
+
+
+def test_gpu_plan_differs_by_os() -> None:
+    ubuntu = plan_all("ubuntu2404", 2)["nvidia_driver"]
+    debian = plan_all("debian12", 2)["nvidia_driver"]
+    ubuntu_cmds = " ".join(c for op in ubuntu for c in op["commands"])
+    debian_cmds = " ".join(c for op in debian for c in op["commands"])
+    assert "nvidia-driver-580-server-open" in ubuntu_cmds and "CUDA apt repo" not in \
+        " ".join(op["id"] for op in ubuntu)
+    assert "nvidia-open-580" in debian_cmds
+    assert "compute/cuda/repos/debian12/x86_64/" in debian_cmds
+    assert any("reboot" in op["notify"] for op in debian)
+
+
+def test_cpu_nodes_get_no_gpu_roles() -> None:
+    plan = plan_all("debian12", 0)
+    assert plan["nvidia_driver"] == [] and plan["cuda"] == [] and \
+        plan["nvidia_container_toolkit"] == []
+
+
+def test_kubeadm_config_carries_feature_gates_and_cidrs() -> None:
+    plan = plan_all("ubuntu2204", 0)
+    diff = next(op["diff"] for op in plan["control_plane"]
+                if op["id"] == "control_plane | kubeadm config")
+    assert "kind: InitConfiguration" in diff and "apiVersion: kubeadm.k8s.io/v1beta4" in diff
+    assert "value: \"DynamicResourceAllocation=true\"" in diff
+    assert "  DynamicResourceAllocation: true" in diff
+    assert 'podSubnet: "10.244.0.0/16"' in diff and "cgroupDriver: systemd" in diff
+
+
+def test_swap_turned_off_on_ubuntu_2404() -> None:
+    base = plan_all("ubuntu2404", 0)["base"]
+    swap = next(op for op in base if op["id"] == "base | swap off")
+    assert swap["change"] == "+" and any("swapoff -a" in c for c in swap["commands"])
