@@ -53,14 +53,15 @@ class HostFacts(Mapping[Fact[Any], Any]):
         self.host = host
         self._values = dict(values)
 
-    def __getitem__(self, fact: Fact[T]) -> T:  # type: ignore[override]
+    def __getitem__(self, fact: Fact[T]) -> T:
         try:
-            return self._values[fact]  # type: ignore[no-any-return]
+            value: T = self._values[fact]
+            return value
         except KeyError:
             raise FactError(f"{self.host}: fact {fact.key} was not probed (planning bug)") \
                 from None
 
-    def get(self, fact: Fact[T], default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, fact: Fact[T], default: Any = None) -> Any:
         return self._values.get(fact, default)
 
     def __iter__(self) -> Iterator[Fact[Any]]:

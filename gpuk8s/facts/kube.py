@@ -102,7 +102,8 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
     nodes = {}
     for item in data.get("items", []):
         meta, spec, status = item.get("metadata", {}), item.get("spec", {}), item.get("status", {})
-        ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c.get("type") == "Ready"), {})
         gpu = status.get("allocatable", {}).get("nvidia.com/gpu")
         info = status.get("nodeInfo", {})
         nodes[meta["name"]] = NodeStatus(

@@ -219,13 +219,13 @@ class Files(Fact[dict[str, FileState]]):
             elif kind == "N":
                 states[rest] = FileState(rest, False)
             elif kind == "C":
-                path, _, data = rest.rpartition(" ")
+                path, _, encoded = rest.rpartition(" ")
                 if not path:
-                    path, data = data, ""
-                contents[path] = base64.b64decode(data)
-        for path, data in contents.items():
+                    path, encoded = encoded, ""
+                contents[path] = base64.b64decode(encoded)
+        for path, raw in contents.items():
             old = states[path]
-            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, data)
+            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, raw)
         return states
 
 

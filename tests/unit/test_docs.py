@@ -1,0 +1,27 @@
+"""The README's inventory reference lists every variable with its real default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpuk8s.variables import load_variable_specs
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_variable_documented_with_its_default() -> None:
+    text = README.read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    missing = []
+    for name, spec in load_variable_specs().items():
+        default = f'"{spec.default}"' if isinstance(spec.default, str) else \
+            json.dumps(spec.default)
+        row = rows.get(name)
+        if row is None or f"`{default}`" not in row:
+            missing.append(f"{name} (default {default})")
+    assert not missing, "README inventory reference is missing or wrong for: " + \
+        ", ".join(missing)
+    extra = set(rows) - set(load_variable_specs()) - {"invoke lab.up", "gpu_required"}
+    assert not [r for r in extra if not r.startswith("invoke")], f"undocumented rows: {extra}"
