@@ -52,7 +52,15 @@ PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 BUILDER_VERSION = "3"  # bump to invalidate every cached .deb
 SOURCE_DATE_EPOCH = 1767225600  # 2026-01-01T00:00:00Z: every packaged mtime
 MAINTAINER = "gpuk8s lab <lab@gpuk8s.invalid>"
-LIST_FIELDS = ("depends", "pre_depends", "recommends", "conflicts", "replaces", "provides", "breaks")
+LIST_FIELDS = (
+    "depends",
+    "pre_depends",
+    "recommends",
+    "conflicts",
+    "replaces",
+    "provides",
+    "breaks",
+)
 SCRIPT_NAMES = ("preinst", "postinst", "prerm", "postrm")
 STANDIN_MARK = "LAB STAND-IN"
 
@@ -283,7 +291,9 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
         "KREL": host_kernel_release(),
     }
     variables.update({str(k): str(v) for k, v in (raw.get("vars") or {}).items()})
-    variables.update({str(k): str(v) for k, v in (raw.get("version_vars") or {}).get(version, {}).items()})
+    variables.update(
+        {str(k): str(v) for k, v in (raw.get("version_vars") or {}).get(version, {}).items()}
+    )
     name = substitute(str(raw["name"]), variables).lower()
     variables["PKGNAME"] = name
     sub = lambda s: substitute(str(s), variables)  # noqa: E731
@@ -325,7 +335,9 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
         unit_name = Path(sub(spec["src"])).name
         dest = sub(spec.get("dest", f"/lib/systemd/system/{unit_name}"))
         entries.append(Entry(dest, 0o644, sub(data.decode()).encode()))
-        units.append((Path(dest).name, bool(spec.get("enable", False)), bool(spec.get("start", False))))
+        units.append(
+            (Path(dest).name, bool(spec.get("enable", False)), bool(spec.get("start", False)))
+        )
 
     scripts: dict[str, str] = {}
     user_scripts = raw.get("maintainer_scripts") or {}
@@ -405,7 +417,9 @@ def build_deb(spec: BuildSpec, cache_dir: Path) -> Path:
         tmp_out = Path(tmp) / spec.filename
         res = subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-Zgzip", "-z6", "-b", str(root), str(tmp_out)],
-            capture_output=True, text=True, env=env,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if res.returncode != 0:
             raise PackageError(f"dpkg-deb failed for {spec.filename}: {res.stderr.strip()}")

@@ -75,9 +75,13 @@ class Repo:
 
 def _k8s(minor: str) -> Repo:
     path = f"pkgs.k8s.io/core:/stable:/v{minor}/deb"
-    return Repo(f"pkgs.k8s.io/v{minor}", path, (f"{path}/Release.key",),
-                origin=f"obs://build.opensuse.org/isv:kubernetes:core:stable:v{minor}/deb",
-                label=f"isv:kubernetes:core:stable:v{minor}")
+    return Repo(
+        f"pkgs.k8s.io/v{minor}",
+        path,
+        (f"{path}/Release.key",),
+        origin=f"obs://build.opensuse.org/isv:kubernetes:core:stable:v{minor}/deb",
+        label=f"isv:kubernetes:core:stable:v{minor}",
+    )
 
 
 _CUDA = "developer.download.nvidia.com/compute/cuda/repos"
@@ -86,19 +90,45 @@ REPOS: dict[str, Repo] = {
     for r in (
         _k8s("1.36"),
         _k8s("1.35"),
-        Repo("cuda/debian12", f"{_CUDA}/debian12/x86_64", (f"{_CUDA}/debian12/x86_64/3bf863cc.pub",),
-             origin="NVIDIA", label="NVIDIA CUDA"),
-        Repo("cuda/ubuntu2204", f"{_CUDA}/ubuntu2204/x86_64", (f"{_CUDA}/ubuntu2204/x86_64/3bf863cc.pub",),
-             origin="NVIDIA", label="NVIDIA CUDA", publishes="cuda/debian12"),
-        Repo("cuda/ubuntu2404", f"{_CUDA}/ubuntu2404/x86_64", (f"{_CUDA}/ubuntu2404/x86_64/3bf863cc.pub",),
-             origin="NVIDIA", label="NVIDIA CUDA", publishes="cuda/debian12"),
-        Repo("libnvidia-container", "nvidia.github.io/libnvidia-container/stable/deb/amd64",
-             ("nvidia.github.io/libnvidia-container/gpgkey",),
-             origin="https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
-             label="https://nvidia.github.io/libnvidia-container/stable/deb/amd64"),
-        Repo("docker/debian/bookworm", "download.docker.com/linux/debian",
-             ("download.docker.com/linux/debian/gpg",), suite="bookworm", component="stable",
-             origin="Docker", label="Docker CE"),
+        Repo(
+            "cuda/debian12",
+            f"{_CUDA}/debian12/x86_64",
+            (f"{_CUDA}/debian12/x86_64/3bf863cc.pub",),
+            origin="NVIDIA",
+            label="NVIDIA CUDA",
+        ),
+        Repo(
+            "cuda/ubuntu2204",
+            f"{_CUDA}/ubuntu2204/x86_64",
+            (f"{_CUDA}/ubuntu2204/x86_64/3bf863cc.pub",),
+            origin="NVIDIA",
+            label="NVIDIA CUDA",
+            publishes="cuda/debian12",
+        ),
+        Repo(
+            "cuda/ubuntu2404",
+            f"{_CUDA}/ubuntu2404/x86_64",
+            (f"{_CUDA}/ubuntu2404/x86_64/3bf863cc.pub",),
+            origin="NVIDIA",
+            label="NVIDIA CUDA",
+            publishes="cuda/debian12",
+        ),
+        Repo(
+            "libnvidia-container",
+            "nvidia.github.io/libnvidia-container/stable/deb/amd64",
+            ("nvidia.github.io/libnvidia-container/gpgkey",),
+            origin="https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
+            label="https://nvidia.github.io/libnvidia-container/stable/deb/amd64",
+        ),
+        Repo(
+            "docker/debian/bookworm",
+            "download.docker.com/linux/debian",
+            ("download.docker.com/linux/debian/gpg",),
+            suite="bookworm",
+            component="stable",
+            origin="Docker",
+            label="Docker CE",
+        ),
         Repo("lab-kernel", "lab-kernel", ("lab-kernel/lab-key.asc",)),
     )
 }
@@ -117,10 +147,23 @@ def _apt_opts(tmp: Path, sources: str) -> list[str]:
     for d in ("lists/partial", "archives/partial"):
         (tmp / d).mkdir(parents=True, exist_ok=True)
     return [
-        "-q", "-o", f"Dir::Etc::sourcelist={tmp}/sources.list", "-o", "Dir::Etc::sourceparts=-",
-        "-o", f"Dir::State::Lists={tmp}/lists", "-o", f"Dir::Cache::archives={tmp}/archives",
-        "-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=",
-        "-o", "APT::Sandbox::User=root", "-o", "Debug::NoLocking=1",
+        "-q",
+        "-o",
+        f"Dir::Etc::sourcelist={tmp}/sources.list",
+        "-o",
+        "Dir::Etc::sourceparts=-",
+        "-o",
+        f"Dir::State::Lists={tmp}/lists",
+        "-o",
+        f"Dir::Cache::archives={tmp}/archives",
+        "-o",
+        "Dir::Cache::pkgcache=",
+        "-o",
+        "Dir::Cache::srcpkgcache=",
+        "-o",
+        "APT::Sandbox::User=root",
+        "-o",
+        "Debug::NoLocking=1",
     ]
 
 
@@ -147,7 +190,9 @@ def fetch_upstream_deb(package: str, suite: str) -> Path:
         final = dest / got[0].name
         shutil.move(str(got[0]), final)
     with open(dest / "VERSIONS", "a") as fh:
-        fh.write(f"{package} {debs.deb_field(final, 'Version')} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+        fh.write(
+            f"{package} {debs.deb_field(final, 'Version')} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+        )
     return final
 
 
@@ -160,42 +205,80 @@ def _gnupghome() -> Path:
 
 
 def _gpg(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return _run(["gpg", "--homedir", str(_gnupghome()), "--batch", "--yes", "--no-tty", *args], **kw)
+    return _run(
+        ["gpg", "--homedir", str(_gnupghome()), "--batch", "--yes", "--no-tty", *args], **kw
+    )
 
 
 def ensure_key() -> str:
     """Generate the lab signing key once; export lab-key.asc/.gpg; return its fingerprint."""
-    out = _gpg("--with-colons", "--list-secret-keys").stdout if (_gnupghome() / "pubring.kbx").exists() else ""
+    out = (
+        _gpg("--with-colons", "--list-secret-keys").stdout
+        if (_gnupghome() / "pubring.kbx").exists()
+        else ""
+    )
     fprs = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
     if not fprs:
-        _gpg("--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+        _gpg(
+            "--passphrase",
+            "",
+            "--pinentry-mode",
+            "loopback",
+            "--quick-gen-key",
+            KEY_UID,
+            "ed25519",
+            "sign",
+            "never",
+        )
         out = _gpg("--with-colons", "--list-secret-keys").stdout
         fprs = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
     fpr = fprs[0]
     asc, gpgbin = repos_dir() / "lab-key.asc", repos_dir() / "lab-key.gpg"
     if not asc.exists() or not gpgbin.exists():
         asc.write_text(_gpg("--armor", "--export", fpr).stdout)
-        res = subprocess.run(["gpg", "--homedir", str(_gnupghome()), "--batch", "--export", fpr],
-                             capture_output=True, check=True)
+        res = subprocess.run(
+            ["gpg", "--homedir", str(_gnupghome()), "--batch", "--export", fpr],
+            capture_output=True,
+            check=True,
+        )
         gpgbin.write_bytes(res.stdout)
     return fpr
 
 
 # ---------------------------------------------------------------- indexes
 def _ftparchive_release(directory: Path, repo: Repo, suite: str | None) -> str:
-    opts = ["-o", f"APT::FTPArchive::Release::Origin={repo.origin}",
-            "-o", f"APT::FTPArchive::Release::Label={repo.label}",
-            "-o", "APT::FTPArchive::Release::Architectures=amd64"]
+    opts = [
+        "-o",
+        f"APT::FTPArchive::Release::Origin={repo.origin}",
+        "-o",
+        f"APT::FTPArchive::Release::Label={repo.label}",
+        "-o",
+        "APT::FTPArchive::Release::Architectures=amd64",
+    ]
     if suite:
-        opts += ["-o", f"APT::FTPArchive::Release::Suite={suite}",
-                 "-o", f"APT::FTPArchive::Release::Codename={suite}",
-                 "-o", f"APT::FTPArchive::Release::Components={repo.component}"]
+        opts += [
+            "-o",
+            f"APT::FTPArchive::Release::Suite={suite}",
+            "-o",
+            f"APT::FTPArchive::Release::Codename={suite}",
+            "-o",
+            f"APT::FTPArchive::Release::Components={repo.component}",
+        ]
     return _run(["apt-ftparchive", *opts, "release", "."], cwd=directory).stdout
 
 
 def _sign(directory: Path, fpr: str) -> None:
     rel = directory / "Release"
-    common = ["--local-user", fpr, "--digest-algo", "SHA512", "--pinentry-mode", "loopback", "--passphrase", ""]
+    common = [
+        "--local-user",
+        fpr,
+        "--digest-algo",
+        "SHA512",
+        "--pinentry-mode",
+        "loopback",
+        "--passphrase",
+        "",
+    ]
     _gpg(*common, "--clearsign", "-o", str(directory / "InRelease"), str(rel))
     _gpg(*common, "--armor", "--detach-sign", "-o", str(directory / "Release.gpg"), str(rel))
 
@@ -230,8 +313,9 @@ def _publish(repo: Repo, debfiles: list[Path], fpr: str, key_asc: str) -> None:
         pool.mkdir(parents=True)
         for p in debfiles:
             os.link(p, pool / p.name) if _same_fs(p, pool) else shutil.copy2(p, pool / p.name)
-        _write_packages(dist / repo.component / "binary-amd64", tmp,
-                        f"dists/{repo.suite}/pool/{repo.component}")
+        _write_packages(
+            dist / repo.component / "binary-amd64", tmp, f"dists/{repo.suite}/pool/{repo.component}"
+        )
         (dist / "Release").write_text(_ftparchive_release(dist, repo, repo.suite))
         _sign(dist, fpr)
     (tmp / ".lab-stamp").write_text(stamp)
@@ -317,15 +401,19 @@ def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}") -> dict[str, str
 
 # ---------------------------------------------------------------- HTTP
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
     def do_GET(self) -> None:
         # the upstream .list NVIDIA tells users to curl, pointing at this server
-        if self.path.rstrip("/").endswith("libnvidia-container/stable/deb/nvidia-container-toolkit.list"):
+        if self.path.rstrip("/").endswith(
+            "libnvidia-container/stable/deb/nvidia-container-toolkit.list"
+        ):
             host = self.headers.get("Host", DEFAULT_LISTEN)
-            body = (f"deb http://{host}/nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
-                    f"#deb http://{host}/nvidia.github.io/libnvidia-container/experimental/deb/$(ARCH) /\n").encode()
+            body = (
+                f"deb http://{host}/nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
+                f"#deb http://{host}/nvidia.github.io/libnvidia-container/experimental/deb/$(ARCH) /\n"
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))
@@ -399,8 +487,12 @@ def serve(listen: str = DEFAULT_LISTEN, background: bool = True) -> int | None:
     log = open(state_dir() / "repos-http.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.lab.repos", "--serve-only", "--listen", listen],
-        cwd=str(debs.REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        start_new_session=True, env=dict(os.environ),
+        cwd=str(debs.REPO_ROOT),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env=dict(os.environ),
     )
     _pidfile().write_text(json.dumps({"pid": proc.pid, "listen": listen, "root": str(root)}))
     deadline = time.monotonic() + 10
@@ -451,17 +543,26 @@ def stop_serving() -> bool:
 def repos_task(listen: str = DEFAULT_LISTEN, force: bool = False) -> None:
     """Body of `invoke lab.repos --listen ADDR:PORT` (wire with @task in tests/lab/tasks.py)."""
     build_all(force=force)
-    print(yaml.safe_dump(mirror_settings(f"http://{listen}"), sort_keys=False, width=1000), end="", flush=True)
+    print(
+        yaml.safe_dump(mirror_settings(f"http://{listen}"), sort_keys=False, width=1000),
+        end="",
+        flush=True,
+    )
     _log(f"serving {www_root()} on http://{listen}/ (Ctrl-C stops)")
     serve(listen, background=False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.lab.repos", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.lab.repos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--listen", default=DEFAULT_LISTEN, help="ADDR:PORT (default %(default)s)")
     ap.add_argument("--force", action="store_true", help="rebuild every package and repo")
-    ap.add_argument("--build-only", action="store_true", help="build and print the settings, do not serve")
+    ap.add_argument(
+        "--build-only", action="store_true", help="build and print the settings, do not serve"
+    )
     ap.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_only:
@@ -469,7 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.build_only:
         build_all(force=args.force)
-        print(yaml.safe_dump(mirror_settings(f"http://{args.listen}"), sort_keys=False, width=1000), end="")
+        print(
+            yaml.safe_dump(mirror_settings(f"http://{args.listen}"), sort_keys=False, width=1000),
+            end="",
+        )
         return 0
     try:
         repos_task(args.listen, args.force)

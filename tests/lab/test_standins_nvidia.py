@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.lab import debs  # noqa: E402
+from tests.lab import debs
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia"
 if not FIXTURES.is_dir():
@@ -29,7 +29,9 @@ NEW, OLD = "580.159.04-1", "580.105.08-1"
 
 
 def _defs() -> dict[str, debs.PackageDef]:
-    return {str(d.raw["name"]): d for d in debs.load_definitions() if d.repo != "docker/debian/bookworm"}
+    return {
+        str(d.raw["name"]): d for d in debs.load_definitions() if d.repo != "docker/debian/bookworm"
+    }
 
 
 def install_files(root: Path, package: str, version: str) -> debs.BuildSpec:
@@ -54,8 +56,14 @@ def fake_pci(root: Path, lines: list[str]) -> None:
         name, vendor, device, cls, subven, subdev, *_ = line.split()
         d = root / "sys/bus/pci/devices" / name
         d.mkdir(parents=True, exist_ok=True)
-        for k, v in dict(vendor=vendor, device=device, class_=cls, subsystem_vendor=subven,
-                         subsystem_device=subdev, numa_node="0").items():
+        for k, v in dict(
+            vendor=vendor,
+            device=device,
+            class_=cls,
+            subsystem_vendor=subven,
+            subsystem_device=subdev,
+            numa_node="0",
+        ).items():
             (d / k.rstrip("_")).write_text(v + "\n")
 
 
@@ -67,7 +75,9 @@ def root(tmp_path: Path) -> Path:
     return r
 
 
-def run(root: Path, *cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    root: Path, *cmd: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     e = dict(os.environ, GPUK8S_LAB_ROOT=str(root), LC_ALL="C")
     e.update(env or {})
     exe = str(root / cmd[0].lstrip("/"))
@@ -119,14 +129,18 @@ def test_header_line_carries_installed_version(root: Path) -> None:
     install_files(root, "nvidia-driver-cuda", OLD)
     load_module(root, OLD)
     header = smi(root).stdout.split("\n")[2]
-    want = (SINGLE / "nvidia-smi.txt").read_text().split("\n")[2].replace("580.159.04", "580.105.08")
+    want = (
+        (SINGLE / "nvidia-smi.txt").read_text().split("\n")[2].replace("580.159.04", "580.105.08")
+    )
     assert header == want
 
 
 def test_list_gpus_format(dual: Path) -> None:
     res = smi(dual, "-L")
     assert res.returncode == 0
-    pat = re.compile(r"GPU (\d+): (.+) \(UUID: (GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\)")
+    pat = re.compile(
+        r"GPU (\d+): (.+) \(UUID: (GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\)"
+    )
     got = [pat.fullmatch(x) for x in res.stdout.splitlines()]
     want = [pat.fullmatch(x) for x in (DUAL / "nvidia-smi-L.txt").read_text().splitlines()]
     assert all(got) and all(want) and len(got) == len(want)
@@ -148,17 +162,26 @@ def test_query_gpu_csv_matches_fixture(dual: Path) -> None:
 
 def test_query_gpu_noheader_nounits_matches_fixture(dual: Path) -> None:
     fixture = (DUAL / "query-gpu.csv").read_text().splitlines()[3:]
-    res = smi(dual, "--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id,compute_cap",
-              "--format=csv,noheader,nounits")
+    res = smi(
+        dual,
+        "--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id,compute_cap",
+        "--format=csv,noheader,nounits",
+    )
     uuid = re.compile(r"GPU-[0-9a-f-]{36}")
-    assert [uuid.sub("U", x) for x in res.stdout.splitlines()] == [uuid.sub("U", x) for x in fixture]
+    assert [uuid.sub("U", x) for x in res.stdout.splitlines()] == [
+        uuid.sub("U", x) for x in fixture
+    ]
     listed = smi(dual, "-L").stdout
     for line in res.stdout.splitlines():
         assert line.split(", ")[2] in listed
 
 
 def test_query_persistence_mig_and_more(dual: Path) -> None:
-    res = smi(dual, "--query-gpu=persistence_mode,mig.mode.current,memory.used,utilization.gpu", "--format=csv")
+    res = smi(
+        dual,
+        "--query-gpu=persistence_mode,mig.mode.current,memory.used,utilization.gpu",
+        "--format=csv",
+    )
     assert res.stdout.splitlines() == [
         "persistence_mode, mig.mode.current, memory.used [MiB], utilization.gpu [%]",
         "Enabled, Disabled, 0 MiB, 0 %",
@@ -193,7 +216,10 @@ def test_version_mismatch_exit_18(root: Path) -> None:
     load_module(root, OLD)
     res = smi(root)
     assert res.returncode == 18
-    assert res.stdout == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
+    assert (
+        res.stdout
+        == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
+    )
 
 
 def test_no_devices_exit_6(root: Path) -> None:
@@ -205,16 +231,22 @@ def test_no_devices_exit_6(root: Path) -> None:
 
 
 def test_models_bus_ids_and_uuids(root: Path) -> None:
-    fake_pci(root, [
-        "0000:1b:00.0 0x10de 0x2330 0x030200 0x10de 0x16c1 -",
-        "0000:43:00.0 0x10de 0x20b2 0x030200 0x10de 0x1463 -",
-        "0000:9a:00.0 0x10de 0x26b9 0x030000 0x10de 0x1851 -",
-        "0000:c0:00.0 0x10de 0x22a3 0x068000 0x10de 0x1796 -",  # NVSwitch: not a GPU
-    ])
+    fake_pci(
+        root,
+        [
+            "0000:1b:00.0 0x10de 0x2330 0x030200 0x10de 0x16c1 -",
+            "0000:43:00.0 0x10de 0x20b2 0x030200 0x10de 0x1463 -",
+            "0000:9a:00.0 0x10de 0x26b9 0x030000 0x10de 0x1851 -",
+            "0000:c0:00.0 0x10de 0x22a3 0x068000 0x10de 0x1796 -",  # NVSwitch: not a GPU
+        ],
+    )
     install_files(root, "nvidia-driver-cuda", NEW)
     load_module(root, NEW, persistence=False)
-    res = smi(root, "--query-gpu=index,name,memory.total,pci.bus_id,compute_cap,persistence_mode,mig.mode.current",
-              "--format=csv,noheader,nounits")
+    res = smi(
+        root,
+        "--query-gpu=index,name,memory.total,pci.bus_id,compute_cap,persistence_mode,mig.mode.current",
+        "--format=csv,noheader,nounits",
+    )
     assert res.stdout.splitlines() == [
         "0, NVIDIA H100 80GB HBM3, 81559, 00000000:1B:00.0, 9.0, Disabled, Disabled",
         "1, NVIDIA A100-SXM4-80GB, 81920, 00000000:43:00.0, 8.0, Disabled, Disabled",
@@ -243,16 +275,24 @@ def test_q_and_topo(dual: Path) -> None:
 
 def test_persistence_mode_set(dual: Path) -> None:
     res = smi(dual, "-pm", "0")
-    assert res.returncode == 0 and "Disabled persistence mode for GPU 00000000:00:06.0." in res.stdout
+    assert (
+        res.returncode == 0 and "Disabled persistence mode for GPU 00000000:00:06.0." in res.stdout
+    )
     assert "Off  |" in smi(dual).stdout
 
 
 # ------------------------------------------------------------------ driver lifecycle
-STUBS = {"deb-systemd-helper": "exit 0", "deb-systemd-invoke": "exit 0", "systemctl": "exit 0",
-         "update-alternatives": 'echo "update-alternatives $*" >> "$GPUK8S_LAB_ROOT/ua.log"'}
+STUBS = {
+    "deb-systemd-helper": "exit 0",
+    "deb-systemd-invoke": "exit 0",
+    "systemctl": "exit 0",
+    "update-alternatives": 'echo "update-alternatives $*" >> "$GPUK8S_LAB_ROOT/ua.log"',
+}
 
 
-def run_script(root: Path, spec: debs.BuildSpec, name: str, *args: str, krel: str = "6.1.0-lab") -> subprocess.CompletedProcess[str]:
+def run_script(
+    root: Path, spec: debs.BuildSpec, name: str, *args: str, krel: str = "6.1.0-lab"
+) -> subprocess.CompletedProcess[str]:
     stubs = root.parent / "stubs"
     stubs.mkdir(exist_ok=True)
     for cmd, body in STUBS.items():
@@ -261,8 +301,12 @@ def run_script(root: Path, spec: debs.BuildSpec, name: str, *args: str, krel: st
     script = root.parent / f"{spec.name}.{name}"
     script.write_text(spec.scripts[name])
     script.chmod(0o755)
-    env = dict(os.environ, GPUK8S_LAB_ROOT=str(root), GPUK8S_LAB_KREL=krel,
-               PATH=f"{stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    env = dict(
+        os.environ,
+        GPUK8S_LAB_ROOT=str(root),
+        GPUK8S_LAB_KREL=krel,
+        PATH=f"{stubs}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    )
     return subprocess.run([str(script), *args], capture_output=True, text=True, env=env)
 
 
@@ -280,7 +324,10 @@ def test_dkms_standin_needs_headers(root: Path) -> None:
     spec = install_files(root, "nvidia-kernel-open-dkms", NEW)
     res = run_script(root, spec, "postinst", "configure", "")
     assert res.returncode != 0
-    assert "Error! Your kernel headers for kernel 6.1.0-lab cannot be found at /lib/modules/6.1.0-lab/build" in res.stderr
+    assert (
+        "Error! Your kernel headers for kernel 6.1.0-lab cannot be found at /lib/modules/6.1.0-lab/build"
+        in res.stderr
+    )
     assert not (root / "usr/lib/gpuk8s-lab/nvidia/module-version").exists()
 
 
@@ -294,13 +341,18 @@ def test_driver_install_reboot_upgrade_cycle(root: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert (root / "var/run/reboot-required").read_text() == "*** System restart required ***\n"
     assert (root / "var/run/reboot-required.pkgs").read_text() == "nvidia-kernel-open-dkms\n"
-    assert "Open Kernel Module for x86_64  580.105.08  Release Build" in (
-        root / "usr/lib/gpuk8s-lab/nvidia/proc-driver-nvidia-version").read_text()
+    assert (
+        "Open Kernel Module for x86_64  580.105.08  Release Build"
+        in (root / "usr/lib/gpuk8s-lab/nvidia/proc-driver-nvidia-version").read_text()
+    )
     assert "nvidia-lab-modload.service" in mod.scripts["postinst"]
     assert smi(root).returncode == 9  # not loaded before the reboot
     boot(root)
     assert smi(root).returncode == 0
-    assert smi(root, "--query-gpu=driver_version,persistence_mode", "--format=csv,noheader").stdout == "580.105.08, Enabled\n"
+    assert (
+        smi(root, "--query-gpu=driver_version,persistence_mode", "--format=csv,noheader").stdout
+        == "580.105.08, Enabled\n"
+    )
     # upgrade to 580.159.04: userspace new, module old until the next boot
     mod = install_files(root, "nvidia-kernel-open-dkms", NEW)
     install_files(root, "nvidia-driver-cuda", NEW)
@@ -313,8 +365,10 @@ def test_driver_install_reboot_upgrade_cycle(root: Path) -> None:
     # proprietary flavour
     prop = install_files(root, "nvidia-kernel-dkms", NEW)
     assert run_script(root, prop, "postinst", "configure", "").returncode == 0
-    assert "NVIDIA UNIX x86_64 Kernel Module  580.159.04" in (
-        root / "usr/lib/gpuk8s-lab/nvidia/proc-driver-nvidia-version").read_text()
+    assert (
+        "NVIDIA UNIX x86_64 Kernel Module  580.159.04"
+        in (root / "usr/lib/gpuk8s-lab/nvidia/proc-driver-nvidia-version").read_text()
+    )
 
 
 def test_meta_packages_pin_exact_versions() -> None:
@@ -322,8 +376,13 @@ def test_meta_packages_pin_exact_versions() -> None:
     for version in (OLD, NEW):
         open_ = debs.render(d["nvidia-open-580"], version).control
         prop = debs.render(d["cuda-drivers-580"], version).control
-        assert f"Depends: nvidia-kernel-open-dkms (= {version}), nvidia-driver-cuda (= {version})" in open_
-        assert f"Depends: nvidia-kernel-dkms (= {version}), nvidia-driver-cuda (= {version})" in prop
+        assert (
+            f"Depends: nvidia-kernel-open-dkms (= {version}), nvidia-driver-cuda (= {version})"
+            in open_
+        )
+        assert (
+            f"Depends: nvidia-kernel-dkms (= {version}), nvidia-driver-cuda (= {version})" in prop
+        )
     for name in ("nvidia-container-toolkit", "libnvidia-container-tools"):
         ctl = debs.render(d[name], "1.19.0-1").control
         assert "(= 1.19.0-1)" in ctl and "1.20.0" not in ctl
@@ -337,14 +396,20 @@ def test_fabricmanager(root: Path) -> None:
     assert res.returncode == 1 and "don't match with driver version N/A" in res.stderr
     load_module(root, OLD)
     res = run(root, "/usr/bin/nv-fabricmanager", env=env)
-    assert res.returncode == 1 and "interface version 580.159.04 don't match with driver version 580.105.08" in res.stderr
+    assert (
+        res.returncode == 1
+        and "interface version 580.159.04 don't match with driver version 580.105.08" in res.stderr
+    )
     load_module(root, NEW)
     res = run(root, "/usr/bin/nv-fabricmanager", env=env)
     assert res.returncode == 1 and "NV_WARN_NOTHING_TO_DO" in res.stderr
     fake_pci(root, ["0000:c0:00.0 0x10de 0x22a3 0x068000 0x10de 0x1796 -"])
     res = run(root, "/usr/bin/nv-fabricmanager", env=env)
     assert res.returncode == 0, res.stderr
-    assert run(root, "/usr/bin/nv-fabricmanager", "--version").stdout == "Fabric Manager version is : 580.159.04\n"
+    assert (
+        run(root, "/usr/bin/nv-fabricmanager", "--version").stdout
+        == "Fabric Manager version is : 580.159.04\n"
+    )
 
 
 def test_cuda_toolkits(root: Path) -> None:
@@ -356,7 +421,9 @@ def test_cuda_toolkits(root: Path) -> None:
     info = json.loads((root / "usr/local/cuda-13.0/version.json").read_text())
     assert info["cuda"] == {"name": "CUDA SDK", "version": "13.0.2"}
     assert run_script(root, spec, "postinst", "configure", "").returncode == 0
-    assert "--install /usr/local/cuda cuda /usr/local/cuda-13.0 130" in (root / "ua.log").read_text()
+    assert (
+        "--install /usr/local/cuda cuda /usr/local/cuda-13.0 130" in (root / "ua.log").read_text()
+    )
     install_files(root, "cuda-toolkit-12-8", "12.8.1-1")
     res = run(root, "/usr/local/cuda-12.8/bin/nvcc", "--version")
     assert "Cuda compilation tools, release 12.8, V12.8.93" in res.stdout
@@ -368,7 +435,9 @@ def test_every_file_is_marked() -> None:
         if f.suffix in (".json",):
             continue
         head = f.read_text().split("\n")[:3]
-        assert any("LAB STAND-IN: not the real" in ln or "LAB STAND-IN: not a real" in ln for ln in head), f
+        assert any(
+            "LAB STAND-IN: not the real" in ln or "LAB STAND-IN: not a real" in ln for ln in head
+        ), f
 
 
 # ------------------------------------------------------------------ nvidia-ctk
@@ -396,15 +465,16 @@ def containerd_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def dump(containerd: Path, config: Path) -> str:
-    res = subprocess.run([str(containerd), "--config", str(config), "config", "dump"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [str(containerd), "--config", str(config), "config", "dump"], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 
 
 def _section(dump_text: str, header: str) -> str:
     """The table `header` of a `containerd config dump` with its sub-tables."""
-    lines = dump_text[dump_text.index(header):].split("\n")
+    lines = dump_text[dump_text.index(header) :].split("\n")
     out = [lines[0]]
     for ln in lines[1:]:
         s = ln.strip()
@@ -418,14 +488,31 @@ def test_ctk_configure_v3_real_containerd(root: Path, containerd_bin: Path, tmp_
     install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
     etc = tmp_path / "etc-containerd"
     etc.mkdir()
-    default = subprocess.run([str(containerd_bin), "config", "default"], capture_output=True, text=True, check=True).stdout
+    default = subprocess.run(
+        [str(containerd_bin), "config", "default"], capture_output=True, text=True, check=True
+    ).stdout
     assert "SystemdCgroup = false" in default
-    (etc / "config.toml").write_text(default.replace("SystemdCgroup = false", "SystemdCgroup = true"))
-    res = ctk(root, "runtime", "configure", "--runtime=containerd", "--set-as-default",
-              f"--config={etc}/config.toml", f"--drop-in-config={etc}/conf.d/99-nvidia.toml", lab_root="/")
+    (etc / "config.toml").write_text(
+        default.replace("SystemdCgroup = false", "SystemdCgroup = true")
+    )
+    res = ctk(
+        root,
+        "runtime",
+        "configure",
+        "--runtime=containerd",
+        "--set-as-default",
+        f"--config={etc}/config.toml",
+        f"--drop-in-config={etc}/conf.d/99-nvidia.toml",
+        lab_root="/",
+    )
     assert res.returncode == 0, res.stderr
-    assert f"INFO[0000] Wrote updated config to {etc}/conf.d/99-nvidia.toml" in res.stderr.splitlines()
-    assert "INFO[0000] It is recommended that containerd daemon be restarted." in res.stderr.splitlines()
+    assert (
+        f"INFO[0000] Wrote updated config to {etc}/conf.d/99-nvidia.toml" in res.stderr.splitlines()
+    )
+    assert (
+        "INFO[0000] It is recommended that containerd daemon be restarted."
+        in res.stderr.splitlines()
+    )
     assert f'imports = ["{etc}/conf.d/*.toml"]' in (etc / "config.toml").read_text()
     out = dump(containerd_bin, etc / "config.toml")
     nv = _section(out, "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]")
@@ -434,20 +521,37 @@ def test_ctk_configure_v3_real_containerd(root: Path, containerd_bin: Path, tmp_
     assert "SystemdCgroup = true" in nv
     assert "default_runtime_name = 'nvidia'" in out
     # idempotent: a second run keeps one import
-    ctk(root, "runtime", "configure", "--runtime=containerd", "--set-as-default",
-        f"--config={etc}/config.toml", f"--drop-in-config={etc}/conf.d/99-nvidia.toml", lab_root="/")
+    ctk(
+        root,
+        "runtime",
+        "configure",
+        "--runtime=containerd",
+        "--set-as-default",
+        f"--config={etc}/config.toml",
+        f"--drop-in-config={etc}/conf.d/99-nvidia.toml",
+        lab_root="/",
+    )
     assert (etc / "config.toml").read_text().count("conf.d/*.toml") == 1
 
 
-def test_ctk_configure_docker_default_config(root: Path, containerd_bin: Path, tmp_path: Path) -> None:
+def test_ctk_configure_docker_default_config(
+    root: Path, containerd_bin: Path, tmp_path: Path
+) -> None:
     """Docker's containerd.io config (no version, cri disabled): the runtime lands, cri stays disabled."""
     install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
     etc = tmp_path / "etc-containerd"
     etc.mkdir()
     docker_cfg = Path(__file__).resolve().parent / "packages/docker/files/containerd-config.toml"
     (etc / "config.toml").write_text(docker_cfg.read_text())
-    res = ctk(root, "runtime", "configure", "--runtime=containerd",
-              f"--config={etc}/config.toml", f"--drop-in-config={etc}/conf.d/99-nvidia.toml", lab_root="/")
+    res = ctk(
+        root,
+        "runtime",
+        "configure",
+        "--runtime=containerd",
+        f"--config={etc}/config.toml",
+        f"--drop-in-config={etc}/conf.d/99-nvidia.toml",
+        lab_root="/",
+    )
     assert res.returncode == 0, res.stderr
     text = (etc / "config.toml").read_text()
     assert text.startswith("#   Copyright 2018-2022 Docker Inc.")  # comments kept
@@ -479,9 +583,18 @@ def test_ctk_configure_v2(root: Path, containerd_bin: Path, tmp_path: Path) -> N
     (etc / "config.toml").write_text(
         'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
         '  runtime_type = "io.containerd.runc.v2"\n'
-        '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n')
-    res = ctk(root, "runtime", "configure", "--runtime=containerd", "--set-as-default",
-              f"--config={etc}/config.toml", f"--drop-in-config={etc}/conf.d/99-nvidia.toml", lab_root="/")
+        '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n'
+    )
+    res = ctk(
+        root,
+        "runtime",
+        "configure",
+        "--runtime=containerd",
+        "--set-as-default",
+        f"--config={etc}/config.toml",
+        f"--drop-in-config={etc}/conf.d/99-nvidia.toml",
+        lab_root="/",
+    )
     assert res.returncode == 0
     dropin = (etc / "conf.d/99-nvidia.toml").read_text()
     assert dropin.startswith("version = 2\n")
@@ -491,8 +604,17 @@ def test_ctk_configure_v2(root: Path, containerd_bin: Path, tmp_path: Path) -> N
     assert "SystemdCgroup = true" in nv and "BinaryName = '/usr/bin/nvidia-container-runtime'" in nv
     # dry run writes nothing
     before = dropin
-    res = ctk(root, "runtime", "configure", "--runtime=containerd", "--dry-run", "--nvidia-runtime-name=x",
-              f"--config={etc}/config.toml", f"--drop-in-config={etc}/conf.d/99-nvidia.toml", lab_root="/")
+    res = ctk(
+        root,
+        "runtime",
+        "configure",
+        "--runtime=containerd",
+        "--dry-run",
+        "--nvidia-runtime-name=x",
+        f"--config={etc}/config.toml",
+        f"--drop-in-config={etc}/conf.d/99-nvidia.toml",
+        lab_root="/",
+    )
     assert "runtimes.x]" in res.stdout and (etc / "conf.d/99-nvidia.toml").read_text() == before
 
 
@@ -503,7 +625,12 @@ def test_ctk_cdi(dual: Path) -> None:
     res = ctk(dual, "cdi", "list")
     names = res.stdout.splitlines()
     uuids = re.findall(r"GPU-[0-9a-f-]{36}", smi(dual, "-L").stdout)
-    assert names == ["nvidia.com/gpu=0", "nvidia.com/gpu=1", *[f"nvidia.com/gpu={u}" for u in uuids], "nvidia.com/gpu=all"]
+    assert names == [
+        "nvidia.com/gpu=0",
+        "nvidia.com/gpu=1",
+        *[f"nvidia.com/gpu={u}" for u in uuids],
+        "nvidia.com/gpu=all",
+    ]
     (dual / "run/nvidia-lab/loaded-module-version").unlink()
     res = ctk(dual, "cdi", "generate")
     assert res.returncode == 1 and "ERROR_DRIVER_NOT_LOADED" in res.stderr
