@@ -277,18 +277,11 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     for name in skipped:
         reporter.print(f"skipping {name}: absent: true in the inventory", style="dim")
     needy = [h for h in inv.needs_become_password() if h in selected]
-    if needy and password_prompt is None and sys.stdin.isatty():
-        import getpass
-
-        password_prompt = getpass.getpass
-    if needy:
-        if password_prompt is None:
-            raise InventoryError(
-                f"{', '.join(needy)}: sudo needs a password and none was given",
-                path=str(inv.path), fix="set ansible_become_password in host_vars, or export "
-                "GPUK8S_BECOME_PASSWORD, or run from a terminal to be asked")
+    if needy and password_prompt is not None:  # --ask-become-pass
         inv = inv.with_become_password(password_prompt(f"sudo password for {', '.join(needy)}: "),
                                        needy)
+    # otherwise hosts without a password try passwordless sudo (sudo -n); a refusal is one
+    # clear ConnectError naming the host and where a password can be given
     session = Session(inv, selected, reporter, redact, RunLog(_runs_dir(), command, redact),
                       opener)
     contact = list(dict.fromkeys([*selected, session.first_cp]))
@@ -307,7 +300,8 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
 def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,
               diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
-              opener: Callable[[ConnectSpec, Redactor], Any] = open_transport) -> dict[str, Any]:
+              opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+              ask_become_pass: bool = False) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.
 
     Args:
@@ -320,6 +314,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
         reporter: where output goes (a default one prints to stdout).
         confirm: asks the user; None with yes=False and a TTY prompts on stdin.
         opener: opens one host's transport (tests pass fakes).
+        ask_become_pass: prompt for the sudo password of hosts that have none.
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
@@ -327,7 +322,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
     started = time.monotonic()
     command = "plan" if check else "bootstrap"
     session = open_session(inventory, limit=limit, sets=sets, command=command,
-                           reporter=reporter, opener=opener)
+                           reporter=reporter, opener=opener,
+                           password_prompt=_prompt() if ask_become_pass else None)
     rep = session.reporter
     try:
         gather(session, list(session.transports))
@@ -407,6 +403,12 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
             t.close()
 
 
+def _prompt() -> Callable[[str], str]:
+    import getpass
+
+    return getpass.getpass
+
+
 def _ok_result(host: str, items: Sequence[RoleWork]) -> HostResult:
     from gpuk8s.executor import OpResult
 
@@ -446,10 +448,11 @@ def plan(inventory: str | Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str] = (),
-          reporter: Reporter | None = None, as_json: bool = True) -> dict[str, Any]:
+          reporter: Reporter | None = None, ask_become_pass: bool = False) -> dict[str, Any]:
     """Gather and print every fact of every host (one probe per host)."""
     session = open_session(inventory, limit=limit, sets=sets, command="facts",
-                           reporter=reporter)
+                           reporter=reporter,
+                           password_prompt=_prompt() if ask_become_pass else None)
     try:
         gather(session, [h for h in session.scope if h in session.transports])
         data = {h: session.facts[h].as_json() for h in session.scope}

@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--inventory", "-i", required=True)
         p.add_argument("--limit", "-l")
         p.add_argument("--set", "-e", action="append", default=[], dest="sets")
+        p.add_argument("--ask-become-pass", "-K", action="store_true")
         if name != "facts":
             p.add_argument("--diff", action="store_true")
         if name == "bootstrap":

@@ -262,7 +262,8 @@ class SSHTransport:
         if result.stdout.strip().splitlines()[-1:] != ["0"]:
             why = self.redact(result.stdout.strip()) or f"exit {result.exit_code}"
             if self.spec.become_password is None and "password" in why:
-                why += " (set ansible_become_password or GPUK8S_BECOME_PASSWORD)"
+                why += (" (set ansible_become_password in host_vars, export "
+                        "GPUK8S_BECOME_PASSWORD, or pass --ask-become-pass)")
             raise ConnectError(self.name, f"cannot become root with sudo as "
                                f"{self.spec.user}: {why}")
 
