@@ -1,0 +1,1212 @@
+# LAB STAND-IN: not the real kube-apiserver. Test infrastructure for gpuk8s; never shipped to users.
+"""kube-apiserver stand-in: HTTPS REST subset + the controllers a kubeadm cluster runs.
+
+Started by the kubelet stand-in from /etc/kubernetes/manifests/kube-apiserver.yaml with the flags in
+that manifest (python3 -m k8s.apiserver --advertise-address=... --secure-port=6443 ...).
+Objects persist as JSON under the etcd data dir (--lab-data-dir, default /var/lib/etcd).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import re
+import ssl
+import sys
+import threading
+import time
+import traceback
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import featuregates, pki
+from .common import (
+    P,
+    deep_merge,
+    git_version,
+    now,
+    package_version,
+    parse_ts,
+    rand_suffix,
+    ts,
+    yaml_load_all,
+)
+from .resources import Registry, Resource
+from .scheduler import is_active, matches_node_selector, schedule, untolerated_taint
+from .store import Store
+
+Obj = dict[str, Any]
+NODE_GRACE = 40.0  # node-monitor-grace-period
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+DS_TOLERATIONS = [
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+]
+
+
+class HTTPError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> Obj:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "details": self.details,
+                "code": self.code}
+
+
+def not_found(res: Resource, name: str) -> HTTPError:
+    return HTTPError(404, "NotFound", f'{res.qualified} "{name}" not found',
+                     {"name": name, "group": res.group, "kind": res.plural})
+
+
+def selector_match(selector: str, labels: dict[str, str]) -> bool:
+    """Label selector string: a=b, a==b, a!=b, a, !a, a in (x,y), a notin (x,y)."""
+    for term in re.findall(r"[^,(]+(?:\([^)]*\))?", selector or ""):
+        term = term.strip()
+        if not term:
+            continue
+        m = re.match(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$", term)
+        if m:
+            vals = [v.strip() for v in m.group(3).split(",")]
+            has = labels.get(m.group(1))
+            if (m.group(2) == "in") != (has in vals):
+                return False
+            continue
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def match_labels(sel: Obj | None, labels: dict[str, str]) -> bool:
+    """metav1.LabelSelector (matchLabels + matchExpressions)."""
+    if not sel:
+        return False
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        has, vals = labels.get(e["key"]), e.get("values") or []
+        op = e.get("operator")
+        if (op == "In" and has not in vals) or (op == "NotIn" and has in vals) or (
+                op == "Exists" and has is None) or (op == "DoesNotExist" and has is not None):
+            return False
+    return True
+
+
+def field_value(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def field_match(selector: str, obj: Obj) -> bool:
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if field_value(obj, k) == v:
+                return False
+        else:
+            k, v = term.replace("==", "=").split("=", 1)
+            if field_value(obj, k) != v:
+                return False
+    return True
+
+
+def pod_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in pod.get("status", {}).get("conditions") or [])
+
+
+def node_ready(node: Obj) -> str:
+    for c in node.get("status", {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return str(c.get("status"))
+    return "Unknown"
+
+
+def template_hash(tpl: Obj) -> str:
+    return hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:10]
+
+
+class ApiServer:
+    def __init__(self, argv: list[str]) -> None:
+        self.flags = self._parse_flags(argv)
+        f = self.flags
+        self.version = package_version(f.get("lab-version", ""))
+        try:
+            self.gates = featuregates.validate(featuregates.parse_flag(f.get("feature-gates", "")))
+        except featuregates.GateError as e:
+            sys.stderr.write(f'Error: invalid argument "{f.get("feature-gates")}" for '
+                             f'"--feature-gates" flag: {e}\n')
+            sys.exit(1)
+        self.port = int(f.get("secure-port", "6443"))
+        self.bind = f.get("bind-address", "0.0.0.0")
+        self.advertise = f.get("advertise-address", "127.0.0.1")
+        self.ca_file = f.get("client-ca-file", P("/etc/kubernetes/pki/ca.crt"))
+        self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
+        self.data_dir = f.get("lab-data-dir", P("/var/lib/etcd"))
+        self.registry = Registry()
+        self.store = Store(self.data_dir)
+        self.lock = threading.RLock()
+        self.started = time.time()
+        self.svc_range = f.get("service-cluster-ip-range", "10.96.0.0/12")
+        self._bootstrap()
+
+    @staticmethod
+    def _parse_flags(argv: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        it = iter(argv)
+        for a in it:
+            if a in ("kube-apiserver",):
+                continue
+            if a.startswith("--"):
+                k, sep, v = a[2:].partition("=")
+                out[k] = v if sep else "true"
+        return out
+
+    # ---------------------------------------------------------------- storage helpers
+    def key(self, res: Resource) -> tuple[str, str]:
+        return (res.group, res.plural)
+
+    def res(self, api_version: str, kind: str) -> Resource:
+        r = self.registry.by_kind(api_version, kind)
+        if r is None:
+            raise HTTPError(400, "BadRequest",
+                            f'no matches for kind "{kind}" in version "{api_version}"')
+        return r
+
+    def get(self, res: Resource, ns: str, name: str) -> Obj | None:
+        return self.store.get(self.key(res), ns if res.namespaced else "", name)
+
+    def list(self, res: Resource, ns: str | None = None) -> list[Obj]:
+        return self.store.list(self.key(res), ns if res.namespaced else None)
+
+    def R(self, name: str) -> Resource:
+        r = self.registry.lookup(name)
+        assert r is not None, name
+        return r
+
+    def create(self, res: Resource, obj: Obj, ns: str = "") -> Obj:
+        with self.lock:
+            md = obj.setdefault("metadata", {})
+            if not md.get("name") and md.get("generateName"):
+                md["name"] = md["generateName"] + rand_suffix()
+            name = md.get("name")
+            if not name:
+                raise HTTPError(422, "Invalid", f"{res.kind} \"\" is invalid: metadata.name: "
+                                "Required value: name or generateName is required")
+            if res.namespaced:
+                ns = md.get("namespace") or ns or "default"
+                md["namespace"] = ns
+                if res.plural != "events" and self.get(self.R("namespaces"), "", ns) is None:
+                    raise HTTPError(404, "NotFound", f'namespaces "{ns}" not found',
+                                    {"name": ns, "kind": "namespaces"})
+            else:
+                md.pop("namespace", None)
+            if self.get(res, ns, name) is not None:
+                raise HTTPError(409, "AlreadyExists", f'{res.qualified} "{name}" already exists',
+                                {"name": name, "group": res.group, "kind": res.plural})
+            obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+            md["uid"] = str(uuid.uuid4())
+            md["creationTimestamp"] = ts()
+            if "spec" in obj:
+                md["generation"] = 1
+            self._defaults(res, obj)
+            out = self.store.put(self.key(res), obj)
+            self._after_write(res, out)
+            return out
+
+    def update(self, res: Resource, obj: Obj, status_only: bool = False) -> Obj:
+        with self.lock:
+            md = obj["metadata"]
+            old = self.get(res, md.get("namespace", ""), md["name"])
+            if old is None:
+                raise not_found(res, md["name"])
+            obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+            for k in ("uid", "creationTimestamp"):
+                md[k] = old["metadata"].get(k)
+            if status_only:
+                new = copy.deepcopy(old)
+                new["status"] = obj.get("status", {})
+                obj = new
+            else:
+                if "status" in old and res.plural not in ("namespaces",):
+                    obj["status"] = old["status"]
+                if obj.get("spec") != old.get("spec"):
+                    md["generation"] = old["metadata"].get("generation", 0) + 1
+                else:
+                    md["generation"] = old["metadata"].get("generation", 1)
+            out = self.store.put(self.key(res), obj)
+            self._after_write(res, out)
+            return out
+
+    def apply(self, res: Resource, ns: str, name: str, applied: Obj, manager: str) -> Obj:
+        """Server-side apply (simplified): the applied configuration's fields win; status and
+        fields the applier did not mention stay."""
+        with self.lock:
+            old = self.get(res, ns, name)
+            applied.setdefault("metadata", {})["name"] = name
+            if res.namespaced:
+                applied["metadata"]["namespace"] = ns
+            applied["metadata"]["managedFields"] = [{
+                "manager": manager, "operation": "Apply", "apiVersion": res.api_version,
+                "time": ts(), "fieldsType": "FieldsV1"}]
+            if old is None:
+                return self.create(res, applied, ns)
+            new = copy.deepcopy(old)
+            for k, v in applied.items():
+                if k == "metadata":
+                    for mk, mv in v.items():
+                        if mk in ("labels", "annotations"):
+                            new["metadata"][mk] = {**(old["metadata"].get(mk) or {}), **mv}
+                        elif mk not in ("uid", "resourceVersion", "creationTimestamp"):
+                            new["metadata"][mk] = mv
+                elif k != "status":
+                    new[k] = v
+            return self.update(res, new)
+
+    def delete(self, res: Resource, ns: str, name: str) -> Obj:
+        with self.lock:
+            obj = self.store.delete(self.key(res), ns if res.namespaced else "", name)
+            if obj is None:
+                raise not_found(res, name)
+            self._cascade(obj)
+            if res.plural == "namespaces":
+                for key in self.store.resource_keys():
+                    for o in self.store.list(key, name):
+                        self.store.delete(key, name, o["metadata"]["name"])
+            if res.plural == "customresourcedefinitions":
+                self._unregister_crd(obj)
+            return obj
+
+    def _cascade(self, owner: Obj) -> None:
+        uid = owner["metadata"].get("uid")
+        for key in self.store.resource_keys():
+            for o in self.store.list(key):
+                refs = o["metadata"].get("ownerReferences") or []
+                if any(r.get("uid") == uid for r in refs):
+                    self.store.delete(key, o["metadata"].get("namespace", ""),
+                                      o["metadata"]["name"])
+                    self._cascade(o)
+
+    def _defaults(self, res: Resource, obj: Obj) -> None:
+        md = obj["metadata"]
+        if res.plural == "namespaces":
+            md.setdefault("labels", {})["kubernetes.io/metadata.name"] = md["name"]
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Active"}
+        elif res.plural == "pods":
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("terminationGracePeriodSeconds", 30)
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            spec.setdefault("serviceAccountName", "default")
+            spec.setdefault("priority", 0)
+            tols = spec.setdefault("tolerations", [])
+            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+                if not any(t.get("key") == key for t in tols):
+                    tols.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                 "tolerationSeconds": 300})
+            st = obj.setdefault("status", {})
+            st.setdefault("phase", "Pending")
+            st.setdefault("qosClass", "BestEffort")
+        elif res.plural == "services":
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            if spec.get("clusterIP") != "None":
+                spec.setdefault("clusterIP", self._alloc_cluster_ip())
+        elif res.plural == "nodes":
+            obj.setdefault("spec", {})
+            obj.setdefault("status", {})
+        elif res.plural == "customresourcedefinitions":
+            obj["status"] = {"conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}],
+                "acceptedNames": obj.get("spec", {}).get("names", {})}
+        elif res.plural in ("deployments", "daemonsets", "jobs", "replicasets"):
+            obj.setdefault("status", {})
+            if res.plural == "jobs":
+                spec = obj.setdefault("spec", {})
+                spec.setdefault("completions", 1)
+                spec.setdefault("parallelism", 1)
+                spec.setdefault("backoffLimit", 6)
+                spec.setdefault("completionMode", "NonIndexed")
+                uidl = md["uid"]
+                tpl_md = spec.setdefault("template", {}).setdefault("metadata", {})
+                tpl_md.setdefault("labels", {}).update({
+                    "batch.kubernetes.io/controller-uid": uidl,
+                    "batch.kubernetes.io/job-name": md["name"],
+                    "controller-uid": uidl, "job-name": md["name"]})
+                spec.setdefault("selector", {"matchLabels": {
+                    "batch.kubernetes.io/controller-uid": uidl}})
+            if res.plural == "deployments":
+                obj.setdefault("spec", {}).setdefault("replicas", 1)
+
+    def _alloc_cluster_ip(self) -> str:
+        import ipaddress
+
+        net = ipaddress.ip_network(self.svc_range, strict=False)
+        used = {s.get("spec", {}).get("clusterIP") for s in self.list(self.R("services"))}
+        for i, host in enumerate(net.hosts()):
+            if i == 0 and "kubernetes" not in [s["metadata"]["name"] for s in
+                                               self.list(self.R("services"), "default")]:
+                return str(host)
+            if i > 0 and str(host) not in used:
+                return str(host)
+        return "None"
+
+    def _after_write(self, res: Resource, obj: Obj) -> None:
+        if res.plural == "customresourcedefinitions":
+            self._register_crd(obj)
+
+    def _register_crd(self, crd: Obj) -> None:
+        spec = crd.get("spec", {})
+        names = spec.get("names", {})
+        for v in spec.get("versions") or []:
+            if v.get("served", True):
+                self.registry.add(Resource(spec.get("group", ""), v["name"], names.get("kind", ""),
+                                           names.get("plural", ""),
+                                           spec.get("scope") == "Namespaced",
+                                           tuple(names.get("shortNames") or ())))
+
+    def _unregister_crd(self, crd: Obj) -> None:
+        spec = crd.get("spec", {})
+        self.registry.resources = [r for r in self.registry.resources if not (
+            r.group == spec.get("group") and r.plural == spec.get("names", {}).get("plural"))]
+
+    def _bootstrap(self) -> None:
+        for crd in self.list(self.R("crd")):
+            self._register_crd(crd)
+        for ns in DEFAULT_NAMESPACES:
+            if self.get(self.R("namespaces"), "", ns) is None:
+                self.create(self.R("namespaces"), {"metadata": {"name": ns}})
+        if self.get(self.R("services"), "default", "kubernetes") is None:
+            self.create(self.R("services"), {
+                "metadata": {"name": "kubernetes", "namespace": "default",
+                             "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"ports": [{"name": "https", "port": 443, "protocol": "TCP",
+                                    "targetPort": self.port}]}})
+
+    def event(self, obj: Obj, etype: str, reason: str, message: str,
+              component: str = "default-scheduler", host: str = "") -> None:
+        md = obj["metadata"]
+        ns = md.get("namespace") or "default"
+        ev_res = self.R("events")
+        for ev in self.list(ev_res, ns):
+            io = ev.get("involvedObject", {})
+            if io.get("uid") == md.get("uid") and ev.get("reason") == reason and \
+                    ev.get("message") == message:
+                ev["count"] = ev.get("count", 1) + 1
+                ev["lastTimestamp"] = ts()
+                self.store.put(self.key(ev_res), ev)
+                return
+        src = {"component": component}
+        if host:
+            src["host"] = host
+        self.create(ev_res, {
+            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+            "involvedObject": {"kind": obj.get("kind"), "namespace": md.get("namespace"),
+                               "name": md["name"], "uid": md.get("uid"),
+                               "apiVersion": obj.get("apiVersion")},
+            "reason": reason, "message": message, "type": etype, "source": src,
+            "firstTimestamp": ts(), "lastTimestamp": ts(), "count": 1,
+            "reportingComponent": component, "reportingInstance": host})
+
+    # ---------------------------------------------------------------- authn / authz
+    def authenticate(self, handler: BaseHTTPRequestHandler) -> tuple[str, list[str]]:
+        auth = handler.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            tok = auth[7:].strip()
+            m = re.match(r"^([a-z0-9]{6})\.([a-z0-9]{16})$", tok)
+            if m:
+                sec = self.get(self.R("secrets"), "kube-system", f"bootstrap-token-{m.group(1)}")
+                data = self._secret_data(sec) if sec else {}
+                if data.get("token-secret") == m.group(2) and not self._token_expired(data) \
+                        and data.get("usage-bootstrap-authentication") == "true":
+                    groups = ["system:bootstrappers"] + [
+                        g for g in data.get("auth-extra-groups", "").split(",") if g]
+                    return f"system:bootstrap:{m.group(1)}", [*groups, "system:authenticated"]
+            raise HTTPError(401, "Unauthorized", "Unauthorized")
+        cert = handler.request.getpeercert() if hasattr(handler.request, "getpeercert") else None
+        if cert:
+            cn, orgs = "", []
+            for rdn in cert.get("subject", ()):
+                for k, v in rdn:
+                    if k == "commonName":
+                        cn = v
+                    elif k == "organizationName":
+                        orgs.append(v)
+            return cn, [*orgs, "system:authenticated"]
+        return "system:anonymous", ["system:unauthenticated"]
+
+    def authorize(self, user: str, groups: list[str], verb: str, res: Resource | None,
+                  ns: str, name: str, sub: str) -> bool:
+        if "system:masters" in groups:
+            return True
+        for crb in self.list(self.R("clusterrolebindings")):
+            if crb.get("roleRef", {}).get("name") != "cluster-admin":
+                continue
+            for s in crb.get("subjects") or []:
+                if (s.get("kind") == "Group" and s.get("name") in groups) or (
+                        s.get("kind") == "User" and s.get("name") == user):
+                    return True
+        plural = res.plural if res else ""
+        if "system:nodes" in groups:
+            if plural in ("nodes", "pods", "events", "leases", "certificatesigningrequests"):
+                return True
+            return verb in ("get", "list", "watch")
+        if "system:bootstrappers" in groups:
+            if plural == "certificatesigningrequests" and verb in ("create", "get", "list"):
+                return True
+            if plural == "configmaps" and verb == "get" and ns == "kube-system" and name in (
+                    "kubeadm-config", "kubelet-config", "kube-proxy"):
+                return True
+            if plural == "nodes" and verb == "get":
+                return True
+        return plural == "configmaps" and verb == "get" and ns == "kube-public" and \
+            name == "cluster-info"
+
+    @staticmethod
+    def _secret_data(sec: Obj) -> dict[str, str]:
+        out = dict(sec.get("stringData") or {})
+        for k, v in (sec.get("data") or {}).items():
+            try:
+                out[k] = base64.b64decode(v).decode()
+            except ValueError:
+                continue
+        return out
+
+    @staticmethod
+    def _token_expired(data: dict[str, str]) -> bool:
+        exp = data.get("expiration")
+        return bool(exp) and parse_ts(exp) <= now()
+
+    # ---------------------------------------------------------------- controllers
+    def controllers(self) -> None:
+        while True:
+            for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
+                         self.node_lifecycle, self.daemonsets, self.deployments, self.replicasets,
+                         self.jobs, self.scheduler, self.pod_gc):
+                try:
+                    with self.lock:
+                        step()
+                except Exception:  # keep the loop alive like a real controller manager
+                    traceback.print_exc()
+            time.sleep(float(os.environ.get("GPUK8S_LAB_CONTROLLER_PERIOD", "1")))
+
+    def token_cleaner(self) -> None:
+        for sec in self.list(self.R("secrets"), "kube-system"):
+            if sec.get("type") == "bootstrap.kubernetes.io/token" and \
+                    self._token_expired(self._secret_data(sec)):
+                self.store.delete(self.key(self.R("secrets")), "kube-system",
+                                  sec["metadata"]["name"])
+
+    def bootstrap_signer(self) -> None:
+        cm = self.get(self.R("configmaps"), "kube-public", "cluster-info")
+        if cm is None:
+            return
+        data = cm.setdefault("data", {})
+        kc = data.get("kubeconfig", "")
+        want: dict[str, str] = {}
+        for sec in self.list(self.R("secrets"), "kube-system"):
+            if sec.get("type") != "bootstrap.kubernetes.io/token":
+                continue
+            d = self._secret_data(sec)
+            if d.get("usage-bootstrap-signing") != "true" or self._token_expired(d):
+                continue
+            want[f"jws-kubeconfig-{d.get('token-id')}"] = jws_detached(
+                kc, f"{d.get('token-id')}.{d.get('token-secret')}")
+        have = {k: v for k, v in data.items() if k.startswith("jws-kubeconfig-")}
+        if have != want:
+            cm["data"] = {**{k: v for k, v in data.items() if not k.startswith("jws-")}, **want}
+            self.store.put(self.key(self.R("configmaps")), cm)
+
+    def csr_signer(self) -> None:
+        res = self.R("csr")
+        for csr in self.list(res):
+            st = csr.setdefault("status", {})
+            if st.get("certificate"):
+                continue
+            spec = csr.get("spec", {})
+            if spec.get("signerName") not in ("kubernetes.io/kube-apiserver-client-kubelet",):
+                continue
+            if not any(g in ("system:bootstrappers", "system:nodes")
+                       for g in spec.get("groups") or []):
+                continue
+            pem = base64.b64decode(spec.get("request", "")).decode()
+            subj = pki.csr_subject(pem)
+            if "O=system:nodes" not in subj or "CN=system:node:" not in subj:
+                st["conditions"] = [{"type": "Denied", "status": "True",
+                                     "reason": "AutoDenied", "message": subj}]
+            else:
+                cert = pki.sign_csr(pem, self.ca_file, self.ca_key, client=True)
+                st["conditions"] = [{"type": "Approved", "status": "True",
+                                     "reason": "AutoApproved",
+                                     "message": "Auto approving kubelet client certificate "
+                                                "after SubjectAccessReview."}]
+                st["certificate"] = base64.b64encode(cert.encode()).decode()
+            self.store.put(self.key(res), csr)
+
+    def node_lifecycle(self) -> None:
+        res = self.R("nodes")
+        for node in self.list(res):
+            st = node.setdefault("status", {})
+            conds = st.setdefault("conditions", [])
+            ready = next((c for c in conds if c.get("type") == "Ready"), None)
+            changed = False
+            if ready is not None and ready.get("status") != "Unknown":
+                hb = ready.get("lastHeartbeatTime")
+                if hb and (now() - parse_ts(hb)).total_seconds() > NODE_GRACE:
+                    for c in conds:
+                        if c.get("type") in ("Ready", "MemoryPressure", "DiskPressure",
+                                             "PIDPressure"):
+                            c.update({"status": "Unknown", "reason": "NodeStatusUnknown",
+                                      "message": "Kubelet stopped posting node status.",
+                                      "lastTransitionTime": ts()})
+                    changed = True
+            status = node_ready(node)
+            want_taint = {"True": None, "False": "node.kubernetes.io/not-ready",
+                          "Unknown": "node.kubernetes.io/unreachable"}.get(status)
+            if not conds:
+                want_taint = "node.kubernetes.io/not-ready"
+            spec = node.setdefault("spec", {})
+            taints = spec.get("taints") or []
+            lifecycle = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+            new = [t for t in taints if t.get("key") not in lifecycle or (
+                t.get("key") == want_taint)]
+            if want_taint and not any(t.get("key") == want_taint and t.get("effect") ==
+                                      "NoSchedule" for t in new):
+                new.append({"key": want_taint, "effect": "NoSchedule"})
+            if new != taints:
+                spec["taints"] = new
+                changed = True
+            if not new:
+                spec.pop("taints", None)
+            if changed:
+                self.store.put(self.key(res), node)
+
+    def _owned(self, owner: Obj, pods: list[Obj]) -> list[Obj]:
+        uid = owner["metadata"]["uid"]
+        return [p for p in pods if any(r.get("uid") == uid for r in
+                                       p["metadata"].get("ownerReferences") or [])]
+
+    @staticmethod
+    def _owner_ref(owner: Obj) -> Obj:
+        return {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                "controller": True, "blockOwnerDeletion": True}
+
+    def _pod_from_template(self, owner: Obj, tpl: Obj, name: str) -> Obj:
+        pod = copy.deepcopy(tpl)
+        md = pod.setdefault("metadata", {})
+        md["name"] = name
+        md["namespace"] = owner["metadata"]["namespace"]
+        md["ownerReferences"] = [self._owner_ref(owner)]
+        pod.setdefault("spec", {})
+        return pod
+
+    def daemonsets(self) -> None:
+        pods_res, ds_res = self.R("pods"), self.R("daemonsets")
+        nodes = self.list(self.R("nodes"))
+        for ds in self.list(ds_res):
+            ns = ds["metadata"]["namespace"]
+            tpl = ds.get("spec", {}).get("template", {})
+            owned = self._owned(ds, self.list(pods_res, ns))
+            by_node = {p["spec"].get("affinity", {}).get("nodeAffinity", {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution", {}).get(
+                "nodeSelectorTerms", [{}])[0].get("matchFields", [{}])[0].get("values", [""])[0]:
+                p for p in owned}
+            probe = {"spec": {**tpl.get("spec", {}), "tolerations": [
+                *(tpl.get("spec", {}).get("tolerations") or []), *DS_TOLERATIONS]}}
+            eligible = []
+            for n in nodes:
+                if untolerated_taint(probe, n) is None and matches_node_selector(probe, n):
+                    eligible.append(n["metadata"]["name"])
+            for nn in eligible:
+                if nn in by_node:
+                    continue
+                pod = self._pod_from_template(ds, tpl, f"{ds['metadata']['name']}-{rand_suffix()}")
+                pod["metadata"].setdefault("labels", {})["controller-revision-hash"] = \
+                    template_hash(tpl)
+                spec = pod["spec"]
+                spec["tolerations"] = probe["spec"]["tolerations"]
+                spec["affinity"] = {"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                          "values": [nn]}]}]}}}
+                self.create(pods_res, pod)
+                self.event(ds, "Normal", "SuccessfulCreate",
+                           f"Created pod: {pod['metadata']['name']}", "daemonset-controller")
+            for nn, p in by_node.items():
+                if nn not in eligible:
+                    self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
+            owned = self._owned(ds, self.list(pods_res, ns))
+            scheduled = [p for p in owned if p["spec"].get("nodeName")]
+            ready = [p for p in owned if pod_ready(p)]
+            status = {"desiredNumberScheduled": len(eligible),
+                      "currentNumberScheduled": len(scheduled),
+                      "updatedNumberScheduled": len(scheduled),
+                      "numberReady": len(ready), "numberAvailable": len(ready),
+                      "numberMisscheduled": 0,
+                      "observedGeneration": ds["metadata"].get("generation", 1)}
+            if len(eligible) - len(ready):
+                status["numberUnavailable"] = len(eligible) - len(ready)
+            if ds.get("status") != status:
+                ds["status"] = status
+                self.store.put(self.key(ds_res), ds)
+
+    def deployments(self) -> None:
+        rs_res, d_res = self.R("replicasets"), self.R("deployments")
+        for d in self.list(d_res):
+            ns = d["metadata"]["namespace"]
+            tpl = d.get("spec", {}).get("template", {})
+            h = template_hash(tpl)
+            rs_name = f"{d['metadata']['name']}-{h}"
+            owned = self._owned(d, self.list(rs_res, ns))
+            for rs in owned:
+                if rs["metadata"]["name"] != rs_name:
+                    self.delete(rs_res, ns, rs["metadata"]["name"])
+            rs = self.get(rs_res, ns, rs_name)
+            replicas = d.get("spec", {}).get("replicas", 1)
+            if rs is None:
+                tpl2 = copy.deepcopy(tpl)
+                tpl2.setdefault("metadata", {}).setdefault("labels", {})["pod-template-hash"] = h
+                sel = copy.deepcopy(d["spec"].get("selector") or {})
+                sel.setdefault("matchLabels", {})["pod-template-hash"] = h
+                rs = self.create(rs_res, {"metadata": {
+                    "name": rs_name, "namespace": ns, "labels": tpl2["metadata"]["labels"],
+                    "ownerReferences": [self._owner_ref(d)]},
+                    "spec": {"replicas": replicas, "selector": sel, "template": tpl2}})
+            elif rs["spec"].get("replicas") != replicas:
+                rs["spec"]["replicas"] = replicas
+                rs = self.update(rs_res, rs)
+            rst = rs.get("status", {})
+            ready = rst.get("readyReplicas", 0)
+            status = {"observedGeneration": d["metadata"].get("generation", 1),
+                      "replicas": rst.get("replicas", 0), "updatedReplicas": rst.get("replicas", 0),
+                      "readyReplicas": ready, "availableReplicas": ready,
+                      "conditions": [{"type": "Available",
+                                      "status": "True" if ready >= replicas else "False",
+                                      "reason": "MinimumReplicasAvailable" if ready >= replicas
+                                      else "MinimumReplicasUnavailable"}]}
+            if ready < replicas:
+                status["unavailableReplicas"] = replicas - ready
+            if not ready:
+                status.pop("readyReplicas")
+                status.pop("availableReplicas")
+            if d.get("status") != status:
+                d["status"] = status
+                self.store.put(self.key(d_res), d)
+
+    def replicasets(self) -> None:
+        pods_res, rs_res = self.R("pods"), self.R("replicasets")
+        for rs in self.list(rs_res):
+            ns = rs["metadata"]["namespace"]
+            owned = [p for p in self._owned(rs, self.list(pods_res, ns)) if is_active(p)]
+            want = rs.get("spec", {}).get("replicas", 1)
+            for _ in range(want - len(owned)):
+                self.create(pods_res, self._pod_from_template(
+                    rs, rs["spec"].get("template", {}), f"{rs['metadata']['name']}-{rand_suffix()}"))
+            for p in owned[want:]:
+                self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
+            owned = [p for p in self._owned(rs, self.list(pods_res, ns)) if is_active(p)]
+            status = {"replicas": len(owned), "observedGeneration": rs["metadata"].get(
+                "generation", 1), "readyReplicas": sum(pod_ready(p) for p in owned)}
+            status["availableReplicas"] = status["readyReplicas"]
+            if rs.get("status") != status:
+                rs["status"] = status
+                self.store.put(self.key(rs_res), rs)
+
+    def jobs(self) -> None:
+        pods_res, job_res = self.R("pods"), self.R("jobs")
+        for job in self.list(job_res):
+            spec, st = job.get("spec", {}), job.setdefault("status", {})
+            if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                   for c in st.get("conditions") or []):
+                continue
+            ns, jname = job["metadata"]["namespace"], job["metadata"]["name"]
+            owned = self._owned(job, self.list(pods_res, ns))
+            completions, parallelism = spec.get("completions", 1), spec.get("parallelism", 1)
+            indexed = spec.get("completionMode") == "Indexed"
+            succeeded = [p for p in owned if p["status"].get("phase") == "Succeeded"]
+            failed = [p for p in owned if p["status"].get("phase") == "Failed"]
+            active = [p for p in owned if is_active(p)]
+            idx_of = lambda p: p["metadata"].get("annotations", {}).get(  # noqa: E731
+                "batch.kubernetes.io/job-completion-index")
+            done_idx = {idx_of(p) for p in succeeded}
+            new_st: Obj = {"active": len(active), "succeeded": len(succeeded) if not indexed else
+                           len(done_idx), "failed": len(failed), "ready": sum(
+                               pod_ready(p) for p in active),
+                           "startTime": st.get("startTime") or ts()}
+            if indexed:
+                new_st["completedIndexes"] = ",".join(sorted(i for i in done_idx if i))
+            if len(failed) > spec.get("backoffLimit", 6):
+                new_st["conditions"] = [
+                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                     "message": "Job has reached the specified backoff limit"},
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                     "message": "Job has reached the specified backoff limit"}]
+                for p in active:
+                    self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
+                self.event(job, "Warning", "BackoffLimitExceeded",
+                           "Job has reached the specified backoff limit", "job-controller")
+            elif new_st["succeeded"] >= completions:
+                new_st["conditions"] = [
+                    {"type": "SuccessCriteriaMet", "status": "True",
+                     "reason": "CompletionsReached", "message": "Reached expected number of "
+                     "succeeded pods", "lastTransitionTime": ts()},
+                    {"type": "Complete", "status": "True", "reason": "CompletionsReached",
+                     "message": "Reached expected number of succeeded pods",
+                     "lastTransitionTime": ts()}]
+                new_st["completionTime"] = ts()
+                new_st.pop("ready")
+                self.event(job, "Normal", "Completed", "Job completed", "job-controller")
+            else:
+                tpl = spec.get("template", {})
+                if indexed:
+                    busy = {idx_of(p) for p in active} | done_idx
+                    todo = [str(i) for i in range(completions) if str(i) not in busy]
+                else:
+                    todo = [None] * max(0, completions - len(succeeded) - len(active))
+                for idx in todo[: max(0, parallelism - len(active))]:
+                    name = f"{jname}-{idx}-{rand_suffix()}" if idx else f"{jname}-{rand_suffix()}"
+                    pod = self._pod_from_template(job, tpl, name)
+                    if spec.get("template", {}).get("spec", {}).get("restartPolicy") is None:
+                        pod["spec"]["restartPolicy"] = "Never"
+                    if idx is not None:
+                        pod["metadata"].setdefault("annotations", {})[
+                            "batch.kubernetes.io/job-completion-index"] = idx
+                        pod["metadata"].setdefault("labels", {})[
+                            "batch.kubernetes.io/job-completion-index"] = idx
+                        pod["spec"].setdefault("hostname", f"{jname}-{idx}")
+                        if spec.get("template", {}).get("spec", {}).get("subdomain"):
+                            pod["spec"]["subdomain"] = spec["template"]["spec"]["subdomain"]
+                        for c in pod["spec"].get("containers") or []:
+                            c.setdefault("env", []).append(
+                                {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                                    "fieldPath": "metadata.annotations['batch.kubernetes.io/"
+                                                 "job-completion-index']"}}})
+                    self.create(pods_res, pod)
+                    self.event(job, "Normal", "SuccessfulCreate",
+                               f"Created pod: {name}", "job-controller")
+                    new_st["active"] += 1
+                if st.get("conditions"):
+                    new_st["conditions"] = st["conditions"]
+            if not new_st.get("failed"):
+                new_st.pop("failed", None)
+            if not new_st.get("active"):
+                new_st.pop("active", None)
+            if new_st != st:
+                job["status"] = new_st
+                self.store.put(self.key(job_res), job)
+
+    def scheduler(self) -> None:
+        pods_res = self.R("pods")
+        nodes = self.list(self.R("nodes"))
+        pods = self.list(pods_res)
+        for pod in pods:
+            spec = pod.get("spec", {})
+            if spec.get("nodeName") or spec.get("schedulerName") != "default-scheduler" or \
+                    not is_active(pod):
+                continue
+            node, msg = schedule(pod, nodes, pods)
+            st = pod.setdefault("status", {})
+            if node:
+                spec["nodeName"] = node
+                st["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                     "lastTransitionTime": ts()}]
+                self.store.put(self.key(pods_res), pod)
+                pods = [p if p["metadata"]["uid"] != pod["metadata"]["uid"] else pod
+                        for p in pods]
+                self.event(pod, "Normal", "Scheduled", f"Successfully assigned "
+                           f"{pod['metadata']['namespace']}/{pod['metadata']['name']} to {node}")
+            else:
+                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": msg, "lastTransitionTime": ts()}
+                old = next((c for c in st.get("conditions") or []
+                            if c.get("type") == "PodScheduled"), None)
+                if old is None or old.get("message") != msg:
+                    st["conditions"] = [cond]
+                    self.store.put(self.key(pods_res), pod)
+                    self.event(pod, "Warning", "FailedScheduling", msg)
+
+    def pod_gc(self) -> None:
+        pods_res = self.R("pods")
+        names = {n["metadata"]["name"] for n in self.list(self.R("nodes"))}
+        for pod in self.list(pods_res):
+            nn = pod.get("spec", {}).get("nodeName")
+            if nn and nn not in names:
+                self.store.delete(self.key(pods_res), pod["metadata"]["namespace"],
+                                  pod["metadata"]["name"])
+
+    # ---------------------------------------------------------------- eviction / proxies
+    def evict(self, ns: str, name: str) -> Obj:
+        pods_res = self.R("pods")
+        pod = self.get(pods_res, ns, name)
+        if pod is None:
+            raise not_found(pods_res, name)
+        labels = pod["metadata"].get("labels") or {}
+        for pdb in self.list(self.R("pdb"), ns):
+            spec = pdb.get("spec", {})
+            if not match_labels(spec.get("selector"), labels):
+                continue
+            matched = [p for p in self.list(pods_res, ns)
+                       if match_labels(spec.get("selector"), p["metadata"].get("labels") or {})]
+            healthy = sum(pod_ready(p) for p in matched)
+            if "minAvailable" in spec:
+                need = self._int_or_percent(spec["minAvailable"], len(matched), up=True)
+            else:
+                need = len(matched) - self._int_or_percent(spec.get("maxUnavailable", 1),
+                                                           len(matched), up=True)
+            allowed = healthy - need
+            if allowed <= 0 and pod_ready(pod):
+                raise HTTPError(429, "TooManyRequests",
+                                "Cannot evict pod as it would violate the pod's disruption "
+                                "budget.", {"causes": [{
+                                    "reason": "DisruptionBudget",
+                                    "message": f"The disruption budget {pdb['metadata']['name']}"
+                                               f" needs {need} healthy pods and has {healthy} "
+                                               "currently"}]})
+        self.store.delete(self.key(pods_res), ns, name)
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+    @staticmethod
+    def _int_or_percent(v: Any, total: int, up: bool) -> int:
+        s = str(v)
+        if s.endswith("%"):
+            pct = int(s[:-1]) * total
+            return -(-pct // 100) if up else pct // 100
+        return int(s)
+
+    def kubelet_get(self, node_name: str, path: str) -> bytes:
+        node = self.get(self.R("nodes"), "", node_name)
+        if node is None:
+            raise not_found(self.R("nodes"), node_name)
+        addr = next((a["address"] for a in node.get("status", {}).get("addresses") or []
+                     if a.get("type") == "InternalIP"), None)
+        port = node.get("status", {}).get("daemonEndpoints", {}).get(
+            "kubeletEndpoint", {}).get("Port", 10250)
+        if not addr:
+            raise HTTPError(503, "ServiceUnavailable", "no preferred addresses found; known "
+                            "addresses: []")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        try:
+            conn = http.client.HTTPSConnection(addr, port, context=ctx, timeout=10)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+        except OSError as e:
+            raise HTTPError(500, "InternalError", f"error trying to reach service: dial tcp "
+                            f"{addr}:{port}: connect: {e.strerror or e}") from e
+        if resp.status >= 400:
+            raise HTTPError(resp.status, "BadRequest", body.decode(errors="replace").strip())
+        return body
+
+    def pod_log(self, ns: str, name: str, query: dict[str, list[str]]) -> bytes:
+        pods_res = self.R("pods")
+        pod = self.get(pods_res, ns, name)
+        if pod is None:
+            raise not_found(pods_res, name)
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = (query.get("container") or [None])[0]
+        if cname is None:
+            if len(containers) > 1:
+                raise HTTPError(400, "BadRequest", f"a container name must be specified for pod "
+                                f"{name}, choose one of: [{' '.join(containers)}]")
+            cname = containers[0] if containers else ""
+        cst = next((c for c in pod.get("status", {}).get("containerStatuses") or []
+                    if c.get("name") == cname), None)
+        waiting = (cst or {}).get("state", {}).get("waiting")
+        if not pod["spec"].get("nodeName") or cst is None or (waiting and not cst.get(
+                "lastState")):
+            reason = (waiting or {}).get("reason", "ContainerCreating")
+            raise HTTPError(400, "BadRequest", f'container "{cname}" in pod "{name}" is waiting '
+                            f"to start: {reason}")
+        return self.kubelet_get(pod["spec"]["nodeName"], f"/containerLogs/{ns}/{name}/{cname}")
+
+    # ---------------------------------------------------------------- discovery / misc
+    def version_info(self) -> Obj:
+        gv = git_version(self.version)
+        major, minor = gv[1:].split(".")[:2]
+        return {"major": major, "minor": minor, "emulationMajor": major, "emulationMinor": minor,
+                "minCompatibilityMajor": major, "minCompatibilityMinor": str(int(minor) - 1),
+                "gitVersion": gv, "gitCommit": hashlib.sha1(gv.encode()).hexdigest(),
+                "gitTreeState": "clean", "buildDate": "2026-05-14T10:24:31Z",
+                "goVersion": "go1.25.9", "compiler": "gc", "platform": "linux/amd64"}
+
+    def metrics(self) -> str:
+        lines = featuregates.metrics_lines(self.gates)
+        lines += ["# HELP apiserver_storage_objects [STABLE] Number of stored objects",
+                  "# TYPE apiserver_storage_objects gauge"]
+        for g, p in sorted(self.store.resource_keys()):
+            n = len(self.store.list((g, p)))
+            lines.append(f'apiserver_storage_objects{{resource="{p + "." + g if g else p}"}} {n}')
+        return "\n".join(lines) + "\n"
+
+    def discovery(self, parts: list[str]) -> Obj | None:
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.advertise}:{self.port}"}]}
+        if parts == ["apis"]:
+            groups = []
+            for g, vs in self.registry.groups().items():
+                if not g:
+                    continue
+                gvs = [{"groupVersion": f"{g}/{v}", "version": v} for v in vs]
+                groups.append({"name": g, "versions": gvs, "preferredVersion": gvs[0]})
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        gv = None
+        if len(parts) == 2 and parts[0] == "api":
+            gv = ("", parts[1])
+        elif len(parts) == 3 and parts[0] == "apis":
+            gv = (parts[1], parts[2])
+        if gv is None:
+            return None
+        rs = [r for r in self.registry.resources if (r.group, r.version) == gv]
+        if not rs:
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update",
+                 "watch"]
+        return {"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": f"{gv[0]}/{gv[1]}" if gv[0] else gv[1],
+                "resources": [{"name": r.plural, "singularName": r.singular,
+                               "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs,
+                               **({"shortNames": list(r.short)} if r.short else {})}
+                              for r in rs]}
+
+    # ---------------------------------------------------------------- serving
+    def serve(self) -> None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.flags.get("tls-cert-file", P("/etc/kubernetes/pki/apiserver.crt")),
+                            self.flags.get("tls-private-key-file",
+                                           P("/etc/kubernetes/pki/apiserver.key")))
+        ctx.load_verify_locations(self.ca_file)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        api = self
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+            def get_request(self):  # type: ignore[no-untyped-def]
+                sock, addr = self.socket.accept()
+                return ctx.wrap_socket(sock, server_side=True,
+                                       do_handshake_on_connect=False), addr
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                self.request.settimeout(30)
+                try:
+                    self.request.do_handshake()
+                except (ssl.SSLError, OSError) as e:
+                    sys.stderr.write(f"http: TLS handshake error from {self.client_address}: "
+                                     f"{e}\n")
+                    raise
+                super().setup()
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                if os.environ.get("GPUK8S_LAB_APISERVER_LOG"):
+                    sys.stderr.write(fmt % args + "\n")
+
+            def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
+                data = body if isinstance(body, bytes) else (
+                    body.encode() if isinstance(body, str) else json.dumps(body).encode())
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                try:
+                    n = int(self.headers.get("Content-Length") or 0)
+                    body = self.rfile.read(n) if n else b""
+                    code, out, ctype = api.handle(self, method, body)
+                    self._send(code, out, ctype)
+                except HTTPError as e:
+                    self._send(e.code, e.status())
+                except Exception as e:  # pragma: no cover - diagnostics
+                    traceback.print_exc()
+                    self._send(500, HTTPError(500, "InternalError", str(e)).status())
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_PUT(self) -> None:
+                self._handle("PUT")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        srv = Server((self.bind, self.port), Handler)
+        threading.Thread(target=self.controllers, daemon=True).start()
+        sys.stderr.write(f"Serving securely on {self.bind}:{self.port}\n")
+        srv.serve_forever()
+
+    def handle(self, h: BaseHTTPRequestHandler, method: str, body: bytes
+               ) -> tuple[int, Any, str]:
+        u = urllib.parse.urlsplit(h.path)
+        q = urllib.parse.parse_qs(u.query)
+        parts = [urllib.parse.unquote(p) for p in u.path.strip("/").split("/") if p]
+        text = "text/plain; charset=utf-8"
+        if parts and parts[0] in ("livez", "readyz", "healthz"):
+            if "verbose" in q:
+                return 200, f"[+]ping ok\n[+]etcd ok\n{parts[0]} check passed\n", text
+            return 200, "ok", text
+        if parts == ["version"]:
+            return 200, self.version_info(), "application/json"
+        user, groups = self.authenticate(h)
+        if parts == ["metrics"]:
+            if "system:unauthenticated" in groups:
+                raise HTTPError(403, "Forbidden", 'forbidden: User "system:anonymous" cannot get '
+                                'path "/metrics"')
+            return 200, self.metrics(), text
+        if not parts or parts[0] not in ("api", "apis"):
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        if method == "GET":
+            disc = self.discovery(parts)
+            if disc is not None:
+                if "system:unauthenticated" in groups:
+                    raise HTTPError(403, "Forbidden", f'forbidden: User "{user}" cannot get '
+                                    f'path "{u.path}"')
+                return 200, disc, "application/json"
+        if parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        else:
+            if len(parts) < 3:
+                raise HTTPError(404, "NotFound", "the server could not find the requested "
+                                "resource")
+            group, version, rest = parts[1], parts[2], parts[3:]
+        ns = ""
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            ns, rest = rest[1], rest[2:]
+        plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else ""), "/".join(rest[2:])
+        res = self.registry.by_path(group, version, plural)
+        if res is None:
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
+                "PATCH": "patch", "DELETE": "delete"}[method]
+        if sub == "eviction":
+            verb = "create"
+        if not self.authorize(user, groups, verb, res, ns, name, sub):
+            scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+            rname = f"{res.plural}/{sub}" if sub else res.plural
+            msg = (f'{res.qualified}{" " + chr(34) + name + chr(34) if name else ""} is '
+                   f'forbidden: User "{user}" cannot {verb} resource "{rname}" in API group '
+                   f'"{group}" {scope}')
+            raise HTTPError(403, "Forbidden", msg, {"name": name, "group": group,
+                                                    "kind": res.plural})
+        return self.dispatch(method, res, ns, name, sub, q, body, h)
+
+    def dispatch(self, method: str, res: Resource, ns: str, name: str, sub: str,
+                 q: dict[str, list[str]], body: bytes, h: BaseHTTPRequestHandler
+                 ) -> tuple[int, Any, str]:
+        js = "application/json"
+        with self.lock:
+            if sub == "log" and res.plural == "pods":
+                return 200, self.pod_log(ns, name, q), "text/plain"
+            if sub.startswith("proxy") and res.plural == "nodes":
+                path = "/" + sub[len("proxy"):].lstrip("/")
+                return 200, self.kubelet_get(name, path), js
+            if sub == "eviction" and method == "POST":
+                return 201, self.evict(ns, name), js
+            if method == "GET" and name:
+                obj = self.get(res, ns, name)
+                if obj is None:
+                    raise not_found(res, name)
+                return 200, obj, js
+            if method == "GET":
+                items = self.list(res, ns or None)
+                ls, fs = (q.get("labelSelector") or [""])[0], (q.get("fieldSelector") or [""])[0]
+                items = [o for o in items if selector_match(ls, o["metadata"].get("labels") or {})
+                         and field_match(fs, o)]
+                return 200, {"kind": res.kind + "List", "apiVersion": res.api_version,
+                             "metadata": {"resourceVersion": str(self.store.rv)},
+                             "items": items}, js
+            if method == "POST":
+                obj = json.loads(body or b"{}")
+                if obj.get("kind") and obj.get("kind") != res.kind:
+                    raise HTTPError(400, "BadRequest", f"the object provided is unrecognized "
+                                    f"(must be of type {res.kind})")
+                return 201, self.create(res, obj, ns), js
+            if method == "PUT":
+                obj = json.loads(body or b"{}")
+                obj.setdefault("metadata", {})["name"] = name
+                if res.namespaced:
+                    obj["metadata"]["namespace"] = ns
+                return 200, self.update(res, obj, status_only=(sub == "status")), js
+            if method == "PATCH":
+                ctype = h.headers.get("Content-Type", "")
+                if "apply-patch" in ctype:
+                    docs = yaml_load_all(body.decode())
+                    applied = docs[0] if docs else {}
+                    if applied.get("kind") and (applied.get("kind"), applied.get(
+                            "apiVersion")) != (res.kind, res.api_version):
+                        raise HTTPError(400, "BadRequest", "the object provided is unrecognized")
+                    mgr = (q.get("fieldManager") or ["kubectl"])[0]
+                    return 200, self.apply(res, ns, name, applied, mgr), js
+                old = self.get(res, ns, name)
+                if old is None:
+                    raise not_found(res, name)
+                new = deep_merge(old, json.loads(body or b"{}"))
+                return 200, self.update(res, new, status_only=(sub == "status")), js
+            if method == "DELETE":
+                return 200, self.delete(res, ns, name), js
+        raise HTTPError(405, "MethodNotAllowed", "the server does not allow this method")
+
+
+def jws_detached(payload: str, token: str) -> str:
+    """Detached JWS (HS256) over the cluster-info kubeconfig, keyed by the bootstrap token,
+    as k8s.io/cluster-bootstrap/token/jws ComputeDetachedSignature."""
+    tid, _, secret = token.partition(".")
+
+    def b64u(b: bytes) -> str:
+        return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+    header = b64u(json.dumps({"alg": "HS256", "kid": tid}, separators=(",", ":")).encode())
+    signing_input = f"{header}.{b64u(payload.encode())}".encode()
+    sig = b64u(hmac.new(secret.encode(), signing_input, hashlib.sha256).digest())
+    return f"{header}..{sig}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ApiServer(sys.argv[1:] if argv is None else argv).serve()
+
+
+if __name__ == "__main__":
+    main()

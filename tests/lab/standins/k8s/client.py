@@ -1,0 +1,105 @@
+# LAB STAND-IN: not the real client-go. Test infrastructure for gpuk8s; never shipped to users.
+"""A small HTTPS client for the stand-in API server (client certs or bearer tokens)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+import tempfile
+import urllib.parse
+from typing import Any
+
+from .kubeconfig import Creds
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("message", f"HTTP {code}"))
+        self.code = code
+        self.body = body
+
+    @property
+    def reason(self) -> str:
+        return str(self.body.get("reason", ""))
+
+
+class Unreachable(Exception):
+    """Connection refused / no route: kubectl's 'The connection to the server ... was refused'."""
+
+    def __init__(self, hostport: str, detail: str, refused: bool) -> None:
+        super().__init__(detail)
+        self.hostport = hostport
+        self.refused = refused
+
+
+class TLSError(Exception):
+    pass
+
+
+def ssl_context(creds: Creds) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if creds.insecure or not creds.ca_pem:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx.load_verify_locations(cadata=creds.ca_pem)
+    if creds.cert_pem and creds.key_pem:
+        with tempfile.TemporaryDirectory() as td:
+            c, k = os.path.join(td, "c.pem"), os.path.join(td, "k.pem")
+            with open(c, "w") as f:
+                f.write(creds.cert_pem)
+            with open(k, "w") as f:
+                f.write(creds.key_pem)
+            ctx.load_cert_chain(c, k)
+    return ctx
+
+
+class Client:
+    def __init__(self, creds: Creds, timeout: float = 30) -> None:
+        self.creds = creds
+        u = urllib.parse.urlsplit(creds.server)
+        self.host = u.hostname or "localhost"
+        self.port = u.port or 443
+        self.hostport = f"{self.host}:{self.port}"
+        self.timeout = timeout
+        self.ctx = ssl_context(creds)
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json", raw: bool = False) -> Any:
+        data: bytes | None = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else (
+                body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        headers = {"Accept": "application/json", "User-Agent": "kubectl/lab-standin"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        if self.creds.token:
+            headers["Authorization"] = f"Bearer {self.creds.token}"
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
+                                           timeout=self.timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+        except ssl.SSLCertVerificationError as e:
+            raise TLSError(f"tls: failed to verify certificate: {e.verify_message}") from e
+        except ConnectionRefusedError as e:
+            raise Unreachable(self.hostport, str(e), True) from e
+        except (TimeoutError, OSError) as e:
+            raise Unreachable(self.hostport, str(e), False) from e
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            try:
+                err = json.loads(payload)
+            except ValueError:
+                err = {"message": payload.decode(errors="replace"), "code": resp.status}
+            raise ApiError(resp.status, err)
+        if raw:
+            return payload
+        return json.loads(payload) if payload else {}
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)

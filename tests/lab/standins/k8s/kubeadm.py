@@ -1,0 +1,1060 @@
+# LAB STAND-IN: not the real kubeadm. Test infrastructure for gpuk8s; never shipped to users.
+"""kubeadm stand-in: version, config validate, init, join, token create/list, reset."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from . import kubeconfig, nodeinfo, pki
+from .apiserver import jws_detached
+from .client import ApiError, Client, Unreachable
+from .common import (
+    TOKEN_RE,
+    P,
+    format_duration,
+    git_version,
+    now,
+    package_version,
+    parse_duration,
+    rand_token_part,
+    read,
+    run,
+    ts,
+    write,
+    yaml_dump,
+)
+from .kubeadm_config import ConfigError, args_dict, decode, kubelet_defaults
+
+Obj = dict[str, Any]
+STACK = "To see the stack trace of this error execute with --v=5 or higher"
+PKI = "/etc/kubernetes/pki"
+MANIFESTS = "/etc/kubernetes/manifests"
+KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kubelet.conf",
+               "controller-manager.conf", "scheduler.conf")
+
+
+class Fail(Exception):
+    """Printed to stderr followed by the stack-trace hint, exit 1."""
+
+    def __init__(self, msg: str, hint: bool = True) -> None:
+        super().__init__(msg)
+        self.hint = hint
+
+
+def out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------ preflight
+class Preflight:
+    def __init__(self, ignore: list[str]) -> None:
+        self.ignore = {i.lower() for i in ignore}
+        self.errors: list[str] = []
+
+    def check(self, name: str, msg: str | None, warning: bool = False) -> None:
+        if msg is None:
+            return
+        if warning or "all" in self.ignore or name.lower() in self.ignore:
+            out(f"\t[WARNING {name}]: {msg}")
+        else:
+            self.errors.append(f"\t[ERROR {name}]: {msg}")
+
+    def finish(self, phase: str = "preflight") -> None:
+        if self.errors:
+            raise Fail(f"error execution phase {phase}: [preflight] Some fatal errors occurred:\n"
+                       + "\n".join(self.errors) + "\n[preflight] If you know what you are doing, "
+                       "you can make a check non-fatal with `--ignore-preflight-errors=...`")
+
+
+def port_in_use(port: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
+def dir_not_empty(path: str) -> bool:
+    try:
+        return bool(os.listdir(P(path)))
+    except OSError:
+        return False
+
+
+def common_checks(pf: Preflight, cri_socket: str, kubelet_cfg: Obj) -> None:
+    if os.geteuid() != 0:
+        pf.check("IsPrivilegedUser", "user is not running as root")
+    err = nodeinfo.cri_error(cri_socket)
+    pf.check("CRI", f"container runtime is not running: {err}" if err else None)
+    if shutil.which("kubelet") is None:
+        pf.check("KubeletVersion", "couldn't get kubelet version: cannot execute 'kubelet "
+                 "--version': exec: \"kubelet\": executable file not found in $PATH")
+    elif run(["systemctl", "is-enabled", "--quiet", "kubelet.service"]).returncode != 0:
+        pf.check("Service-Kubelet", "kubelet service is not enabled, please run 'systemctl "
+                 "enable kubelet.service'", warning=True)
+    if shutil.which("crictl") is None:
+        pf.check("FileExisting-crictl", "crictl not found in system path")
+    if shutil.which("conntrack") is None:
+        pf.check("FileExisting-conntrack", "conntrack not found in system path")
+    if nodeinfo.swap_on():
+        if kubelet_cfg.get("failSwapOn", True) is not False:
+            pf.check("Swap", "running with swap on is not supported. Please disable swap")
+        else:
+            pf.check("Swap", "swap is supported for cgroup v2 only. The kubelet must be properly "
+                     "configured to use swap. Please refer to https://kubernetes.io/docs/"
+                     "concepts/architecture/nodes/#swap-memory, or disable swap on the node",
+                     warning=True)
+    fwd = nodeinfo.sysctl("net.ipv4.ip_forward")
+    if fwd is None:
+        pf.check("FileContent--proc-sys-net-ipv4-ip_forward",
+                 "/proc/sys/net/ipv4/ip_forward does not exist")
+    elif fwd != "1":
+        pf.check("FileContent--proc-sys-net-ipv4-ip_forward",
+                 "/proc/sys/net/ipv4/ip_forward contents are not set to 1")
+    if err is None:
+        want = kubelet_cfg.get("cgroupDriver") or "systemd"
+        have = nodeinfo.systemd_cgroup(nodeinfo.containerd_config())
+        if have is not None and (want == "systemd") != have:
+            rt = "systemd" if have else "cgroupfs"
+            # Lab-named check: real kubeadm leaves this to the kubelet, which then fails.
+            pf.check("CgroupDriver", f'the kubelet cgroupDriver "{want}" does not match the '
+                     f'cgroup driver "{rt}" of the container runtime (containerd runc option '
+                     f"SystemdCgroup = {str(have).lower()})")
+
+
+# ------------------------------------------------------------------ helpers
+def hostname_override(nr: Obj) -> str:
+    return (nr.get("name") or nodeinfo.hostname()).lower()
+
+
+def wait_http(url: str, timeout: float) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            import ssl
+
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+                if r.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.25)
+    return None
+
+
+def systemctl(*args: str) -> None:
+    run(["systemctl", *args])
+
+
+def kubelet_flags_env(cri: str, nr: Obj, extra: list[dict[str, str]] | None) -> str:
+    flags = [f"--container-runtime-endpoint={cri}",
+             "--pod-infra-container-image=registry.k8s.io/pause:3.10.1"]
+    if nr.get("name"):
+        flags.append(f"--hostname-override={nr['name']}")
+    flags += [f"--{k}={v}" for k, v in args_dict(extra).items()]
+    return f'KUBELET_KUBEADM_ARGS="{" ".join(flags)}"\n'
+
+
+def static_pod(name: str, image: str, command: list[str], host_ip: str, port: int,
+               scheme: str, probe_path: str) -> str:
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"labels": {"component": name, "tier": "control-plane"}, "name": name,
+                     "namespace": "kube-system"},
+        "spec": {"containers": [{
+            "command": command, "image": image, "imagePullPolicy": "IfNotPresent",
+            "livenessProbe": {"failureThreshold": 8, "httpGet": {
+                "host": host_ip, "path": probe_path, "port": port, "scheme": scheme},
+                "initialDelaySeconds": 10, "periodSeconds": 10, "timeoutSeconds": 15},
+            "name": name, "resources": {"requests": {"cpu": "250m"}}}],
+            "hostNetwork": True, "priority": 2000001000,
+            "priorityClassName": "system-node-critical",
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}},
+        "status": {}}
+    return yaml_dump(pod)
+
+
+class Kubeadm:
+    def __init__(self, args: argparse.Namespace, version: str) -> None:
+        self.args = args
+        self.version = version
+        self.gv = git_version(version)
+
+    # -------------------------------------------------------------- version / config
+    def cmd_version(self) -> None:
+        major, minor = self.gv[1:].split(".")[:2]
+        info = {"major": major, "minor": minor, "gitVersion": self.gv,
+                "gitCommit": "lab-standin", "gitTreeState": "clean",
+                "buildDate": "2026-05-14T10:22:46Z", "goVersion": "go1.25.9", "compiler": "gc",
+                "platform": "linux/amd64"}
+        o = self.args.output
+        if o == "short":
+            out(self.gv)
+        elif o == "json":
+            out(json.dumps({"clientVersion": info}, indent=2))
+        elif o == "yaml":
+            sys.stdout.write(yaml_dump({"clientVersion": info}))
+        else:
+            fields = ", ".join(f'{k[0].upper() + k[1:]}:"{v}"' for k, v in info.items())
+            out(f"kubeadm version: &version.Info{{{fields}}}")
+
+    def load_config(self, required: bool = True) -> dict[str, Obj]:
+        path = self.args.config
+        if not path:
+            if required:
+                raise Fail("required flag(s) \"config\" not set")
+            return {}
+        text = read(path) if path.startswith("/") else None
+        if text is None:
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except OSError as e:
+                raise Fail(f"unable to read config from \"{path}\" : open {path}: "
+                           "no such file or directory") from e
+        try:
+            return decode(text)
+        except ConfigError as e:
+            raise Fail(str(e)) from e
+
+    def cmd_config(self) -> None:
+        if not self.args.args or self.args.args[0] != "validate":
+            raise Fail(f"unknown command \"{' '.join(self.args.args)}\" for \"kubeadm config\"")
+        cfg = self.load_config()
+        self._check_k8s_version(cfg.get("ClusterConfiguration", {}))
+        out("ok")
+
+    def _check_k8s_version(self, cc: Obj) -> str:
+        want = cc.get("kubernetesVersion") or self.gv
+        try:
+            wmaj, wmin = (int(x) for x in want.lstrip("v").split(".")[:2])
+        except ValueError as e:
+            raise Fail(f'couldn\'t parse Kubernetes version "{want}"') from e
+        minor = int(self.gv[1:].split(".")[1])
+        if wmaj != 1 or wmin > minor:
+            raise Fail(f"this version of kubeadm only supports deploying clusters with the "
+                       f"control plane version <= v1.{minor}.0. Current version: {want}")
+        if wmin < minor - 1:
+            raise Fail(f"this version of kubeadm only supports deploying clusters with the "
+                       f"control plane version >= 1.{minor - 1}.0. Current version: {want}")
+        return want if want.startswith("v") else "v" + want
+
+    # -------------------------------------------------------------- init
+    def cmd_init(self) -> None:
+        cfg = self.load_config()
+        ic, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
+        kc = kubelet_defaults(cfg.get("KubeletConfiguration"))
+        nr = ic.get("nodeRegistration") or {}
+        cri = nr.get("criSocket") or nodeinfo.CRI_SOCKET
+        kc["containerRuntimeEndpoint"] = cri
+        k8s_version = self._check_k8s_version(cc)
+        node = hostname_override(nr)
+        lae = ic.get("localAPIEndpoint") or {}
+        adv = lae.get("advertiseAddress") or nodeinfo.ipv4()
+        port = int(lae.get("bindPort") or 6443)
+        endpoint = cc.get("controlPlaneEndpoint") or f"{adv}:{port}"
+        if ":" not in endpoint:
+            endpoint += f":{port}"
+        net = cc.get("networking") or {}
+        svc_subnet = net.get("serviceSubnet") or "10.96.0.0/12"
+        algo = cc.get("encryptionAlgorithm") or "RSA-2048"
+        timeouts = ic.get("timeouts") or {}
+        out(f"[init] Using Kubernetes version: {k8s_version}")
+        out("[preflight] Running pre-flight checks")
+        pf = Preflight(self._ignores(nr))
+        for p in (port, 10259, 10257):
+            pf.check(f"Port-{p}", f"Port {p} is in use" if port_in_use(p) else None)
+        for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"):
+            f = f"{MANIFESTS}/{comp}.yaml"
+            pf.check("FileAvailable-" + f.replace("/", "-"),
+                     f"{f} already exists" if os.path.exists(P(f)) else None)
+        pf.check("Port-10250", "Port 10250 is in use" if port_in_use(10250) else None)
+        pf.check("Port-2379", "Port 2379 is in use" if port_in_use(2379) else None)
+        pf.check("Port-2380", "Port 2380 is in use" if port_in_use(2380) else None)
+        pf.check("DirAvailable--var-lib-etcd",
+                 "/var/lib/etcd is not empty" if dir_not_empty("/var/lib/etcd") else None)
+        common_checks(pf, cri, kc)
+        pf.finish()
+        out("[preflight] Pulling images required for setting up a Kubernetes cluster")
+        out("[preflight] This might take a minute or two, depending on the speed of your "
+            "internet connection")
+        out("[preflight] You can also perform this action beforehand using 'kubeadm config "
+            "images pull'")
+
+        # certs
+        out(f'[certs] Using certificateDir folder "{PKI}"')
+        ca_crt, ca_key = f"{PKI}/ca.crt", f"{PKI}/ca.key"
+        os.makedirs(P(PKI + "/etcd"), exist_ok=True)
+        out('[certs] Generating "ca" certificate and key')
+        pki.gen_ca(ca_crt, ca_key, "kubernetes", algorithm=algo)
+        sans_dns = [node, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local"]
+        import ipaddress
+
+        svc_ip = str(next(ipaddress.ip_network(svc_subnet, strict=False).hosts()))
+        sans_ip = [svc_ip, adv]
+        cp_host = endpoint.rsplit(":", 1)[0]
+        extra = [s for s in (cc.get("apiServer") or {}).get("certSANs") or []]
+        if cp_host not in sans_ip + sans_dns:
+            extra.append(cp_host)
+        out('[certs] Generating "apiserver" certificate and key')
+        out(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(sans_dns)}] and "
+            f"IPs [{' '.join(sans_ip)}]")
+        pki.issue(f"{PKI}/apiserver.crt", f"{PKI}/apiserver.key", ca_crt, ca_key, "kube-apiserver",
+                  server=True, client=False, sans=sans_dns + sans_ip + extra + ["127.0.0.1"],
+                  algorithm=algo)
+        out('[certs] Generating "apiserver-kubelet-client" certificate and key')
+        pki.issue(f"{PKI}/apiserver-kubelet-client.crt", f"{PKI}/apiserver-kubelet-client.key",
+                  ca_crt, ca_key, "kube-apiserver-kubelet-client",
+                  orgs=["kubeadm:cluster-admins"], algorithm=algo)
+        out('[certs] Generating "front-proxy-ca" certificate and key')
+        pki.gen_ca(f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-ca",
+                   algorithm=algo)
+        out('[certs] Generating "front-proxy-client" certificate and key')
+        pki.issue(f"{PKI}/front-proxy-client.crt", f"{PKI}/front-proxy-client.key",
+                  f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-client",
+                  algorithm=algo)
+        out('[certs] Generating "etcd/ca" certificate and key')
+        pki.gen_ca(f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "etcd-ca", algorithm=algo)
+        for leaf, server in (("server", True), ("peer", True), ("healthcheck-client", False)):
+            out(f'[certs] Generating "etcd/{leaf}" certificate and key')
+            if server:
+                out(f"[certs] etcd/{leaf} serving cert is signed for DNS names [{node} localhost]"
+                    f" and IPs [{adv} 127.0.0.1 ::1]")
+            pki.issue(f"{PKI}/etcd/{leaf}.crt", f"{PKI}/etcd/{leaf}.key", f"{PKI}/etcd/ca.crt",
+                      f"{PKI}/etcd/ca.key", node if server else "kube-etcd-healthcheck-client",
+                      server=server, sans=[node, "localhost", adv, "127.0.0.1"] if server
+                      else None, algorithm=algo)
+        out('[certs] Generating "apiserver-etcd-client" certificate and key')
+        pki.issue(f"{PKI}/apiserver-etcd-client.crt", f"{PKI}/apiserver-etcd-client.key",
+                  f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "kube-apiserver-etcd-client",
+                  algorithm=algo)
+        out('[certs] Generating "sa" key and public key')
+        pki.gen_key(f"{PKI}/sa.key", "RSA-2048")
+        ca_pem = read(ca_crt) or ""
+
+        # kubeconfigs
+        out('[kubeconfig] Using kubeconfig folder "/etc/kubernetes"')
+        server = f"https://{endpoint}"
+        local = f"https://{adv}:{port}"
+        for fn, cn, orgs, srv in (
+                ("admin.conf", "kubernetes-admin", ["kubeadm:cluster-admins"], server),
+                ("super-admin.conf", "kubernetes-super-admin", ["system:masters"], server),
+                ("kubelet.conf", f"system:node:{node}", ["system:nodes"], local),
+                ("controller-manager.conf", "system:kube-controller-manager", [], local),
+                ("scheduler.conf", "system:kube-scheduler", [], local)):
+            out(f'[kubeconfig] Writing "{fn}" kubeconfig file')
+            self._write_client_kubeconfig(f"/etc/kubernetes/{fn}", srv, ca_pem, cn, orgs, algo)
+
+        # manifests
+        out(f'[etcd] Creating static Pod manifest for local etcd in "{MANIFESTS}"')
+        minor_img = k8s_version
+        write(f"{MANIFESTS}/etcd.yaml", static_pod(
+            "etcd", "registry.k8s.io/etcd:3.6.5-0",
+            ["etcd", f"--advertise-client-urls=https://{adv}:2379", "--data-dir=/var/lib/etcd",
+             f"--listen-client-urls=https://127.0.0.1:2379,https://{adv}:2379",
+             f"--name={node}", "--cert-file=/etc/kubernetes/pki/etcd/server.crt",
+             "--key-file=/etc/kubernetes/pki/etcd/server.key"],
+            "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
+        out(f'[control-plane] Using manifest folder "{MANIFESTS}"')
+        api_args = {
+            "advertise-address": adv, "allow-privileged": "true",
+            "authorization-mode": "Node,RBAC", "client-ca-file": f"{PKI}/ca.crt",
+            "enable-admission-plugins": "NodeRestriction", "enable-bootstrap-token-auth": "true",
+            "etcd-cafile": f"{PKI}/etcd/ca.crt",
+            "etcd-certfile": f"{PKI}/apiserver-etcd-client.crt",
+            "etcd-keyfile": f"{PKI}/apiserver-etcd-client.key",
+            "etcd-servers": "https://127.0.0.1:2379",
+            "kubelet-client-certificate": f"{PKI}/apiserver-kubelet-client.crt",
+            "kubelet-client-key": f"{PKI}/apiserver-kubelet-client.key",
+            "kubelet-preferred-address-types": "InternalIP,ExternalIP,Hostname",
+            "secure-port": str(port),
+            "service-account-issuer": "https://kubernetes.default.svc.cluster.local",
+            "service-account-key-file": f"{PKI}/sa.pub",
+            "service-account-signing-key-file": f"{PKI}/sa.key",
+            "service-cluster-ip-range": svc_subnet,
+            "tls-cert-file": f"{PKI}/apiserver.crt",
+            "tls-private-key-file": f"{PKI}/apiserver.key",
+        }
+        api_args.update(args_dict((cc.get("apiServer") or {}).get("extraArgs")))
+        out('[control-plane] Creating static Pod manifest for "kube-apiserver"')
+        write(f"{MANIFESTS}/kube-apiserver.yaml", static_pod(
+            "kube-apiserver", f"registry.k8s.io/kube-apiserver:{minor_img}",
+            ["kube-apiserver", *(f"--{k}={v}" for k, v in sorted(api_args.items()))],
+            adv, port, "HTTPS", "/livez"), 0o600)
+        cm_args = {"allocate-node-cidrs": "true" if net.get("podSubnet") else "false",
+                   "authentication-kubeconfig": "/etc/kubernetes/controller-manager.conf",
+                   "bind-address": "127.0.0.1", "cluster-signing-cert-file": f"{PKI}/ca.crt",
+                   "cluster-signing-key-file": f"{PKI}/ca.key",
+                   "kubeconfig": "/etc/kubernetes/controller-manager.conf",
+                   "service-cluster-ip-range": svc_subnet, "use-service-account-credentials":
+                   "true"}
+        if net.get("podSubnet"):
+            cm_args["cluster-cidr"] = net["podSubnet"]
+        cm_args.update(args_dict((cc.get("controllerManager") or {}).get("extraArgs")))
+        out('[control-plane] Creating static Pod manifest for "kube-controller-manager"')
+        write(f"{MANIFESTS}/kube-controller-manager.yaml", static_pod(
+            "kube-controller-manager", f"registry.k8s.io/kube-controller-manager:{minor_img}",
+            ["kube-controller-manager", *(f"--{k}={v}" for k, v in sorted(cm_args.items()))],
+            "127.0.0.1", 10257, "HTTPS", "/healthz"), 0o600)
+        sch_args = {"authentication-kubeconfig": "/etc/kubernetes/scheduler.conf",
+                    "bind-address": "127.0.0.1", "kubeconfig": "/etc/kubernetes/scheduler.conf",
+                    "leader-elect": "true"}
+        sch_args.update(args_dict((cc.get("scheduler") or {}).get("extraArgs")))
+        out('[control-plane] Creating static Pod manifest for "kube-scheduler"')
+        write(f"{MANIFESTS}/kube-scheduler.yaml", static_pod(
+            "kube-scheduler", f"registry.k8s.io/kube-scheduler:{minor_img}",
+            ["kube-scheduler", *(f"--{k}={v}" for k, v in sorted(sch_args.items()))],
+            "127.0.0.1", 10259, "HTTPS", "/livez"), 0o600)
+
+        self._kubelet_start(kc, cri, nr)
+        out(f'[wait-control-plane] Waiting for the kubelet to boot up the control plane as '
+            f'static Pods from directory "{MANIFESTS}"')
+        self._wait_kubelet(timeouts)
+        cp_timeout = parse_duration(timeouts.get("controlPlaneComponentHealthCheck", "4m0s"))
+        out(f"[control-plane-check] Waiting for healthy control plane components. This can take "
+            f"up to {format_duration(cp_timeout)}")
+        out(f"[control-plane-check] Checking kube-apiserver at https://{adv}:{port}/livez")
+        out("[control-plane-check] Checking kube-controller-manager at "
+            "https://127.0.0.1:10257/healthz")
+        out("[control-plane-check] Checking kube-scheduler at https://127.0.0.1:10259/livez")
+        took = wait_http(f"https://{adv}:{port}/livez", cp_timeout)
+        if took is None:
+            raise Fail(f"[control-plane-check] kube-apiserver is not healthy after "
+                       f"{format_duration(cp_timeout)}\n\nA control plane component may have "
+                       "crashed or exited when started by the container runtime.\nTo "
+                       "troubleshoot, list all containers using your preferred container "
+                       "runtimes CLI.\nHere is one example how you may list all running "
+                       "Kubernetes containers by using crictl:\n\t- 'crictl --runtime-endpoint "
+                       f"{cri} ps -a | grep kube | grep -v pause'\n\tOnce you have found the "
+                       "failing container, you can inspect its logs with:\n\t- 'crictl "
+                       f"--runtime-endpoint {cri} logs CONTAINERID'\n\nerror execution phase "
+                       "wait-control-plane: failed while waiting for the control plane to start: "
+                       f'kube-apiserver check failed at https://{adv}:{port}/livez: Get '
+                       f'"https://{adv}:{port}/livez?timeout=10s": dial tcp {adv}:{port}: '
+                       "connect: connection refused")
+        for comp in ("kube-controller-manager", "kube-scheduler", "kube-apiserver"):
+            out(f"[control-plane-check] {comp} is healthy after {took:.9f}s")
+
+        c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")))
+        self._post_init(c, cfg, kc, node, ca_pem, server, endpoint)
+
+    def _write_client_kubeconfig(self, path: str, server: str, ca_pem: str, cn: str,
+                                 orgs: list[str], algo: str) -> None:
+        key = path + ".key.tmp"
+        pki.gen_key(key, algo)
+        cert = pki.sign_csr(pki.make_csr(key, cn, orgs), f"{PKI}/ca.crt", f"{PKI}/ca.key")
+        key_pem = read(key) or ""
+        os.unlink(P(key))
+        write(path, kubeconfig.build(server, ca_pem, cn if "system:node" not in cn else cn,
+                                     cert_pem=cert, key_pem=key_pem), 0o600)
+
+    def _ignores(self, nr: Obj) -> list[str]:
+        ig = list(nr.get("ignorePreflightErrors") or [])
+        for v in self.args.ignore_preflight_errors or []:
+            ig += v.split(",")
+        return ig
+
+    def _kubelet_start(self, kc: Obj, cri: str, nr: Obj) -> None:
+        out('[kubelet-start] Writing kubelet environment file with flags to file '
+            '"/var/lib/kubelet/kubeadm-flags.env"')
+        write("/var/lib/kubelet/kubeadm-flags.env",
+              kubelet_flags_env(cri, nr, nr.get("kubeletExtraArgs")))
+        out('[kubelet-start] Writing kubelet configuration to file "/var/lib/kubelet/config.yaml"')
+        write("/var/lib/kubelet/config.yaml", yaml_dump(kc))
+        out("[kubelet-start] Starting the kubelet")
+        systemctl("restart", "kubelet")
+
+    def _wait_kubelet(self, timeouts: Obj) -> None:
+        t = parse_duration(timeouts.get("kubeletHealthCheck", "4m0s"))
+        out(f"[kubelet-check] Waiting for a healthy kubelet at http://127.0.0.1:10248/healthz. "
+            f"This can take up to {format_duration(t)}")
+        took = wait_http("http://127.0.0.1:10248/healthz", t)
+        if took is None:
+            raise Fail(f"[kubelet-check] The kubelet is not healthy after {format_duration(t)}\n\n"
+                       "Unfortunately, an error has occurred, likely caused by:\n\t- The kubelet "
+                       "is not running\n\t- The kubelet is unhealthy due to a misconfiguration of "
+                       "the node in some way (required cgroups disabled)\n\nIf you are on a "
+                       "systemd-powered system, you can try to troubleshoot the error with the "
+                       "following commands:\n\t- 'systemctl status kubelet'\n\t- 'journalctl "
+                       "-xeu kubelet'\n\nerror execution phase wait-control-plane: failed while "
+                       "waiting for the kubelet to start: The HTTP call equal to 'curl -sSL "
+                       "http://127.0.0.1:10248/healthz' returned error: Get \"http://127.0.0.1:"
+                       "10248/healthz\": dial tcp 127.0.0.1:10248: connect: connection refused")
+        out(f"[kubelet-check] The kubelet is healthy after {took:.9f}s")
+
+    def _post_init(self, c: Client, cfg: dict[str, Obj], kc: Obj, node: str, ca_pem: str,
+                   server: str, endpoint: str) -> None:
+        ic, cc = cfg.get("InitConfiguration", {}), dict(cfg.get("ClusterConfiguration", {}))
+        cc.setdefault("apiVersion", "kubeadm.k8s.io/v1beta4")
+        cc.setdefault("kind", "ClusterConfiguration")
+        cc.setdefault("kubernetesVersion", self._check_k8s_version(cc))
+        cc.setdefault("controlPlaneEndpoint", endpoint)
+        out('[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in the '
+            '"kube-system" Namespace')
+        self._create(c, "/api/v1/namespaces/kube-system/configmaps", {
+            "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+            "data": {"ClusterConfiguration": yaml_dump(cc)}})
+        out('[kubelet] Creating a ConfigMap "kubelet-config" in namespace kube-system with the '
+            "configuration for the kubelets in the cluster")
+        shared_kc = {k: v for k, v in kc.items() if k not in ("containerRuntimeEndpoint",)}
+        self._create(c, "/api/v1/namespaces/kube-system/configmaps", {
+            "metadata": {"name": "kubelet-config", "namespace": "kube-system"},
+            "data": {"kubelet": yaml_dump(shared_kc)}})
+        cert_key = ic.get("certificateKey") or self.args.certificate_key or os.urandom(32).hex()
+        if self.args.upload_certs:
+            out('[upload-certs] Storing the certificates in Secret "kubeadm-certs" in the '
+                '"kube-system" Namespace')
+            data = {}
+            for f in ("ca.crt", "ca.key", "sa.key", "front-proxy-ca.crt", "front-proxy-ca.key",
+                      "etcd/ca.crt", "etcd/ca.key"):
+                data[f.replace("/", "-")] = base64.b64encode(
+                    (read(f"{PKI}/{f}") or "").encode()).decode()
+            self._create(c, "/api/v1/namespaces/kube-system/secrets", {
+                "metadata": {"name": "kubeadm-certs", "namespace": "kube-system"},
+                "type": "Opaque", "data": data})
+            out("[upload-certs] Using certificate key:")
+            out(cert_key)
+        else:
+            out("[upload-certs] Skipping phase. Please see --upload-certs")
+        out(f"[mark-control-plane] Marking the node {node} as control-plane by adding the labels:"
+            " [node-role.kubernetes.io/control-plane node.kubernetes.io/exclude-from-external-"
+            "load-balancers]")
+        taints = (ic.get("nodeRegistration") or {}).get("taints")
+        if taints is None:
+            taints = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+        if taints:
+            shown = " ".join(f"{t['key']}:{t['effect']}" for t in taints)
+            out(f"[mark-control-plane] Marking the node {node} as control-plane by adding the "
+                f"taints [{shown}]")
+        self._mark_control_plane(c, node, taints)
+        # bootstrap tokens
+        tokens = ic.get("bootstrapTokens") or [{}]
+        tok_strs = []
+        for bt in tokens:
+            tok = bt.get("token") or f"{rand_token_part(6)}.{rand_token_part(16)}"
+            if not TOKEN_RE.match(tok):
+                raise Fail(f'the bootstrap token "{tok}" was not of the form '
+                           f'"\\A([a-z0-9]{{6}})\\.([a-z0-9]{{16}})\\z"')
+            create_token_secret(c, tok, parse_duration(bt.get("ttl", "24h0m0s")),
+                                bt.get("description", ""), bt.get("usages"), bt.get("groups"))
+            tok_strs.append(tok)
+        if not self.args.skip_token_print:
+            out(f"[bootstrap-token] Using token: {tok_strs[0]}")
+        for line in ("Configuring bootstrap tokens, cluster-info ConfigMap, RBAC Roles",
+                     "Configured RBAC rules to allow Node Bootstrap tokens to get nodes",
+                     "Configured RBAC rules to allow Node Bootstrap tokens to post CSRs in order "
+                     "for nodes to get long term certificate credentials",
+                     "Configured RBAC rules to allow the csrapprover controller automatically "
+                     "approve CSRs from a Node Bootstrap Token",
+                     "Configured RBAC rules to allow certificate rotation for all node client "
+                     "certificates in the cluster",
+                     'Creating the "cluster-info" ConfigMap in the "kube-public" namespace'):
+            out(f"[bootstrap-token] {line}")
+        self._create(c, "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+            "metadata": {"name": "cluster-admin"},
+            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                      {"nonResourceURLs": ["*"], "verbs": ["*"]}]})
+        self._create(c, "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "metadata": {"name": "kubeadm:cluster-admins"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "cluster-admin"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                          "name": "kubeadm:cluster-admins"}]})
+        self._create(c, "/api/v1/namespaces/kube-public/configmaps", {
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": cluster_info_kubeconfig(server, ca_pem)}})
+        out('[kubelet-finalize] Updating "/etc/kubernetes/kubelet.conf" to point to a rotatable '
+            "kubelet client certificate and key")
+        self._addons(c, cc)
+        ca_hash = pki.ca_cert_hash(ca_pem)
+        tok = "<value withheld>" if self.args.skip_token_print else tok_strs[0]
+        out("\nYour Kubernetes control-plane has initialized successfully!\n")
+        out("To start using your cluster, you need to run the following as a regular user:\n")
+        out("  mkdir -p $HOME/.kube")
+        out("  sudo cp -i /etc/kubernetes/admin.conf $HOME/.kube/config")
+        out("  sudo chown $(id -u):$(id -g) $HOME/.kube/config\n")
+        out("Alternatively, if you are the root user, you can run:\n")
+        out("  export KUBECONFIG=/etc/kubernetes/admin.conf\n")
+        out("You should now deploy a pod network to the cluster.")
+        out('Run "kubectl apply -f [podnetwork].yaml" with one of the options listed at:')
+        out("  https://kubernetes.io/docs/concepts/cluster-administration/addons/\n")
+        if cc.get("controlPlaneEndpoint") and self.args.upload_certs:
+            out("You can now join any number of control-plane nodes running the following "
+                "command on each as root:\n")
+            key = "<value withheld>" if self.args.skip_certificate_key_print else cert_key
+            out(f"  kubeadm join {endpoint} --token {tok} \\\n\t--discovery-token-ca-cert-hash "
+                f"{ca_hash} \\\n\t--control-plane --certificate-key {key}\n")
+            out("Please note that the certificate-key gives access to cluster sensitive data, "
+                "keep it secret!\nAs a safeguard, uploaded-certs will be deleted in two hours; "
+                "If necessary, you can use\n\"kubeadm init phase upload-certs --upload-certs\" to "
+                "reload certs afterward.\n")
+        out("Then you can join any number of worker nodes by running the following on each as "
+            "root:\n")
+        out(f"kubeadm join {endpoint} --token {tok} \\\n\t--discovery-token-ca-cert-hash "
+            f"{ca_hash} ")
+
+    @staticmethod
+    def _create(c: Client, path: str, obj: Obj) -> None:
+        try:
+            c.request("POST", path, obj)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+
+    def _mark_control_plane(self, c: Client, node: str, taints: list[Obj]) -> None:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                n = c.get(f"/api/v1/nodes/{node}")
+                break
+            except ApiError as e:
+                if e.code != 404 or time.monotonic() > deadline:
+                    raise Fail("error execution phase mark-control-plane: timed out waiting for "
+                               f'the condition: nodes "{node}" not found') from e
+                time.sleep(0.5)
+        md = n["metadata"]
+        md.setdefault("labels", {}).update({"node-role.kubernetes.io/control-plane": "",
+                                            "node.kubernetes.io/exclude-from-external-load-"
+                                            "balancers": ""})
+        md.setdefault("annotations", {})["kubeadm.alpha.kubernetes.io/cri-socket"] = \
+            nodeinfo.CRI_SOCKET
+        spec = n.setdefault("spec", {})
+        have = spec.get("taints") or []
+        spec["taints"] = have + [t for t in taints if t not in have]
+        c.request("PUT", f"/api/v1/nodes/{node}", n)
+
+    def _addons(self, c: Client, cc: Obj) -> None:
+        dns = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
+            "name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}}, "spec": {
+                         "priorityClassName": "system-cluster-critical",
+                         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                         {"key": "node-role.kubernetes.io/control-plane",
+                                          "effect": "NoSchedule"}],
+                         "containers": [{"name": "coredns",
+                                         "image": "registry.k8s.io/coredns/coredns:v1.12.4",
+                                         "args": ["-conf", "/etc/coredns/Corefile"],
+                                         "resources": {"requests": {"cpu": "100m",
+                                                                    "memory": "70Mi"},
+                                                       "limits": {"memory": "170Mi"}}}]}}}}
+        self._create(c, "/apis/apps/v1/namespaces/kube-system/deployments", dns)
+        self._create(c, "/api/v1/namespaces/kube-system/services", {
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {
+                "k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true",
+                "kubernetes.io/name": "CoreDNS"}},
+            "spec": {"clusterIP": "10.96.0.10", "selector": {"k8s-app": "kube-dns"},
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                               {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}})
+        out("[addons] Applied essential addon: CoreDNS")
+        proxy = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {
+            "name": "kube-proxy", "namespace": "kube-system", "labels": {"k8s-app": "kube-proxy"}},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "kube-proxy"}}, "spec": {
+                         "hostNetwork": True, "priorityClassName": "system-node-critical",
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "kube-proxy", "image":
+                                         f"registry.k8s.io/kube-proxy:{cc['kubernetesVersion']}",
+                                         "command": ["/usr/local/bin/kube-proxy",
+                                                     "--config=/var/lib/kube-proxy/config.conf",
+                                                     "--hostname-override=$(NODE_NAME)"]}]}}}}
+        self._create(c, "/apis/apps/v1/namespaces/kube-system/daemonsets", proxy)
+        out("[addons] Applied essential addon: kube-proxy")
+
+    # -------------------------------------------------------------- join
+    def cmd_join(self) -> None:
+        cfg = self.load_config(required=False)
+        jc = cfg.get("JoinConfiguration")
+        if self.args.config and jc is None:
+            raise Fail("no JoinConfiguration kind was found in the YAML file")
+        jc = jc or {}
+        disc = jc.get("discovery") or {}
+        bt = disc.get("bootstrapToken") or {}
+        endpoint = bt.get("apiServerEndpoint") or (self.args.args[0] if self.args.args else "")
+        token = bt.get("token") or self.args.discovery_token or self.args.token or ""
+        hashes = bt.get("caCertHashes") or self.args.discovery_token_ca_cert_hash or []
+        unsafe = bt.get("unsafeSkipCAVerification") or \
+            self.args.discovery_token_unsafe_skip_ca_verification
+        tls_token = disc.get("tlsBootstrapToken") or self.args.tls_bootstrap_token or token
+        nr = jc.get("nodeRegistration") or {}
+        cri = nr.get("criSocket") or self.args.cri_socket or nodeinfo.CRI_SOCKET
+        timeouts = jc.get("timeouts") or {}
+        if not endpoint:
+            raise Fail("discovery.bootstrapToken.apiServerEndpoint: Invalid value: \"\": "
+                       "the API server endpoint must be set")
+        if not TOKEN_RE.match(token):
+            raise Fail(f'discovery.bootstrapToken.token: Invalid value: "{token}": the bootstrap '
+                       'token is invalid')
+        if not hashes and not unsafe:
+            raise Fail("discovery.bootstrapToken: Invalid value: \"\": using token-based "
+                       "discovery without caCertHashes can be unsafe. Set "
+                       "unsafeSkipCAVerification as true in your kubeadm config file or pass "
+                       "--discovery-token-unsafe-skip-ca-verification flag to continue")
+        out("[preflight] Running pre-flight checks")
+        pf = Preflight(self._ignores(nr))
+        pf.check("DirAvailable--etc-kubernetes-manifests", f"{MANIFESTS} is not empty"
+                 if dir_not_empty(MANIFESTS) else None)
+        for f in ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf",
+                  "/etc/kubernetes/pki/ca.crt"):
+            pf.check("FileAvailable-" + f.replace("/", "-"),
+                     f"{f} already exists" if os.path.exists(P(f)) else None)
+        pf.check("Port-10250", "Port 10250 is in use" if port_in_use(10250) else None)
+        common_checks(pf, cri, kubelet_defaults(None))
+        pf.finish()
+
+        ca_pem, server = self._discover(endpoint, token, hashes, unsafe, timeouts)
+        creds = kubeconfig.Creds(server=server, ca_pem=ca_pem, token=tls_token)
+        c = Client(creds)
+        out('[preflight] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
+            '"kube-system"...')
+        out("[preflight] Use 'kubeadm init phase upload-config kubeadm --config "
+            "your-config-file' to re-upload it.")
+        try:
+            kcm = c.get("/api/v1/namespaces/kube-system/configmaps/kubelet-config")
+        except ApiError as e:
+            raise Fail(f"error execution phase kubelet-start: {e}") from e
+        from .common import yaml_load_all
+
+        kc = kubelet_defaults((yaml_load_all(kcm["data"]["kubelet"]) or [{}])[0])
+        kc["containerRuntimeEndpoint"] = cri
+        node = hostname_override(nr)
+        try:
+            existing = c.get(f"/api/v1/nodes/{node}")
+            ready = next((x["status"] for x in existing.get("status", {}).get("conditions") or []
+                          if x["type"] == "Ready"), "Unknown")
+            if ready == "True":
+                raise Fail(f'error execution phase kubelet-start: a Node with name "{node}" and '
+                           'status "Ready" already exists in the cluster. You must delete the '
+                           "existing Node or change the name of this new joining Node")
+        except ApiError:
+            pass
+        write(f"{PKI}/ca.crt", ca_pem)
+        write("/etc/kubernetes/bootstrap-kubelet.conf",
+              kubeconfig.build(server, ca_pem, "tls-bootstrap-token-user", token=tls_token,
+                               cluster="kubernetes"), 0o600)
+        out('[kubelet-start] Writing kubelet configuration to file "/var/lib/kubelet/config.yaml"')
+        write("/var/lib/kubelet/config.yaml", yaml_dump(kc))
+        out('[kubelet-start] Writing kubelet environment file with flags to file '
+            '"/var/lib/kubelet/kubeadm-flags.env"')
+        write("/var/lib/kubelet/kubeadm-flags.env",
+              kubelet_flags_env(cri, nr, nr.get("kubeletExtraArgs")))
+        # TLS bootstrap (the real kubelet does this with bootstrap-kubelet.conf; the stand-in
+        # kubeadm does it on the kubelet's behalf so the kubelet stand-in stays small).
+        key_path = "/var/lib/kubelet/pki/kubelet-client.key.tmp"
+        pki.gen_key(key_path)
+        csr = pki.make_csr(key_path, f"system:node:{node}", ["system:nodes"])
+        name = f"csr-{rand_token_part(5)}"
+        c.request("POST", "/apis/certificates.k8s.io/v1/certificatesigningrequests", {
+            "metadata": {"name": name},
+            "spec": {"request": base64.b64encode(csr.encode()).decode(),
+                     "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                     "usages": ["digital signature", "client auth"],
+                     "groups": ["system:bootstrappers"],
+                     "username": f"system:bootstrap:{token.split('.')[0]}"}})
+        out("[kubelet-start] Starting the kubelet")
+        tls_t = parse_duration(timeouts.get("tlsBootstrap", "5m0s"))
+        deadline = time.monotonic() + tls_t
+        cert = None
+        while time.monotonic() < deadline:
+            st = c.get(f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{name}").get(
+                "status", {})
+            if st.get("certificate"):
+                cert = base64.b64decode(st["certificate"]).decode()
+                break
+            if any(x.get("type") == "Denied" for x in st.get("conditions") or []):
+                break
+            time.sleep(0.3)
+        if cert is None:
+            raise Fail("error execution phase kubelet-start: timed out waiting for the condition")
+        key_pem = read(key_path) or ""
+        os.unlink(P(key_path))
+        write("/var/lib/kubelet/pki/kubelet-client-current.pem", cert + key_pem, 0o600)
+        write("/etc/kubernetes/kubelet.conf", kubeconfig.build(
+            server, ca_pem, "default-auth",
+            cert_file="/var/lib/kubelet/pki/kubelet-client-current.pem",
+            key_file="/var/lib/kubelet/pki/kubelet-client-current.pem",
+            cluster="default-cluster"), 0o600)
+        os.unlink(P("/etc/kubernetes/bootstrap-kubelet.conf"))
+        systemctl("restart", "kubelet")
+        self._wait_kubelet(timeouts)
+        out("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap\n")
+        out("This node has joined the cluster:")
+        out("* Certificate signing request was sent to apiserver and a response was received.")
+        out("* The Kubelet was informed of the new secure connection details.\n")
+        out("Run 'kubectl get nodes' on the control-plane to see this node join the cluster.\n")
+
+    def _discover(self, endpoint: str, token: str, hashes: list[str], unsafe: bool,
+                  timeouts: Obj) -> tuple[str, str]:
+        tid = token.split(".")[0]
+        server = f"https://{endpoint}"
+        c = Client(kubeconfig.Creds(server=server, insecure=True), timeout=10)
+        deadline = time.monotonic() + parse_duration(timeouts.get("discovery", "5m0s"))
+        pre = "error execution phase preflight: couldn't validate the identity of the API Server: "
+        last = ""
+        while True:
+            try:
+                cm = c.get("/api/v1/namespaces/kube-public/configmaps/cluster-info")
+                data = cm.get("data") or {}
+                sig = data.get(f"jws-kubeconfig-{tid}")
+                if sig:
+                    break
+                last = f'could not find a JWS signature in the cluster-info ConfigMap for token ' \
+                       f'ID "{tid}"'
+            except Unreachable as e:
+                host, port = endpoint.rsplit(":", 1)
+                last = (f'failed to request the cluster-info ConfigMap: Get "{server}/api/v1/'
+                        f'namespaces/kube-public/configmaps/cluster-info?timeout=10s": dial tcp '
+                        f"{host}:{port}: connect: "
+                        f"{'connection refused' if e.refused else e}")
+            except ApiError as e:
+                last = f"failed to request the cluster-info ConfigMap: {e}"
+            if time.monotonic() >= deadline:
+                raise Fail(pre + last)
+            time.sleep(1)
+        kc_text = data.get("kubeconfig", "")
+        if not hmac.compare_digest(jws_detached(kc_text, token), sig):
+            raise Fail(pre + "failed to verify JWS signature of received cluster info object, "
+                       "can't trust this API Server")
+        creds = kubeconfig.parse(kc_text)
+        ca_pem = creds.ca_pem or ""
+        actual = pki.ca_cert_hash(ca_pem)
+        if not unsafe and actual.lower() not in [h.lower() for h in hashes]:
+            raise Fail(pre + f'cluster CA found in cluster-info ConfigMap is invalid: none of the '
+                       f'public keys "{actual}" are pinned')
+        return ca_pem, creds.server
+
+    # -------------------------------------------------------------- token
+    def _admin(self) -> Client:
+        path = self.args.kubeconfig or "/etc/kubernetes/admin.conf"
+        real = P(path) if path.startswith("/") else path
+        if not os.path.exists(real):
+            raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
+        return Client(kubeconfig.load(real))
+
+    def cmd_token(self) -> None:
+        sub = self.args.args[0] if self.args.args else ""
+        try:
+            if sub == "create":
+                self._token_create()
+            elif sub == "list":
+                self._token_list()
+            elif sub == "delete":
+                c = self._admin()
+                for t in self.args.args[1:]:
+                    tid = t.split(".")[0]
+                    c.request("DELETE", f"/api/v1/namespaces/kube-system/secrets/"
+                              f"bootstrap-token-{tid}")
+                    out(f'bootstrap token "{tid}" deleted')
+            elif sub == "generate":
+                out(f"{rand_token_part(6)}.{rand_token_part(16)}")
+            else:
+                raise Fail(f'unknown command "{sub}" for "kubeadm token"')
+        except Unreachable as e:
+            raise Fail(f"failed to create or update bootstrap token with name bootstrap-token: "
+                       f"unable to create Secret: Post \"https://{e.hostport}/api/v1/namespaces/"
+                       f"kube-system/secrets?timeout=10s\": dial tcp {e.hostport}: connect: "
+                       "connection refused") from e
+
+    def _token_create(self) -> None:
+        c = self._admin()
+        tok = self.args.args[1] if len(self.args.args) > 1 else \
+            f"{rand_token_part(6)}.{rand_token_part(16)}"
+        if not TOKEN_RE.match(tok):
+            raise Fail(f'the bootstrap token "{tok}" was not of the form '
+                       f'"\\A([a-z0-9]{{6}})\\.([a-z0-9]{{16}})\\z"')
+        ttl = parse_duration(self.args.ttl or "24h0m0s")
+        create_token_secret(c, tok, ttl, self.args.description or "", None, None)
+        if not self.args.print_join_command:
+            out(tok)
+            return
+        ca_hash = pki.ca_cert_hash(c.creds.ca_pem or "")
+        hostport = c.creds.server.removeprefix("https://")
+        out(f"kubeadm join {hostport} --token {tok} --discovery-token-ca-cert-hash {ca_hash} ")
+
+    def _token_list(self) -> None:
+        c = self._admin()
+        secrets = c.get("/api/v1/namespaces/kube-system/secrets")["items"]
+        rows = [["TOKEN", "TTL", "EXPIRES", "USAGES", "DESCRIPTION", "EXTRA GROUPS"]]
+        for s in secrets:
+            if s.get("type") != "bootstrap.kubernetes.io/token":
+                continue
+            d = {k: base64.b64decode(v).decode() for k, v in (s.get("data") or {}).items()}
+            exp = d.get("expiration", "")
+            ttl = "<forever>"
+            if exp:
+                from .common import parse_ts
+
+                secs = (parse_ts(exp) - now()).total_seconds()
+                ttl = format_duration(max(0, secs)).replace("0m0s", "").rstrip("0s") or "0s"
+                ttl = f"{int(secs // 3600)}h" if secs >= 3600 else f"{int(secs // 60)}m"
+            usages = ",".join(k[len("usage-bootstrap-"):] for k, v in sorted(d.items())
+                              if k.startswith("usage-bootstrap-") and v == "true")
+            rows.append([f"{d.get('token-id')}.{d.get('token-secret')}", ttl, exp or "<never>",
+                         usages, d.get("description", "<none>") or "<none>",
+                         d.get("auth-extra-groups", "")])
+        from .kubectl import table
+
+        sys.stdout.write(table(rows))
+
+    # -------------------------------------------------------------- reset
+    def cmd_reset(self) -> None:
+        if not self.args.force:
+            sys.stdout.write("W1126 reset.go:141] [reset] WARNING: Changes made to this host by "
+                             "'kubeadm init' or 'kubeadm join' will be reverted.\n[reset] Are you "
+                             "sure you want to proceed? [y/N]: ")
+            sys.stdout.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                raise Fail("won't proceed; the user didn't answer (Y|y) in order to continue")
+        out("[preflight] Running pre-flight checks")
+        is_cp = os.path.exists(P(f"{MANIFESTS}/etcd.yaml"))
+        if not is_cp:
+            out("[reset] No etcd config found. Assuming external etcd")
+            out("[reset] Please, manually reset etcd to prevent further issues")
+        out("[reset] Stopping the kubelet service")
+        systemctl("stop", "kubelet")
+        # the real reset removes all Kubernetes containers through the CRI
+        systemctl("stop", "kube-apiserver-standin")
+        out('[reset] Unmounting mounted directories in "/var/lib/kubelet"')
+        if is_cp or dir_not_empty("/var/lib/etcd"):
+            _empty_dir("/var/lib/etcd")
+            out("[reset] Deleted contents of the etcd data directory: /var/lib/etcd")
+        dirs = [MANIFESTS, "/var/lib/kubelet", PKI]
+        out(f"[reset] Deleting contents of directories: [{' '.join(dirs)}]")
+        for d in dirs:
+            _empty_dir(d)
+        files = [f"/etc/kubernetes/{f}" for f in KUBECONFIGS]
+        out(f"[reset] Deleting files: [{' '.join(files)}]")
+        for f in files:
+            try:
+                os.unlink(P(f))
+            except OSError:
+                pass
+        out("\nThe reset process does not perform cleanup of CNI plugin configuration,\n"
+            "network filtering rules and kubeconfig files.\n\n"
+            "For information on how to perform this cleanup manually, please see:\n"
+            "    https://k8s.io/docs/reference/setup-tools/kubeadm/kubeadm-reset/\n")
+        out("The reset process does not clean CNI configuration. To do so, you must remove "
+            "/etc/cni/net.d\n")
+        out('The reset process does not reset or clean up iptables rules or IPVS tables.\n'
+            'If you wish to reset iptables, you must do so manually by using the "iptables" '
+            "command.\n\nIf your cluster was setup to utilize IPVS, run ipvsadm --clear (or "
+            "similar)\nto reset your system's IPVS tables.\n")
+        out("The reset process does not clean your kubeconfig files and you must remove them "
+            "manually.\nPlease, check the contents of the $HOME/.kube/config file.")
+
+
+def _empty_dir(path: str) -> None:
+    real = P(path)
+    if not os.path.isdir(real):
+        return
+    for e in os.listdir(real):
+        p = os.path.join(real, e)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def cluster_info_kubeconfig(server: str, ca_pem: str) -> str:
+    return yaml_dump({"apiVersion": "v1", "clusters": [{"cluster": {
+        "certificate-authority-data": base64.b64encode(ca_pem.encode()).decode(),
+        "server": server}, "name": ""}], "contexts": None, "current-context": "", "kind": "Config",
+        "preferences": {}, "users": None})
+
+
+def create_token_secret(c: Client, tok: str, ttl: float, description: str,
+                        usages: list[str] | None, groups: list[str] | None) -> None:
+    tid, secret = tok.split(".")
+    data = {"token-id": tid, "token-secret": secret}
+    if description:
+        data["description"] = description
+    if ttl > 0:
+        exp = now().timestamp() + ttl
+        import datetime as dt
+
+        data["expiration"] = ts(dt.datetime.fromtimestamp(int(exp), dt.UTC))
+    for u in usages or ["signing", "authentication"]:
+        data[f"usage-bootstrap-{u}"] = "true"
+    data["auth-extra-groups"] = ",".join(groups or
+                                         ["system:bootstrappers:kubeadm:default-node-token"])
+    obj = {"metadata": {"name": f"bootstrap-token-{tid}", "namespace": "kube-system"},
+           "type": "bootstrap.kubernetes.io/token",
+           "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+    try:
+        c.request("POST", "/api/v1/namespaces/kube-system/secrets", obj)
+    except ApiError as e:
+        if e.code != 409:
+            raise
+        c.request("PUT", f"/api/v1/namespaces/kube-system/secrets/bootstrap-token-{tid}", obj)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubeadm", add_help=False)
+    p.add_argument("cmd", nargs="?")
+    p.add_argument("args", nargs="*")
+    p.add_argument("--config")
+    p.add_argument("-o", "--output")
+    p.add_argument("--skip-token-print", action="store_true")
+    p.add_argument("--skip-certificate-key-print", action="store_true")
+    p.add_argument("--upload-certs", action="store_true")
+    p.add_argument("--certificate-key")
+    p.add_argument("--token")
+    p.add_argument("--discovery-token")
+    p.add_argument("--tls-bootstrap-token")
+    p.add_argument("--discovery-token-ca-cert-hash", action="append")
+    p.add_argument("--discovery-token-unsafe-skip-ca-verification", action="store_true")
+    p.add_argument("--cri-socket")
+    p.add_argument("--ignore-preflight-errors", action="append")
+    p.add_argument("--ttl")
+    p.add_argument("--description")
+    p.add_argument("--print-join-command", action="store_true")
+    p.add_argument("--kubeconfig")
+    p.add_argument("-f", "--force", action="store_true")
+    p.add_argument("--v")
+    p.add_argument("--cleanup-tmp-dir", action="store_true")
+    return p
+
+
+def main(argv: list[str], version_raw: str) -> int:
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        sys.stderr.write(f"unknown flag: {unknown[0].split('=')[0]}\n{STACK}\n")
+        return 1
+    k = Kubeadm(args, package_version(version_raw))
+    fn = getattr(k, f"cmd_{(args.cmd or '').replace('-', '_')}", None)
+    if fn is None:
+        sys.stderr.write(f'unknown command "{args.cmd}" for "kubeadm"\n' if args.cmd else
+                         "kubeadm: easily bootstrap a secure Kubernetes cluster\n")
+        return 1
+    try:
+        fn()
+    except Fail as e:
+        sys.stdout.flush()
+        sys.stderr.write(f"{e}\n" + (f"{STACK}\n" if e.hint else ""))
+        return 1
+    except ApiError as e:
+        sys.stderr.write(f"{e}\n{STACK}\n")
+        return 1
+    return 0

@@ -1,0 +1,675 @@
+# LAB STAND-IN: not the real kubelet. Test infrastructure for gpuk8s; never shipped to users.
+"""kubelet stand-in: node registration and status from the node's real state, static pods (the
+stand-in kube-apiserver) and a small, clearly labelled emulation of what pods' images do."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from . import featuregates, kubeconfig, nodeinfo, pki
+from .client import ApiError, Client, TLSError, Unreachable
+from .common import (
+    P,
+    git_version,
+    package_version,
+    parse_quantity,
+    read,
+    run,
+    ts,
+    write,
+    yaml_load_all,
+)
+from .scheduler import pod_requests
+
+Obj = dict[str, Any]
+STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
+JOB_RUNTIME = float(os.environ.get("GPUK8S_LAB_JOB_RUNTIME", "3"))
+APISERVER_UNIT = "kube-apiserver-standin"
+APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
+# Lab-only hook for host unit tests: start static pods as child processes, not systemd units.
+NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
+CNI_DIR = "/etc/cni/net.d"
+NO_CNI = ("container runtime network not ready: NetworkReady=false "
+          "reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not "
+          "initialized")
+
+
+def klog(level: str, msg: str, src: str = "kubelet.go:1600") -> None:
+    now = dt.datetime.now()
+    sys.stderr.write(f"{level}{now:%m%d %H:%M:%S.%f} {os.getpid():>7} {src}] {msg}\n")
+    sys.stderr.flush()
+
+
+def stop_pidfile(path: str) -> None:
+    """NO_SYSTEMD mode: stop the process a pidfile names (used by the kubelet and test fakes)."""
+    try:
+        pid = int((read(path) or "").strip())
+        os.kill(pid, 15)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+    except (ValueError, OSError):
+        pass
+
+
+def fatal(err: str) -> None:
+    klog("E", f'"command failed" err="{err}"', "run.go:72")
+    sys.exit(1)
+
+
+# ------------------------------------------------------------------ emulation table
+# What real images do that the node can observe. Keep it small: match on image name.
+def emulate_flannel(k: Kubelet, pod: Obj) -> None:
+    """flannel's install-cni init container copies cni-conf.json from its ConfigMap."""
+    cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
+                    if "configMap" in v), "kube-flannel-cfg")
+    try:
+        cm = k.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/configmaps/"
+                          f"{cm_name}")
+    except ApiError:
+        return
+    conf = (cm.get("data") or {}).get("cni-conf.json")
+    if conf:
+        write(f"{CNI_DIR}/10-flannel.conflist", conf)
+        net = json.loads((cm.get("data") or {}).get("net-conf.json") or "{}")
+        write("/run/flannel/subnet.env", f"FLANNEL_NETWORK={net.get('Network', '10.244.0.0/16')}\n"
+              "FLANNEL_SUBNET=10.244.0.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n")
+
+
+def emulate_calico(k: Kubelet, pod: Obj) -> None:
+    """calico-node's install-cni init container writes 10-calico.conflist."""
+    conf = {"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+        {"type": "calico", "datastore_type": "kubernetes", "nodename": k.node_name,
+         "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"},
+         "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"}},
+        {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}}]}
+    write(f"{CNI_DIR}/10-calico.conflist", json.dumps(conf, indent=2) + "\n")
+
+
+EMULATION = (("flannel", emulate_flannel), ("calico/node", emulate_calico),
+             ("calico/cni", emulate_calico))
+
+
+class Kubelet:
+    def __init__(self, argv: list[str], version: str) -> None:
+        self.version = version
+        self.args = self._parse(argv)
+        a = self.args
+        cfg_path = a.config or "/var/lib/kubelet/config.yaml"
+        text = read(cfg_path)
+        if text is None:
+            fatal(f"failed to load kubelet config file, path: {cfg_path}, error: failed to load "
+                  f"Kubelet config file {cfg_path}, error failed to read kubelet config file "
+                  f'\\"{cfg_path}\\", error: open {cfg_path}: no such file or directory')
+        docs = yaml_load_all(text or "")
+        self.cfg: Obj = docs[0] if docs else {}
+        try:
+            self.gates = featuregates.validate(self.cfg.get("featureGates") or {})
+            if a.feature_gates:
+                self.gates.update(featuregates.validate(featuregates.parse_flag(a.feature_gates)))
+        except featuregates.GateError as e:
+            fatal(f"failed to set feature gates from initial flags-based config: {e}")
+        if nodeinfo.swap_on() and self.cfg.get("failSwapOn", True) is not False:
+            fatal("failed to run Kubelet: running with swap on is not supported, please disable "
+                  "swap or set --fail-swap-on flag to false")
+        self.cri = a.container_runtime_endpoint or self.cfg.get("containerRuntimeEndpoint") or \
+            nodeinfo.CRI_SOCKET
+        err = nodeinfo.cri_error(self.cri)
+        if err:
+            fatal(f"failed to run Kubelet: {err}")
+        kc_path = a.kubeconfig or "/etc/kubernetes/kubelet.conf"
+        if not os.path.exists(P(kc_path)):
+            boot = a.bootstrap_kubeconfig or "/etc/kubernetes/bootstrap-kubelet.conf"
+            fatal(f"failed to run Kubelet: unable to load bootstrap kubeconfig: stat {boot}: "
+                  "no such file or directory")
+        self.creds = kubeconfig.load(P(kc_path))
+        self.client = Client(self.creds, timeout=10)
+        self.node_name = (a.hostname_override or nodeinfo.hostname()).lower()
+        self.node_ip = a.node_ip or nodeinfo.ipv4()
+        self.started: dict[str, float] = {}
+        self.apiserver_hash = ""
+        self.apiserver_proc: subprocess.Popen[bytes] | None = None
+        self.apiserver_last_start = 0.0
+        self.registered = False
+
+    @staticmethod
+    def _parse(argv: list[str]) -> argparse.Namespace:
+        p = argparse.ArgumentParser(prog="kubelet", add_help=False)
+        for f in ("config", "kubeconfig", "bootstrap-kubeconfig", "container-runtime-endpoint",
+                  "node-ip", "hostname-override", "pod-infra-container-image", "feature-gates",
+                  "node-labels", "register-with-taints", "v", "cgroup-driver"):
+            p.add_argument(f"--{f}")
+        p.add_argument("--version", nargs="?", const="true")
+        args, _ = p.parse_known_args(argv)
+        return args
+
+    # -------------------------------------------------------------- node facts
+    def gpu_count(self, pods: list[Obj]) -> int:
+        """nvidia.com/gpu is advertised only when the device plugin could really register."""
+        pci = nodeinfo.pci_gpus()
+        if not pci:
+            return 0
+        listed = nodeinfo.nvidia_smi_gpus()
+        if not listed:
+            return 0
+        cfg = nodeinfo.containerd_config()
+        if "nvidia" not in nodeinfo.runtime_handlers(cfg):
+            return 0
+        for p in pods:
+            images = " ".join(c.get("image", "") for c in p["spec"].get("containers") or [])
+            if "k8s-device-plugin" in images and p.get("status", {}).get("phase") == "Running" \
+                    and self.pod_runtime(p, cfg) == "nvidia":
+                return min(len(pci), listed)
+        return 0
+
+    def pod_runtime(self, pod: Obj, cfg: Obj) -> str | None:
+        rc = pod["spec"].get("runtimeClassName")
+        if not rc:
+            return nodeinfo.default_runtime(cfg)
+        try:
+            return self.client.get(f"/apis/node.k8s.io/v1/runtimeclasses/{rc}").get("handler")
+        except ApiError:
+            return None
+
+    def cni_ready(self) -> bool:
+        d = P(CNI_DIR)
+        try:
+            return any(f.endswith((".conf", ".conflist", ".json")) for f in os.listdir(d))
+        except OSError:
+            return False
+
+    def node_object(self) -> Obj:
+        labels = {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": self.node_name,
+                  "kubernetes.io/os": "linux"}
+        for kv in (self.args.node_labels or "").split(","):
+            if "=" in kv:
+                k, v = kv.split("=", 1)
+                labels[k] = v
+        node: Obj = {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": self.node_name, "labels": labels,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                            "volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
+            "spec": {}}
+        taints = []
+        for t in filter(None, (self.args.register_with_taints or "").split(",")):
+            kv, _, eff = t.partition(":")
+            k, _, v = kv.partition("=")
+            taints.append({"key": k, "effect": eff, **({"value": v} if v else {})})
+        if taints:
+            node["spec"]["taints"] = taints
+        return node
+
+    def status(self, pods: list[Obj]) -> Obj:
+        cpu = os.cpu_count() or 1
+        mem = nodeinfo.mem_ki()
+        max_pods = int(self.cfg.get("maxPods", 110))
+        cap = {"cpu": str(cpu), "ephemeral-storage": "61202244Ki", "hugepages-1Gi": "0",
+               "hugepages-2Mi": "0", "memory": f"{mem}Ki", "pods": str(max_pods)}
+        alloc = dict(cap, memory=f"{max(mem - 102400, 0)}Ki", **{
+            "ephemeral-storage": "56403987978"})
+        gpus = self.gpu_count(pods)
+        if gpus:
+            cap["nvidia.com/gpu"] = alloc["nvidia.com/gpu"] = str(gpus)
+        runtime_ok = nodeinfo.containerd_active() and nodeinfo.cri_plugin()[0]
+        if not runtime_ok:
+            ready = ("False", "KubeletNotReady", "container runtime is down")
+        elif not self.cni_ready():
+            ready = ("False", "KubeletNotReady", NO_CNI)
+        else:
+            ready = ("True", "KubeletReady", "kubelet is posting ready status")
+        now = ts()
+        conds = [{"type": t, "status": "False", "reason": r, "message": m,
+                  "lastHeartbeatTime": now, "lastTransitionTime": now}
+                 for t, r, m in (("MemoryPressure", "KubeletHasSufficientMemory",
+                                  "kubelet has sufficient memory available"),
+                                 ("DiskPressure", "KubeletHasNoDiskPressure",
+                                  "kubelet has no disk pressure"),
+                                 ("PIDPressure", "KubeletHasSufficientPID",
+                                  "kubelet has sufficient PID available"))]
+        conds.append({"type": "Ready", "status": ready[0], "reason": ready[1],
+                      "message": ready[2], "lastHeartbeatTime": now, "lastTransitionTime": now})
+        return {"capacity": cap, "allocatable": alloc, "conditions": conds,
+                "addresses": [{"type": "InternalIP", "address": self.node_ip},
+                              {"type": "Hostname", "address": self.node_name}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {
+                    "machineID": (read("/etc/machine-id") or "").strip(),
+                    "systemUUID": (read("/sys/class/dmi/id/product_uuid") or "").strip(),
+                    "bootID": (nodeinfo.read_abs("/proc/sys/kernel/random/boot_id") or
+                               "").strip(),
+                    "kernelVersion": nodeinfo.kernel(), "osImage": nodeinfo.os_image(),
+                    "containerRuntimeVersion": f"containerd://{nodeinfo.containerd_version()}",
+                    "kubeletVersion": git_version(self.version),
+                    "operatingSystem": "linux", "architecture": "amd64"}}
+
+    def sync_node(self, pods: list[Obj]) -> None:
+        path = f"/api/v1/nodes/{self.node_name}"
+        if not self.registered:
+            try:
+                self.client.get(path)
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+                self.client.request("POST", "/api/v1/nodes", self.node_object())
+                klog("I", f'"Successfully registered node" node="{self.node_name}"',
+                     "kubelet_node_status.go:78")
+            self.registered = True
+        node = self.client.get(path)
+        old = {c["type"]: c for c in node.get("status", {}).get("conditions") or []}
+        st = self.status(pods)
+        for c in st["conditions"]:
+            o = old.get(c["type"])
+            if o and o.get("status") == c["status"]:
+                c["lastTransitionTime"] = o.get("lastTransitionTime", c["lastTransitionTime"])
+        node["status"] = st
+        self.client.request("PUT", path + "/status", node)
+
+    # -------------------------------------------------------------- static pods
+    def static_manifests(self) -> dict[str, Obj]:
+        d = self.cfg.get("staticPodPath") or "/etc/kubernetes/manifests"
+        out = {}
+        try:
+            names = sorted(os.listdir(P(d)))
+        except OSError:
+            return {}
+        for fn in names:
+            if fn.endswith((".yaml", ".yml", ".json")):
+                docs = yaml_load_all(read(f"{d}/{fn}") or "")
+                if docs and isinstance(docs[0], dict):
+                    out[fn] = docs[0]
+        return out
+
+    def sync_apiserver(self, manifest: Obj | None) -> bool:
+        """Run the stand-in kube-apiserver for the static pod manifest; True when it runs."""
+        if manifest is None:
+            self._stop_apiserver()
+            return False
+        c = manifest["spec"]["containers"][0]
+        argv = list(c.get("command") or [])[1:] + list(c.get("args") or [])
+        image = c.get("image", "")
+        ver = image.rsplit(":", 1)[-1].lstrip("v") if ":" in image else ""
+        data_dir = "/var/lib/etcd"
+        etcd = self.static_manifests().get("etcd.yaml")
+        if etcd:
+            for a in etcd["spec"]["containers"][0].get("command") or []:
+                if a.startswith("--data-dir="):
+                    data_dir = a.split("=", 1)[1]
+        argv.append(f"--lab-data-dir={P(data_dir)}")
+        argv = [a if not a.startswith(("--client-ca-file=", "--tls-cert-file=",
+                                       "--tls-private-key-file=")) else
+                a.split("=", 1)[0] + "=" + P(a.split("=", 1)[1]) for a in argv]
+        h = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+        running = self._apiserver_running()
+        if running and h == self.apiserver_hash:
+            return True
+        if running:
+            self._stop_apiserver()
+        if time.monotonic() - self.apiserver_last_start < 10 and self.apiserver_hash == h:
+            return False  # back-off like CrashLoopBackOff
+        self.apiserver_hash = h
+        self.apiserver_last_start = time.monotonic()
+        libdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = [sys.executable, "-m", "k8s.apiserver", *argv]
+        env = {"PYTHONPATH": libdir, "GPUK8S_LAB_K8S_VERSION": ver}
+        if os.environ.get(NO_SYSTEMD_ENV):
+            os.makedirs(P("/var/log"), exist_ok=True)
+            with open(P("/var/log/kube-apiserver.log"), "ab") as logf:
+                self.apiserver_proc = subprocess.Popen(
+                    cmd, env={**os.environ, **env}, start_new_session=True,
+                    stdout=subprocess.DEVNULL, stderr=logf)
+            write(APISERVER_PIDFILE, str(self.apiserver_proc.pid))
+        else:
+            run(["systemctl", "reset-failed", APISERVER_UNIT])
+            run(["systemd-run", f"--unit={APISERVER_UNIT}", "--description=LAB STAND-IN "
+                 "kube-apiserver (static pod kube-apiserver)", "--property=KillMode=mixed",
+                 *(f"--setenv={k}={v}" for k, v in env.items()), *cmd])
+        klog("I", '"Starting static pod" pod="kube-system/kube-apiserver-' + self.node_name + '"',
+             "kubelet.go:2468")
+        return True
+
+    def _pidfile_pid(self) -> int | None:
+        try:
+            pid = int((read(APISERVER_PIDFILE) or "").strip())
+            os.kill(pid, 0)
+            return pid
+        except (ValueError, OSError):
+            return None
+
+    def _apiserver_running(self) -> bool:
+        if os.environ.get(NO_SYSTEMD_ENV):
+            if self.apiserver_proc is not None:
+                self.apiserver_proc.poll()
+            return self._pidfile_pid() is not None
+        return run(["systemctl", "is-active", "--quiet", APISERVER_UNIT]).returncode == 0
+
+    def _stop_apiserver(self) -> None:
+        if os.environ.get(NO_SYSTEMD_ENV):
+            stop_pidfile(APISERVER_PIDFILE)
+            self.apiserver_proc = None
+        elif self._apiserver_running():
+            run(["systemctl", "stop", APISERVER_UNIT])
+
+    def sync_mirror_pods(self, manifests: dict[str, Obj], pods: list[Obj], api_up: bool) -> None:
+        want = {}
+        for m in manifests.values():
+            name = f"{m['metadata']['name']}-{self.node_name}"
+            want[name] = m
+        for p in pods:
+            ann = p["metadata"].get("annotations") or {}
+            if "kubernetes.io/config.mirror" in ann and p["metadata"]["name"] not in want:
+                self.client.request("DELETE", f"/api/v1/namespaces/kube-system/pods/"
+                                    f"{p['metadata']['name']}")
+        have = {p["metadata"]["name"] for p in pods}
+        for name, m in want.items():
+            if name in have:
+                continue
+            mirror = json.loads(json.dumps(m))
+            mirror["metadata"]["name"] = name
+            mirror["metadata"]["namespace"] = mirror["metadata"].get("namespace", "kube-system")
+            h = hashlib.md5(json.dumps(m, sort_keys=True).encode()).hexdigest()
+            mirror["metadata"]["annotations"] = {"kubernetes.io/config.hash": h,
+                                                 "kubernetes.io/config.mirror": h,
+                                                 "kubernetes.io/config.source": "file"}
+            mirror["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
+                                                      "name": self.node_name, "controller": True}]
+            mirror["spec"]["nodeName"] = self.node_name
+            mirror.pop("status", None)
+            try:
+                self.client.request("POST", f"/api/v1/namespaces/{mirror['metadata']['namespace']}"
+                                    "/pods", mirror)
+            except ApiError:
+                pass
+
+    # -------------------------------------------------------------- pods
+    def log_path(self, pod: Obj, container: str) -> str:
+        md = pod["metadata"]
+        return f"/var/log/pods/{md['namespace']}_{md['name']}_{md['uid']}/{container}/0.log"
+
+    def set_status(self, pod: Obj, phase: str, states: dict[str, Obj], ready: bool,
+                   events: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]
+        md = pod["metadata"]
+        st = pod.setdefault("status", {})
+        host_net = pod["spec"].get("hostNetwork")
+        ip = self.node_ip if host_net else self._pod_ip(md["uid"])
+        new = dict(st)
+        new.update({"phase": phase, "hostIP": self.node_ip,
+                    "startTime": st.get("startTime") or ts()})
+        if phase != "Pending" or any("running" in s for s in states.values()):
+            new["podIP"] = ip
+            new["podIPs"] = [{"ip": ip}]
+        prev = {c["name"]: c.get("state", {}) for c in st.get("containerStatuses") or []}
+        for name, state in states.items():
+            if "running" in state and "running" in prev.get(name, {}):
+                states[name] = prev[name]
+        new["containerStatuses"] = [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "",
+             "ready": ready and "running" in states.get(c["name"], {}),
+             "restartCount": 0, "started": "running" in states.get(c["name"], {}),
+             "state": states.get(c["name"], {"waiting": {"reason": "ContainerCreating"}})}
+            for c in pod["spec"].get("containers") or []]
+        cond_ready = "True" if ready else "False"
+        new["conditions"] = [
+            {"type": "PodReadyToStartContainers", "status": "True" if phase != "Pending" else
+             "False"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": cond_ready},
+            {"type": "ContainersReady", "status": cond_ready},
+            {"type": "PodScheduled", "status": "True"}]
+        if phase == "Succeeded":
+            for c in new["conditions"]:
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c["status"] = "False"
+                    c["reason"] = "PodCompleted"
+        if phase == "Failed" and st.get("reason"):
+            new["reason"] = st["reason"]
+        if {k: v for k, v in new.items() if k != "startTime"} == \
+                {k: v for k, v in st.items() if k != "startTime"}:
+            return
+        pod["status"] = new
+        try:
+            self.client.request("PUT", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}"
+                                "/status", pod)
+        except ApiError:
+            return
+        for etype, reason, msg in events:
+            self.event(pod, etype, reason, msg)
+
+    def event(self, pod: Obj, etype: str, reason: str, msg: str) -> None:
+        md = pod["metadata"]
+        name = f"{md['name']}.{hashlib.md5((reason + msg).encode()).hexdigest()[:16]}"
+        ev = {"metadata": {"name": name, "namespace": md["namespace"]},
+              "involvedObject": {"kind": "Pod", "name": md["name"], "namespace": md["namespace"],
+                                 "uid": md["uid"], "apiVersion": "v1"},
+              "reason": reason, "message": msg, "type": etype,
+              "source": {"component": "kubelet", "host": self.node_name},
+              "firstTimestamp": ts(), "lastTimestamp": ts(), "count": 1}
+        try:
+            self.client.request("POST", f"/api/v1/namespaces/{md['namespace']}/events", ev)
+        except ApiError:
+            pass
+
+    @staticmethod
+    def _pod_ip(uid: str) -> str:
+        n = int(hashlib.sha256(uid.encode()).hexdigest()[:4], 16)
+        return f"10.244.{(n >> 8) % 250 + 1}.{n % 250 + 2}"
+
+    def sync_pod(self, pod: Obj, cfg: Obj, gpus: int, gpu_used: int) -> int:
+        """Drive one pod's status; returns the GPUs it holds."""
+        md, spec = pod["metadata"], pod["spec"]
+        phase = pod.get("status", {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return 0
+        uid = md["uid"]
+        want_gpu = int(pod_requests(pod).get("nvidia.com/gpu", 0))
+        if want_gpu and want_gpu > gpus - gpu_used:
+            pod.setdefault("status", {})["reason"] = "UnexpectedAdmissionError"
+            pod["status"]["message"] = (f"Allocate failed due to requested number of devices "
+                                        f"unavailable for nvidia.com/gpu. Requested: {want_gpu}, "
+                                        f"Available: {max(gpus - gpu_used, 0)}, which is "
+                                        "unexpected")
+            self.set_status(pod, "Failed", {}, False, [("Warning", "UnexpectedAdmissionError",
+                                                        pod["status"]["message"])])
+            return 0
+        handler = self.pod_runtime(pod, cfg)
+        rc = spec.get("runtimeClassName")
+        if rc and handler is None:
+            self.set_status(pod, "Pending", {}, False, [(
+                "Warning", "FailedCreatePodSandBox", f"Failed to create pod sandbox: "
+                f'runtimeclasses.node.k8s.io "{rc}" not found')])
+            return 0
+        if handler not in nodeinfo.runtime_handlers(cfg):
+            self.set_status(pod, "Pending", {}, False, [(
+                "Warning", "FailedCreatePodSandBox", "Failed to create pod sandbox: rpc error: "
+                "code = Unknown desc = failed to get sandbox runtime: no runtime for "
+                f'"{handler}" is configured')])
+            return 0
+        if not spec.get("hostNetwork") and not self.cni_ready():
+            sandbox = hashlib.sha256(uid.encode()).hexdigest()
+            self.set_status(pod, "Pending", {}, False, [(
+                "Warning", "FailedCreatePodSandBox", "Failed to create pod sandbox: rpc error: "
+                f'code = Unknown desc = failed to setup network for sandbox "{sandbox}": cni '
+                "plugin not initialized")])
+            return 0
+        images = " ".join(c.get("image", "") for c in (spec.get("containers") or []) +
+                          (spec.get("initContainers") or []))
+        first = uid not in self.started
+        if first:
+            self.started[uid] = time.monotonic()
+            for needle, fn in EMULATION:
+                if needle in images:
+                    fn(self, pod)
+        started_at = ts()
+        states: dict[str, Obj] = {}
+        exit_codes: dict[str, int] = {}
+        for c in spec.get("containers") or []:
+            cmdline = " ".join([*(c.get("command") or []), *(c.get("args") or [])])
+            log = ""
+            if "nvidia-smi" in cmdline:
+                code, log = self.run_nvidia_smi(cmdline, want_gpu, handler)
+                exit_codes[c["name"]] = code
+            elif "k8s-device-plugin" in c.get("image", ""):
+                log = self.device_plugin_log(handler, cfg)
+            if first:
+                write(self.log_path(pod, c["name"]), log)
+            states[c["name"]] = {"running": {"startedAt": started_at}}
+        owners = {o.get("kind") for o in md.get("ownerReferences") or []}
+        finishes = "Job" in owners or (exit_codes and spec.get("restartPolicy") != "Always")
+        if finishes and time.monotonic() - self.started[uid] >= (
+                JOB_RUNTIME if "Job" in owners else 0.5):
+            failed = any(v != 0 for v in exit_codes.values())
+            for name in states:
+                code = exit_codes.get(name, 0)
+                states[name] = {"terminated": {"exitCode": code, "reason": "Error" if code else
+                                               "Completed", "startedAt": started_at,
+                                               "finishedAt": ts()}}
+            self.set_status(pod, "Failed" if failed else "Succeeded", states, False)
+            return 0
+        self.set_status(pod, "Running", states, True,
+                        [("Normal", "Started", f"Started container {c['name']}")
+                         for c in spec.get("containers") or []] if first else [])
+        return want_gpu
+
+    def run_nvidia_smi(self, cmdline: str, gpus: int, handler: str | None) -> tuple[int, str]:
+        if handler != "nvidia":
+            return 128, ('failed to create containerd task: failed to create shim task: OCI '
+                         "runtime create failed: runc create failed: unable to start container "
+                         'process: error during container init: exec: "nvidia-smi": executable '
+                         "file not found in $PATH: unknown\n")
+        if not gpus:
+            return 6, "No devices were found\n"
+        args = cmdline.split("nvidia-smi", 1)[1].split()
+        p = run(["nvidia-smi", *args])
+        return p.returncode, p.stdout + p.stderr
+
+    def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
+        head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
+        if handler != "nvidia" or nodeinfo.nvidia_smi_gpus() is None:
+            return head + ("I1126 00:00:00.000000       1 factory.go:112] Incompatible platform "
+                           "detected\nE1126 00:00:00.000000       1 factory.go:113] If this is a "
+                           "GPU node, did you configure the NVIDIA Container Toolkit?\n"
+                           "I1126 00:00:00.000000       1 main.go:381] No devices found. Waiting "
+                           "indefinitely.\n")
+        return head + ("I1126 00:00:00.000000       1 server.go:176] \"Starting GRPC server\" "
+                       "resourceName=\"nvidia.com/gpu\"\nI1126 00:00:00.000000       1 "
+                       "server.go:199] \"Registered device plugin with Kubelet\" "
+                       "resourceName=\"nvidia.com/gpu\"\n")
+
+    def sync(self) -> None:
+        manifests = self.static_manifests()
+        api_up = self.sync_apiserver(manifests.get("kube-apiserver.yaml"))
+        try:
+            pods = self.client.get(f"/api/v1/pods?fieldSelector=spec.nodeName={self.node_name}"
+                                   )["items"]
+        except (Unreachable, TLSError) as e:
+            klog("E", f'"Unable to register node with API server" err="Post \\"'
+                 f'{self.creds.server}/api/v1/nodes\\": dial tcp {e}" node="{self.node_name}"',
+                 "kubelet_node_status.go:108")
+            return
+        self.sync_node(pods)
+        self.sync_mirror_pods(manifests, pods, api_up)
+        cfg = nodeinfo.containerd_config()
+        node = self.client.get(f"/api/v1/nodes/{self.node_name}")
+        gpus = int(parse_quantity(node["status"].get("allocatable", {}).get("nvidia.com/gpu",
+                                                                           "0")))
+        used = 0
+        live = set()
+        for p in pods:
+            live.add(p["metadata"]["uid"])
+            if "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {}):
+                running = p["metadata"]["name"] != f"kube-apiserver-{self.node_name}" or api_up
+                self.set_status(p, "Running" if running else "Pending",
+                                {c["name"]: {"running": {"startedAt": ts()}} if running else
+                                 {"waiting": {"reason": "CrashLoopBackOff"}}
+                                 for c in p["spec"].get("containers") or []}, running)
+                continue
+            used += self.sync_pod(p, cfg, gpus, used)
+        for uid in list(self.started):
+            if uid not in live:
+                del self.started[uid]
+                for d in (P("/var/log/pods"),):
+                    for e in os.listdir(d) if os.path.isdir(d) else []:
+                        if e.endswith("_" + uid):
+                            shutil.rmtree(os.path.join(d, e), ignore_errors=True)
+
+    # -------------------------------------------------------------- servers
+    def serve(self) -> None:
+        kubelet = self
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                code, body, ctype = kubelet.http_get(self.path)
+                data = body.encode() if isinstance(body, str) else body
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        addr = self.cfg.get("healthzBindAddress", "127.0.0.1")
+        port = int(self.cfg.get("healthzPort", 10248))
+        hs = http.server.ThreadingHTTPServer((addr, port), Health)
+        threading.Thread(target=hs.serve_forever, daemon=True).start()
+        crt, key = "/var/lib/kubelet/pki/kubelet.crt", "/var/lib/kubelet/pki/kubelet.key"
+        if not os.path.exists(P(crt)):
+            pki.gen_ca(crt, key, f"{self.node_name}-ca@{int(time.time())}", days=365)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(P(crt), P(key))
+        ks = http.server.ThreadingHTTPServer(("0.0.0.0", int(self.cfg.get("port", 10250))),
+                                             Health)
+        ks.socket = ctx.wrap_socket(ks.socket, server_side=True)
+        threading.Thread(target=ks.serve_forever, daemon=True).start()
+
+    def http_get(self, path: str) -> tuple[int, str | bytes, str]:
+        if path.startswith("/healthz"):
+            return 200, "ok", "text/plain"
+        if path.startswith("/configz"):
+            cfg = dict(self.cfg)
+            cfg["featureGates"] = self.gates
+            return 200, json.dumps({"kubeletconfig": cfg}), "application/json"
+        if path.startswith("/containerLogs/"):
+            parts = path.split("?")[0].split("/")[2:]
+            if len(parts) == 3:
+                ns, pod, container = parts
+                for d in os.listdir(P("/var/log/pods")) if os.path.isdir(P("/var/log/pods")) \
+                        else []:
+                    if d.startswith(f"{ns}_{pod}_"):
+                        data = nodeinfo.read_abs(P(f"/var/log/pods/{d}/{container}/0.log"))
+                        if data is not None:
+                            return 200, data, "text/plain"
+            return 404, "container not found", "text/plain"
+        return 404, "404 page not found", "text/plain"
+
+    def run(self) -> None:
+        self.serve()
+        klog("I", '"Started kubelet"', "server.go:180")
+        while True:
+            try:
+                self.sync()
+            except (ApiError, Unreachable, TLSError, OSError) as e:
+                klog("E", f'"Error syncing" err="{e}"')
+            time.sleep(STATUS_PERIOD)
+
+
+def main(argv: list[str], version_raw: str) -> int:
+    version = package_version(version_raw)
+    if "--version" in argv or any(a.startswith("--version=") for a in argv):
+        print(f"Kubernetes {git_version(version)}")
+        return 0
+    Kubelet(argv, version).run()
+    return 0

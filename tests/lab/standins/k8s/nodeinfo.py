@@ -1,0 +1,169 @@
+# LAB STAND-IN: not part of real Kubernetes. Test infrastructure for gpuk8s; never shipped.
+"""Facts about the node the stand-ins read from its real state (containerd, swap, sysctls, PCI)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import socket
+import tomllib
+from typing import Any
+
+from .common import P, read, run
+
+CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
+# Lab-only hook: tests point this at a fake /proc/swaps (nodes read the real one).
+SWAPS_ENV = "GPUK8S_LAB_PROC_SWAPS"
+
+
+def socket_path(endpoint: str) -> str:
+    return endpoint[len("unix://"):] if endpoint.startswith("unix://") else endpoint
+
+
+def cri_error(endpoint: str = CRI_SOCKET) -> str | None:
+    """None when the CRI v1 runtime service answers, else the error text kubeadm/crictl print."""
+    path = socket_path(endpoint)
+    real = P(path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(real)
+    except OSError as e:
+        why = "no such file or directory" if isinstance(e, FileNotFoundError) else (
+            "connection refused" if isinstance(e, ConnectionRefusedError) else str(e.strerror))
+        return (f'validate service connection: validate CRI v1 runtime API for endpoint '
+                f'"{endpoint}": rpc error: code = Unavailable desc = connection error: desc = '
+                f'"transport: Error while dialing: dial unix {path}: connect: {why}"')
+    finally:
+        s.close()
+    ok, _ = cri_plugin()
+    if not ok:
+        return (f'validate service connection: CRI v1 runtime API is not implemented for '
+                f'endpoint "{endpoint}": rpc error: code = Unimplemented desc = unknown service '
+                "runtime.v1.RuntimeService")
+    return None
+
+
+def cri_plugin() -> tuple[bool, str]:
+    """The cri row of the REAL `ctr plugins ls` (io.containerd.grpc.v1 cri ... ok)."""
+    p = run(["ctr", "plugins", "ls"])
+    if p.returncode != 0:
+        return False, (p.stderr or p.stdout).strip()
+    for line in p.stdout.splitlines():
+        cols = line.split()
+        if len(cols) >= 2 and cols[0] == "io.containerd.grpc.v1" and cols[1] == "cri":
+            return cols[-1] == "ok", line.strip()
+    return False, "cri plugin not loaded"
+
+
+def containerd_active() -> bool:
+    return run(["systemctl", "is-active", "--quiet", "containerd"]).returncode == 0
+
+
+def containerd_config() -> dict[str, Any]:
+    p = run(["containerd", "config", "dump"])
+    if p.returncode != 0:
+        return {}
+    try:
+        return tomllib.loads(p.stdout)
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def _runtime_section(cfg: dict[str, Any]) -> dict[str, Any]:
+    plugins = cfg.get("plugins") or {}
+    if "io.containerd.cri.v1.runtime" in plugins:  # config version 3 (containerd 2.x)
+        return (plugins["io.containerd.cri.v1.runtime"] or {}).get("containerd") or {}
+    return ((plugins.get("io.containerd.grpc.v1.cri") or {}).get("containerd")) or {}
+
+
+def runtime_handlers(cfg: dict[str, Any]) -> list[str]:
+    return sorted((_runtime_section(cfg).get("runtimes") or {}).keys())
+
+
+def default_runtime(cfg: dict[str, Any]) -> str:
+    return _runtime_section(cfg).get("default_runtime_name") or "runc"
+
+
+def systemd_cgroup(cfg: dict[str, Any]) -> bool | None:
+    """SystemdCgroup of the default runtime's options (None when containerd gave no config)."""
+    if not cfg:
+        return None
+    rt = (_runtime_section(cfg).get("runtimes") or {}).get(default_runtime(cfg)) or {}
+    return bool((rt.get("options") or {}).get("SystemdCgroup", False))
+
+
+def containerd_version() -> str:
+    p = run(["containerd", "--version"])
+    m = re.search(r"\sv?(\d+\.\d+\.\d+[^\s]*)", p.stdout or "")
+    return m.group(1) if m else ""
+
+
+def swap_on() -> bool:
+    path = os.environ.get(SWAPS_ENV) or "/proc/swaps"
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return False
+    return len(lines) > 1
+
+
+def sysctl(name: str) -> str | None:
+    v = read("/proc/sys/" + name.replace(".", "/"))
+    return v.strip() if v is not None else None
+
+
+def pci_gpus() -> list[str]:
+    out = []
+    for d in sorted(glob.glob(P("/sys/bus/pci/devices/*"))):
+        vendor = (read_abs(os.path.join(d, "vendor")) or "").strip().lower()
+        cls = (read_abs(os.path.join(d, "class")) or "").strip().lower()
+        if vendor == "0x10de" and (cls.startswith("0x0300") or cls.startswith("0x0302")):
+            out.append(os.path.basename(d))
+    return out
+
+
+def read_abs(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def nvidia_smi_gpus() -> int | None:
+    """Number of GPUs `nvidia-smi -L` lists; None when nvidia-smi fails (no driver loaded)."""
+    p = run(["nvidia-smi", "-L"])
+    if p.returncode != 0:
+        return None
+    return sum(1 for ln in p.stdout.splitlines() if ln.startswith("GPU "))
+
+
+def os_image() -> str:
+    text = read("/etc/os-release") or ""
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return m.group(1) if m else "Linux"
+
+
+def kernel() -> str:
+    return os.uname().release
+
+
+def mem_ki() -> int:
+    text = read_abs("/proc/meminfo") or ""
+    m = re.search(r"MemTotal:\s+(\d+) kB", text)
+    return int(m.group(1)) if m else 0
+
+
+def hostname() -> str:
+    return (read("/etc/hostname") or socket.gethostname()).strip().lower()
+
+
+def ipv4() -> str:
+    p = run(["hostname", "-I"])
+    for a in (p.stdout or "").split():
+        if ":" not in a and not a.startswith("127."):
+            return a
+    return "127.0.0.1"

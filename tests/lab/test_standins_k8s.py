@@ -1,0 +1,452 @@
+"""Unit tests of the Kubernetes lab stand-ins (tests/lab/standins/k8s), run on the lab host.
+
+No booted nodes: the API server listens on 127.0.0.1 with a temp data dir, kubeadm/kubelet run
+against a temp root (GPUK8S_LAB_ROOT), and the node's real tools (ctr, containerd, systemctl,
+nvidia-smi) are small fakes on PATH that print what the real ones print.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+K8S = STANDINS / "k8s"
+sys.path.insert(0, str(STANDINS))
+
+from k8s import featuregates, kubeconfig, pki, scheduler  # noqa: E402
+from k8s.common import format_duration, parse_duration, parse_quantity  # noqa: E402
+from k8s.kubeadm import cluster_info_kubeconfig, create_token_secret  # noqa: E402
+from k8s.kubeadm_config import ConfigError, decode  # noqa: E402
+from k8s.kubectl import jsonpath, table  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
+    reason="openssl CLI needed")
+
+Obj = dict[str, Any]
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ------------------------------------------------------------------ fakes of the node's real tools
+CTR_OK = """TYPE                                      ID                       PLATFORMS      STATUS
+io.containerd.content.v1                  content                  -              ok
+io.containerd.snapshotter.v1              overlayfs                linux/amd64    ok
+io.containerd.cri.v1                      images                   -              ok
+io.containerd.cri.v1                      runtime                  linux/amd64    ok
+io.containerd.grpc.v1                     cri                      -              ok
+"""
+DUMP = """version = 3
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            SystemdCgroup = {systemd}
+"""
+NVIDIA_RT = """        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+          runtime_type = 'io.containerd.runc.v2'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+            BinaryName = '/usr/bin/nvidia-container-runtime'
+            SystemdCgroup = true
+"""
+
+
+class Node:
+    """A temp root with fake node tools; `state` files steer what the fakes report."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "_fakebin"
+        self.bin.mkdir(parents=True)
+        self.state = root / "_state"
+        self.state.mkdir()
+        for d in ("etc/kubernetes/manifests", "var/lib/kubelet", "var/lib/etcd", "etc/cni/net.d",
+                  "proc/sys/net/ipv4", "run/gpuk8s-lab", "var/run/containerd", "var/log"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        (root / "etc/hostname").write_text("cp-01\n")
+        (root / "etc/os-release").write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
+        self.swaps = root / "_swaps"
+        self.swaps.write_text("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n")
+        self.set(ctr=CTR_OK, systemd="true", nvidia="", smi_rc="9", active="0")
+        self.sock: socket.socket | None = None
+        self.cri_up()
+        self._fakes()
+
+    def set(self, **kv: str) -> None:
+        for k, v in kv.items():
+            (self.state / k).write_text(v)
+
+    def cri_up(self) -> None:
+        path = self.root / "var/run/containerd/containerd.sock"
+        if path.exists():
+            path.unlink()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(64)
+
+    def cri_down(self) -> None:
+        if self.sock:
+            self.sock.close()
+        p = self.root / "var/run/containerd/containerd.sock"
+        if p.exists():
+            p.unlink()
+
+    def _script(self, name: str, body: str) -> None:
+        p = self.bin / name
+        p.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+        p.chmod(0o755)
+
+    def _fakes(self) -> None:
+        st, root = self.state, self.root
+        self._script("ctr", f'cat "{st}/ctr"\n')
+        self._script("containerd", f"""\
+            if [ "$1" = "--version" ]; then
+              echo "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376"
+              exit 0
+            fi
+            sed "s/{{systemd}}/$(cat {st}/systemd)/" <<'EOF'
+            {DUMP}EOF
+            cat "{st}/nvidia"
+            """)
+        kubelet = K8S / "kubelet"
+        self._script("systemctl", f"""\
+            case "$1" in
+              is-active) [ "$3" = containerd ] && exit $(cat {st}/active); exit 1;;
+              is-enabled) exit 0;;
+              restart|start)
+                if [ "$2" = kubelet ]; then
+                  [ -f {root}/run/kubelet.pid ] && kill $(cat {root}/run/kubelet.pid) 2>/dev/null && sleep 0.3
+                  . {root}/var/lib/kubelet/kubeadm-flags.env
+                  nohup {sys.executable} {kubelet} --config=/var/lib/kubelet/config.yaml \\
+                    --kubeconfig=/etc/kubernetes/kubelet.conf $KUBELET_KUBEADM_ARGS \\
+                    >>{root}/var/log/kubelet.log 2>&1 &
+                  echo $! > {root}/run/kubelet.pid
+                fi;;
+              stop)
+                if [ "$2" = kubelet ] && [ -f {root}/run/kubelet.pid ]; then
+                  kill $(cat {root}/run/kubelet.pid) 2>/dev/null; rm -f {root}/run/kubelet.pid
+                fi
+                if [ "$2" = kube-apiserver-standin ] && [ -f {root}/run/gpuk8s-lab/kube-apiserver-standin.pid ]; then
+                  kill $(cat {root}/run/gpuk8s-lab/kube-apiserver-standin.pid) 2>/dev/null; sleep 0.3
+                fi;;
+            esac
+            exit 0
+            """)
+        self._script("nvidia-smi", f"""\
+            rc=$(cat {st}/smi_rc)
+            if [ "$rc" != 0 ]; then
+              echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+              exit $rc
+            fi
+            echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-11111111-2222-3333-4444-555555555555)"
+            echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-66666666-7777-8888-9999-000000000000)"
+            """)
+        for tool in ("crictl", "conntrack"):
+            self._script(tool, "exit 0\n")
+        (self.bin / "kubelet").symlink_to(kubelet)
+
+    def add_gpus(self, n: int) -> None:
+        for i in range(n):
+            d = self.root / f"sys/bus/pci/devices/0000:00:0{6 + i}.0"
+            d.mkdir(parents=True)
+            (d / "vendor").write_text("0x10de\n")
+            (d / "device").write_text("0x2330\n")
+            (d / "class").write_text("0x030200\n")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"GPUK8S_LAB_ROOT": str(self.root), "PATH": f"{self.bin}:{env['PATH']}",
+                    "GPUK8S_LAB_PROC_SWAPS": str(self.swaps), "GPUK8S_LAB_NO_SYSTEMD": "1",
+                    "GPUK8S_LAB_KUBELET_PERIOD": "0.5", "GPUK8S_LAB_JOB_RUNTIME": "0.5",
+                    "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2", "PYTHONPATH": str(STANDINS)})
+        env.update(extra)
+        return env
+
+    def run(self, tool: str, *args: str, stdin: str | None = None, timeout: float = 120,
+            **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(K8S / tool), *args], input=stdin,
+                              capture_output=True, text=True, env=self.env(**env),
+                              timeout=timeout)
+
+    def cleanup(self) -> None:
+        for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid"):
+            p = self.root / pidfile
+            if p.exists():
+                try:
+                    os.kill(int(p.read_text()), 15)
+                except (ValueError, OSError):
+                    pass
+        self.cri_down()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path / "node")
+    yield n
+    n.cleanup()
+
+
+# ------------------------------------------------------------------ a running API server
+class Cluster:
+    def __init__(self, root: Path, gates: str = "") -> None:
+        self.root = root
+        self.port = free_port()
+        pk = root / "pki"
+        pk.mkdir(parents=True)
+        env = {**os.environ, "GPUK8S_LAB_ROOT": "/"}
+        os.environ.update(env)
+        ca, cakey = str(pk / "ca.crt"), str(pk / "ca.key")
+        pki.gen_ca(ca, cakey)
+        pki.issue(str(pk / "apiserver.crt"), str(pk / "apiserver.key"), ca, cakey,
+                  "kube-apiserver", server=True, client=False, sans=["127.0.0.1", "localhost"])
+        pki.issue(str(pk / "admin.crt"), str(pk / "admin.key"), ca, cakey, "kubernetes-admin",
+                  orgs=["system:masters"])
+        self.ca_pem = (pk / "ca.crt").read_text()
+        self.server = f"https://127.0.0.1:{self.port}"
+        self.kubeconfig = root / "admin.conf"
+        self.kubeconfig.write_text(kubeconfig.build(
+            self.server, self.ca_pem, "kubernetes-admin",
+            cert_pem=(pk / "admin.crt").read_text(), key_pem=(pk / "admin.key").read_text()))
+        args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--client-ca-file={ca}", f"--tls-cert-file={pk / 'apiserver.crt'}",
+                f"--tls-private-key-file={pk / 'apiserver.key'}", f"--lab-data-dir={root / 'etcd'}"]
+        if gates:
+            args.append(f"--feature-gates={gates}")
+        self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
+            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2"})
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        from k8s.client import Client
+
+        self.client = Client(kubeconfig.load(str(self.kubeconfig)))
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60
+                ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(K8S / "kubectl"), "--kubeconfig",
+                               str(self.kubeconfig), *args], input=stdin, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def add_node(self, name: str, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
+                 ready: bool = True, taints: list[Obj] | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        cap = {"cpu": cpu, "memory": memory, "pods": "110"}
+        if gpus:
+            cap["nvidia.com/gpu"] = str(gpus)
+        from k8s.common import ts
+
+        self.client.request("POST", "/api/v1/nodes", {
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                                                  **(labels or {})}},
+            "spec": {"taints": taints} if taints else {}})
+        node = self.client.get(f"/api/v1/nodes/{name}")
+        node["status"] = {"capacity": cap, "allocatable": cap, "conditions": [
+            {"type": "Ready", "status": "True" if ready else "False",
+             "reason": "KubeletReady", "lastHeartbeatTime": ts(), "lastTransitionTime": ts()}],
+            "nodeInfo": {"kubeletVersion": "v1.36.2"},
+            "addresses": [{"type": "InternalIP", "address": "10.88.0.99"}]}
+        self.client.request("PUT", f"/api/v1/nodes/{name}/status", node)
+
+    def wait(self, fn: Any, timeout: float = 10) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = fn()
+            if v:
+                return v
+            time.sleep(0.1)
+        raise AssertionError("condition not reached")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster", gates="DRAPartitionableDevices=true")
+    yield c
+    c.stop()
+
+
+CP_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
+def gpu_pod(name: str, gpus: int = 1, **spec: Any) -> Obj:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "cuda", "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}], **spec}}
+
+
+# ================================================================== pure logic
+def node_obj(name: str, gpus: int = 0, taints: list[Obj] | None = None, **kw: Any) -> Obj:
+    alloc = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+    return {"metadata": {"name": name, "labels": kw.get("labels", {})},
+            "spec": {"taints": taints or [], "unschedulable": kw.get("unschedulable", False)},
+            "status": {"allocatable": alloc}}
+
+
+class TestScheduler:
+    def test_gpu_fits(self) -> None:
+        nodes = [node_obj("cp-01", taints=[CP_TAINT]), node_obj("gpu-01", 2)]
+        assert scheduler.schedule(gpu_pod("p"), nodes, []) == ("gpu-01", "")
+
+    def test_gpu_does_not_fit_real_text(self) -> None:
+        nodes = [node_obj("cp-01", taints=[CP_TAINT]), node_obj("gpu-01", 2),
+                 node_obj("gpu-02", 1), node_obj("cpu-01")]
+        node, msg = scheduler.schedule(gpu_pod("p", 4), nodes, [])
+        assert node is None
+        assert msg == ("0/4 nodes are available: 1 node(s) had untolerated taint "
+                       "{node-role.kubernetes.io/control-plane: }, 3 Insufficient nvidia.com/gpu."
+                       " preemption: 0/4 nodes are available: 1 Preemption is not helpful for "
+                       "scheduling, 3 No preemption victims found for incoming pod.")
+
+    def test_single_node_message_matches_reference(self) -> None:
+        _, msg = scheduler.schedule(gpu_pod("p"), [node_obj("n", 0)], [])
+        assert msg == ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 "
+                       "nodes are available: 1 No preemption victims found for incoming pod.")
+
+    def test_bound_pods_use_gpus(self) -> None:
+        bound = gpu_pod("a", 2)
+        bound["spec"]["nodeName"] = "gpu-01"
+        bound["status"] = {"phase": "Running"}
+        node, _ = scheduler.schedule(gpu_pod("b"), [node_obj("gpu-01", 2)], [bound])
+        assert node is None
+        bound["status"]["phase"] = "Succeeded"
+        assert scheduler.schedule(gpu_pod("b"), [node_obj("gpu-01", 2)], [bound])[0] == "gpu-01"
+
+    def test_tolerations_node_selector_cordon(self) -> None:
+        nodes = [node_obj("cp-01", 1, taints=[CP_TAINT]),
+                 node_obj("gpu-01", 1, labels={"gpu": "h100"}, unschedulable=True),
+                 node_obj("gpu-02", 1, labels={"gpu": "h200"})]
+        pod = gpu_pod("p", nodeSelector={"gpu": "h100"})
+        node, msg = scheduler.schedule(pod, nodes, [])
+        assert node is None
+        assert msg.startswith("0/3 nodes are available: 1 node(s) didn't match Pod's node "
+                              "affinity/selector, 1 node(s) had untolerated taint "
+                              "{node-role.kubernetes.io/control-plane: }, 1 node(s) were "
+                              "unschedulable.")
+        pod["spec"]["tolerations"] = [{"key": "node-role.kubernetes.io/control-plane",
+                                       "operator": "Exists", "effect": "NoSchedule"}]
+        pod["spec"]["nodeSelector"] = {}
+        assert scheduler.schedule(pod, nodes, [])[0] in ("cp-01", "gpu-02")
+
+    def test_requests_cpu_memory(self) -> None:
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {
+            "requests": {"cpu": "9", "memory": "1Gi"}}}]}}
+        _, msg = scheduler.schedule(pod, [node_obj("a")], [])
+        assert "1 Insufficient cpu" in msg
+
+    def test_quantities_and_durations(self) -> None:
+        assert parse_quantity("100m") * 10 == 1
+        assert parse_quantity("57584828Ki") == 57584828 * 1024
+        assert parse_duration("15m0s") == 900 and format_duration(900) == "15m0s"
+        assert format_duration(86400) == "24h0m0s"
+        with pytest.raises(ValueError):
+            parse_duration("15 minutes")
+
+
+class TestKubeadmConfig:
+    INIT = """apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+nodeRegistration:
+  kubeletExtraArgs:
+  - name: node-ip
+    value: 10.88.0.11
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+apiServer:
+  extraArgs:
+  - name: feature-gates
+    value: DRAPartitionableDevices=true
+---
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+featureGates: {InPlacePodVerticalScaling: true}
+"""
+
+    def test_v1beta4_ok(self) -> None:
+        assert set(decode(self.INIT)) == {"InitConfiguration", "ClusterConfiguration",
+                                          "KubeletConfiguration"}
+
+    def test_v1beta3_removed(self) -> None:
+        with pytest.raises(ConfigError, match='no kind "InitConfiguration" is registered for '
+                           'version "kubeadm.k8s.io/v1beta3"'):
+            decode(self.INIT.replace("v1beta4", "v1beta3", 1))
+
+    def test_extra_args_map_refused(self) -> None:
+        bad = self.INIT.replace("  extraArgs:\n  - name: feature-gates\n    value: "
+                                "DRAPartitionableDevices=true", "  extraArgs:\n    "
+                                "feature-gates: DRAPartitionableDevices=true")
+        with pytest.raises(ConfigError, match=r"cannot unmarshal object into Go struct field "
+                           r"APIServer\.apiServer\.extraArgs of type \[\]v1beta4\.Arg"):
+            decode(bad)
+
+    def test_unknown_field(self) -> None:
+        with pytest.raises(ConfigError, match='strict decoding error: unknown field "foo"'):
+            decode(self.INIT.replace("kind: InitConfiguration", "kind: InitConfiguration\nfoo: 1"))
+
+    @pytest.mark.parametrize("where", ["kubelet", "apiserver"])
+    def test_accelerators_gate_unknown(self, where: str) -> None:
+        if where == "kubelet":
+            text = self.INIT.replace("InPlacePodVerticalScaling", "Accelerators")
+        else:
+            text = self.INIT.replace("DRAPartitionableDevices=true", "Accelerators=true")
+        with pytest.raises(ConfigError, match="unrecognized feature gate: Accelerators"):
+            decode(text)
+
+    def test_locked_gate(self) -> None:
+        with pytest.raises(featuregates.GateError, match="locked to true"):
+            featuregates.validate({"DynamicResourceAllocation": False})
+        assert featuregates.validate({"NodeSwap": True}) == {"NodeSwap": True}
+
+
+class TestOutputHelpers:
+    def test_table_padding(self) -> None:
+        out = table([["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+                     ["gpu-01", "Ready", "<none>", "2m", "v1.36.2"],
+                     ["cp-01", "Ready", "control-plane", "10m", "v1.36.2"]])
+        assert out.splitlines()[1] == "gpu-01   Ready    <none>          2m    v1.36.2"
+
+    def test_jsonpath(self) -> None:
+        data = {"items": [{"metadata": {"name": "a"}, "status": {
+            "allocatable": {"nvidia.com/gpu": "2"},
+            "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"metadata": {"name": "b"}, "status": {"allocatable": {}, "conditions": []}}]}
+        assert jsonpath("{.items[*].metadata.name}", data) == "a b"
+        assert jsonpath(r"{.items[0].status.allocatable.nvidia\.com/gpu}", data) == "2"
+        assert jsonpath('{range .items[*]}{.metadata.name}{"\\n"}{end}', data) == "a\nb\n"
+        assert jsonpath('{.items[0].status.conditions[?(@.type=="Ready")].status}', data) == \
+            "True"
