@@ -1,0 +1,127 @@
+"""Command-line front end shared by ``python -m tests.lab`` and the invoke tasks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+
+from .lab import Lab
+from .paths import LabError
+from .topology import Topology
+
+
+def resolve_topology(topology: str | None = None, nodes: str | None = None,
+                     count: int | None = None, gpus: str = "cpu") -> Topology:
+    given = [x for x in (topology, nodes, count) if x]
+    if len(given) > 1:
+        raise LabError("give only one of --topology, --nodes, --count")
+    if nodes:
+        return Topology.from_spec(nodes)
+    if count:
+        return Topology.generic(int(count), gpus=gpus)
+    return Topology.load(topology or "default")
+
+
+def up(topology: str | None = None, nodes: str | None = None, count: int | None = None,
+       gpus: str = "cpu", timeout: float | None = None, fresh: bool = False) -> int:
+    Lab().up(resolve_topology(topology, nodes, count, gpus), timeout=timeout, reuse=not fresh)
+    return 0
+
+
+def down() -> int:
+    Lab().down()
+    return 0
+
+
+def status() -> int:
+    lab = Lab()
+    rows = lab.status()
+    if not rows:
+        print("lab: down (no topology in the state dir)")
+        return 1
+    head = ("NODE", "IP", "STATE", "BOOTS", "BOOT_ID", "GPUS")
+    table = [head, *((r.name, r.ip, r.state, str(r.boots), r.boot_id, r.gpus) for r in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    bad = [r.name for r in rows if r.state != "up"]
+    if bad:
+        print(f"lab: not up: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def ssh(node: str, cmd: Sequence[str] = (), user: str = "root") -> int:
+    lab = Lab()
+    argv = lab.ssh_argv(node, user, batch=bool(cmd))
+    if not cmd and sys.stdin.isatty():
+        argv.insert(1, "-t")
+    if cmd:
+        argv.append(shlex.join(cmd) if len(cmd) > 1 else cmd[0])
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return 127  # not reached
+
+
+def snapshot(name: str) -> int:
+    Lab().snapshot(name)
+    return 0
+
+
+def restore(name: str) -> int:
+    Lab().restore(name)
+    return 0
+
+
+def inventory(path: str | None = None, become: bool = False) -> int:
+    print(Lab().write_inventory(path, become_user=become))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.lab", description="gpuk8s lab nodes")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("up", help="boot the lab (default topology)")
+    s.add_argument("--topology", "-t", help="YAML file or name under tests/lab/topologies/")
+    s.add_argument("--nodes", "-n", help="spec, e.g. 'cp-01:cpu,gpu-01:2xH100,gpu-02:1xH200'")
+    s.add_argument("--count", "-c", type=int, help="N generic nodes (node-01 = control plane)")
+    s.add_argument("--gpus", default="cpu", help="with --count: GPUs of each worker (2xH100)")
+    s.add_argument("--timeout", type=float, help="seconds to wait for sshd on all nodes")
+    s.add_argument("--fresh", action="store_true", help="reboot from scratch even if up")
+    sub.add_parser("down", help="stop everything, clear state (caches and snapshots kept)")
+    sub.add_parser("status", help="table of nodes; exit 1 if any is not up")
+    s = sub.add_parser("ssh", help="ssh NODE [-- cmd...] as root (or --user labadmin)")
+    s.add_argument("node")
+    s.add_argument("--user", "-u", default="root")
+    s.add_argument("command", nargs=argparse.REMAINDER)
+    s = sub.add_parser("snapshot", help="poweroff, copy overlay upper dirs, boot again")
+    s.add_argument("name")
+    s = sub.add_parser("restore", help="put a snapshot back and boot it")
+    s.add_argument("name")
+    s = sub.add_parser("inventory", help="(re)write the inventory, print its path")
+    s.add_argument("path", nargs="?")
+    s.add_argument("--become", action="store_true", help="labadmin + sudo variant")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "up":
+            return up(a.topology, a.nodes, a.count, a.gpus, a.timeout, a.fresh)
+        if a.cmd == "down":
+            return down()
+        if a.cmd == "status":
+            return status()
+        if a.cmd == "ssh":
+            cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+            return ssh(a.node, cmd, a.user)
+        if a.cmd == "snapshot":
+            return snapshot(a.name)
+        if a.cmd == "restore":
+            return restore(a.name)
+        if a.cmd == "inventory":
+            return inventory(a.path, a.become)
+    except LabError as exc:
+        print(f"lab: error: {exc}", file=sys.stderr)
+        return 1
+    return 2

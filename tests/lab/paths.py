@@ -1,0 +1,64 @@
+"""Fixed names, addresses and directories of the lab (see CONTRACT.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+BRIDGE = "gk8s0"
+HOST_IP = "10.88.0.1"
+SUBNET_PREFIX = "10.88.0."
+PREFIX_LEN = 24
+NETNS_PREFIX = "gk8s-"
+VETH_PREFIX = "gk8v"  # host side: gk8v<last octet>; node side: eth0
+PROXY_PORT = 3142
+REPO_PORT = 8081
+PROXY_URL = f"http://{HOST_IP}:{PROXY_PORT}"
+REPO_URL = f"http://{HOST_IP}:{REPO_PORT}"
+IPTABLES_COMMENT = "gk8s-lab"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUK8S_LAB_CACHE", "/var/cache/gpuk8s-lab"))
+
+
+def node_ip(index: int) -> str:
+    """IP of node ``index`` (1-based, spec order)."""
+    if not 1 <= index <= 240:
+        raise ValueError(f"node index {index} out of range 1..240")
+    return f"{SUBNET_PREFIX}{10 + index}"
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    check: bool = True,
+    capture: bool = True,
+    input: str | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command; raise with its stderr when ``check`` and it fails."""
+    args = [str(a) for a in argv]
+    proc = subprocess.run(
+        args,
+        check=False,
+        text=True,
+        input=input,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        err = (proc.stderr or "").strip()
+        raise LabError(f"command failed ({proc.returncode}): {' '.join(args)}\n{err}")
+    return proc
+
+
+class LabError(RuntimeError):
+    """Raised when the lab cannot do what was asked."""
