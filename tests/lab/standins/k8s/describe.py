@@ -35,7 +35,7 @@ def events_section(events: list[Obj]) -> str:
             a = f"{a} (x{ev['count']} over {age(ev.get('firstTimestamp'))})"
         src = ev.get("source", {}).get("component", "")
         rows.append([ev.get("type", ""), ev.get("reason", ""), a, src, ev.get("message", "")])
-    return "Events:\n" + table(rows, indent="  ")
+    return "Events:\n" + table(rows, indent="  ", pad=2)
 
 
 def describe_pod(pod: Obj, events: list[Obj]) -> str:
@@ -96,7 +96,7 @@ def describe_pod(pod: Obj, events: list[Obj]) -> str:
         from .kubectl import table
 
         out += table([["Type", "Status"]] + [[c["type"], c["status"]] for c in conds],
-                     indent="  ")
+                     indent="  ", pad=2)
     out += f"{'QoS Class:':<29}{st.get('qosClass', 'BestEffort')}\n"
     out += f"{'Node-Selectors:':<29}{_kv(spec.get('nodeSelector'), 29)}\n"
     tols = []
@@ -134,7 +134,7 @@ def describe_node(node: Obj, events: list[Obj], pods: list[Obj]) -> str:
     for c in st.get("conditions") or []:
         rows.append([c.get("type", ""), c.get("status", ""), c.get("lastHeartbeatTime", ""),
                      c.get("lastTransitionTime", ""), c.get("reason", ""), c.get("message", "")])
-    out += table(rows, indent="  ")
+    out += table(rows, indent="  ", pad=2)
     out += "Addresses:\n"
     for a in st.get("addresses") or []:
         out += f"  {a['type']}:  {a['address']}\n"
@@ -160,7 +160,7 @@ def describe_node(node: Obj, events: list[Obj], pods: list[Obj]) -> str:
         for p in active:
             rows.append([p["metadata"]["namespace"], p["metadata"]["name"],
                          age(p["metadata"].get("creationTimestamp"))])
-        out += table(rows, indent="  ")
+        out += table(rows, indent="  ", pad=2)
     return out + events_section(events)
 
 

@@ -24,14 +24,14 @@ class CmdError(Exception):
 
 
 # ------------------------------------------------------------------ output helpers
-def table(rows: list[list[str]], indent: str = "") -> str:
-    """text/tabwriter with padding 3, as kubectl's printers use."""
+def table(rows: list[list[str]], indent: str = "", pad: int = 3) -> str:
+    """text/tabwriter with padding 3, as kubectl's printers use (describe uses 2)."""
     if not rows:
         return ""
     widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(rows[0]))]
     out = []
     for r in rows:
-        cells = [c.ljust(widths[i] + 3) if i < len(r) - 1 else c for i, c in enumerate(r)]
+        cells = [c.ljust(widths[i] + pad) if i < len(r) - 1 else c for i, c in enumerate(r)]
         out.append(indent + "".join(cells))
     return "\n".join(out) + "\n"
 
