@@ -1,0 +1,1488 @@
+"""Ansible-compatible inventory (YAML and INI): hosts, groups, merged variables, validation.
+
+Everything here runs before any host is contacted. load_inventory() raises the first problem
+as an InventoryError naming the file, the line and the fix; validate_all() returns them all.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fnmatch
+import hmac
+import os
+import re
+import shlex
+import string
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuk8s.errors import InventoryError
+from gpuk8s.variables import (
+    CLUSTER_WIDE,
+    MergedVars,
+    Origin,
+    VarLayer,
+    VarProblem,
+    VarSpec,
+    check_combination,
+    check_value,
+    defaults_layer,
+    load_variable_specs,
+    merge_vars,
+    parse_override_value,
+    suggest,
+    unknown_variable,
+)
+
+BECOME_PASSWORD_ENV = "GPUK8S_BECOME_PASSWORD"
+
+CONTROL_PLANE = "control_plane"
+WORKERS = "workers"
+
+# Group names used by kubespray, DeepOps and others, read as ours.
+GROUP_ALIASES: dict[str, str] = {
+    "kube_control_plane": CONTROL_PLANE,
+    "kube-master": CONTROL_PLANE,
+    "kube_master": CONTROL_PLANE,
+    "masters": CONTROL_PLANE,
+    "kube_node": WORKERS,
+    "kube-node": WORKERS,
+    "nodes": WORKERS,
+}
+
+# Groups whose hosts and variables gpuk8s does not use, and why.
+IGNORED_GROUPS: dict[str, str] = {
+    "etcd": "kubeadm runs etcd on the control planes (stacked etcd)",
+    "calico_rr": "calico route reflectors are not managed by gpuk8s",
+    "bastion": "set ansible_ssh_common_args: '-J user@bastion' to go through a jump host",
+}
+
+# Connection keys we honour; any other ansible_* key is an error.
+ANSIBLE_KEYS = frozenset({
+    "ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
+    "ansible_become", "ansible_become_password", "ansible_connection",
+    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_python_interpreter",
+})
+_ANSIBLE_RENAMES = {
+    "ansible_ssh_host": "ansible_host",
+    "ansible_ssh_port": "ansible_port",
+    "ansible_ssh_user": "ansible_user",
+    "ansible_private_key_file": "ansible_ssh_private_key_file",
+    "ansible_become_pass": "ansible_become_password",
+    "ansible_sudo_pass": "ansible_become_password",
+    "ansible_sudo": "ansible_become",
+    "ansible_become_user": None,
+    "ansible_ssh_pass": None,
+    "ansible_password": None,
+}
+_CONNECTIONS = {"ssh": "ssh", "paramiko": "ssh", "smart": "ssh", "local": "local"}
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_GROUP_KEYS = ("hosts", "vars", "children")
+_MAX_RANGE_HOSTS = 10000
+_MAX_DEPTH = 50
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+class Secret:
+    """A string that never shows itself in repr/str/format; ``reveal()`` gives the value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    def __str__(self) -> str:
+        return "********"
+
+    def __format__(self, spec: str) -> str:
+        return "********"
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return hmac.compare_digest(self._value.encode(), other._value.encode())
+
+    def __hash__(self) -> int:
+        return hash((Secret, self._value))
+
+
+@dataclass(frozen=True, repr=False)
+class Host:
+    """One machine: how to reach it, its groups (canonical names) and its merged variables."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    groups: tuple[str, ...] = ()
+    vars: MergedVars = field(default_factory=lambda: MergedVars({}, {}))
+    private_key_file: str | None = None
+    identity_files: tuple[str, ...] = ()  # every key to try, private_key_file first
+    become: bool | None = None  # None: True when user != "root"
+    become_password: Secret | None = None
+    connection: str = "ssh"  # "ssh" or "local"
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts_files: tuple[str, ...] = ()
+    strict_host_key_checking: str | None = None  # "yes", "no" or "accept-new"
+    ssh_config_file: str | None = None
+    warnings: tuple[str, ...] = ()
+    source: str = field(default="", compare=False)  # "inventories/lab.yaml:12"
+
+    def __post_init__(self) -> None:
+        if self.become is None:
+            object.__setattr__(self, "become", self.user != "root")
+        if self.become_password is not None and not isinstance(self.become_password, Secret):
+            object.__setattr__(self, "become_password", Secret(str(self.become_password)))
+
+    def __hash__(self) -> int:
+        return hash((Host, self.name, self.address, self.port))
+
+    def __repr__(self) -> str:
+        password = "<set>" if self.become_password is not None else None
+        return (f"Host({self.name!r}, address={self.address!r}, port={self.port}, "
+                f"user={self.user!r}, groups={self.groups!r}, connection={self.connection!r}, "
+                f"become={self.become}, become_password={password})")
+
+    @property
+    def key_file(self) -> str | None:
+        """Same as private_key_file."""
+        return self.private_key_file
+
+    @property
+    def is_control_plane(self) -> bool:
+        return CONTROL_PLANE in self.groups
+
+    @property
+    def is_worker(self) -> bool:
+        """A node that joins as a worker (a control plane also listed in workers is not)."""
+        return WORKERS in self.groups and not self.is_control_plane
+
+    @property
+    def schedulable(self) -> bool:
+        """Runs workloads: workers, and control planes also in workers (kubespray style) or with
+        control_plane_schedulable: true."""
+        if self.is_worker:
+            return True
+        return self.is_control_plane and (WORKERS in self.groups
+                                          or self.vars.get("control_plane_schedulable") is True)
+
+    @property
+    def absent(self) -> bool:
+        return self.vars.get("absent") is True
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group; ``hosts`` includes the hosts of its child groups, in inventory order."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    children: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = field(default=(), compare=False)  # names it was written as
+    source: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A loaded, validated inventory."""
+
+    path: Path = field(compare=False)
+    hosts: Mapping[str, Host]
+    groups: Mapping[str, Group]
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def __repr__(self) -> str:
+        return f"Inventory({str(self.path)!r}, hosts={list(self.hosts)!r})"
+
+    @property
+    def control_planes(self) -> list[Host]:
+        return [h for h in self.hosts.values() if h.is_control_plane]
+
+    @property
+    def workers(self) -> list[Host]:
+        return [h for h in self.hosts.values() if h.is_worker]
+
+    def present(self) -> list[Host]:
+        """Hosts not marked ``absent: true``."""
+        return [h for h in self.hosts.values() if not h.absent]
+
+    def vars_for(self, name: str) -> MergedVars:
+        if name not in self.hosts:
+            raise InventoryError(f"unknown host {name!r}", path=_display(self.path),
+                                 fix=f"known hosts: {', '.join(self.hosts)}")
+        return self.hosts[name].vars
+
+    def needs_become_password(self) -> list[str]:
+        """Present hosts that use sudo and have no password (inventory or environment)."""
+        return [h.name for h in self.present() if h.become and h.become_password is None]
+
+    def with_become_password(self, password: str | Secret,
+                             names: Iterable[str] | None = None) -> Inventory:
+        """A copy where ``names`` (default: needs_become_password()) use ``password``."""
+        secret = password if isinstance(password, Secret) else Secret(password)
+        chosen = set(self.needs_become_password() if names is None else names)
+        hosts = {n: (replace(h, become_password=secret) if n in chosen else h)
+                 for n, h in self.hosts.items()}
+        return replace(self, hosts=hosts)
+
+    def select(self, limit: str | None = None, *, present_only: bool = False) -> list[Host]:
+        """Hosts matching an Ansible-like limit, in inventory order.
+
+        ``limit``: comma-separated host names, group names, globs (``gpu-*``), ``~regex``,
+        ``all``; ``!pattern`` excludes, ``&pattern`` intersects. None or "" selects every host.
+        A pattern that matches nothing is an InventoryError listing the known hosts.
+        """
+        order = list(self.hosts)
+        if limit is None or not limit.strip():
+            chosen = set(order)
+        else:
+            sep = "," if "," in limit or "[" in limit else ":"
+            include: set[str] = set()
+            has_include = False
+            intersect: list[set[str]] = []
+            exclude: set[str] = set()
+            for part in (p.strip() for p in limit.split(sep)):
+                if not part:
+                    continue
+                op = part[0] if part[0] in "!&" else ""
+                matched = self._match(part[len(op):].strip(), part)
+                if op == "!":
+                    exclude |= matched
+                elif op == "&":
+                    intersect.append(matched)
+                else:
+                    has_include = True
+                    include |= matched
+            chosen = include if has_include else set(order)
+            for other in intersect:
+                chosen &= other
+            chosen -= exclude
+        hosts = [self.hosts[n] for n in order if n in chosen]
+        return [h for h in hosts if not h.absent] if present_only else hosts
+
+    def _match(self, pattern: str, written: str) -> set[str]:
+        if pattern in ("all", "*"):
+            return set(self.hosts)
+        if pattern in self.hosts:
+            return {pattern}
+        group = GROUP_ALIASES.get(pattern, pattern)
+        if group in self.groups:
+            return set(self.groups[group].hosts)
+        found: set[str] = set()
+        if pattern.startswith("~"):
+            try:
+                rx = re.compile(pattern[1:])
+            except re.error as exc:
+                raise InventoryError(f"--limit {written!r}: bad regular expression ({exc})",
+                                     fix="write --limit '~gpu-0[1-4]'") from None
+            found = {n for n in self.hosts if rx.search(n)}
+            for g in self.groups.values():
+                if rx.search(g.name):
+                    found |= set(g.hosts)
+        elif any(c in pattern for c in "*?["):
+            found = set(fnmatch.filter(list(self.hosts), pattern))
+            for g in self.groups.values():
+                if fnmatch.fnmatchcase(g.name, pattern):
+                    found |= set(g.hosts)
+        if not found:
+            known = ", ".join(self.hosts)
+            groups = ", ".join(g for g in self.groups if g not in ("all", "ungrouped"))
+            best = suggest(pattern, [*self.hosts, *self.groups])
+            hint = f"did you mean {best!r}? " if best else ""
+            raise InventoryError(
+                f"--limit {written!r} matches no host or group (known hosts: {known})",
+                path=_display(self.path),
+                fix=f"{hint}use host names, group names ({groups}) or globs like 'gpu-*'")
+        return found
+
+
+# =========================================================================== public entry points
+
+
+def load_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[str] = (),
+                   env: Mapping[str, str] | None = None,
+                   project_root: Path | None = None) -> Inventory:
+    """Read, validate and merge an inventory; raise the first problem as InventoryError.
+
+    ``overrides``: ``--set`` values, as ``["k=v", ...]`` or ``{"k": "v"}`` (text values are
+    parsed as YAML). ``env``: where GPUK8S_BECOME_PASSWORD is read (default os.environ).
+    """
+    builder = _Builder(Path(path), overrides, env, project_root)
+    inventory = builder.build()
+    problems = builder.sorted_problems()
+    if problems:
+        raise problems[0]
+    assert inventory is not None
+    return inventory
+
+
+def validate_all(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[str] = (),
+                 env: Mapping[str, str] | None = None,
+                 project_root: Path | None = None) -> list[InventoryError]:
+    """Every problem of the inventory (empty list: valid), in file order."""
+    builder = _Builder(Path(path), overrides, env, project_root)
+    builder.build()
+    return builder.sorted_problems()
+
+
+# =========================================================================== YAML with lines
+
+
+class _LineDict(dict[Any, Any]):
+    """A dict from YAML that remembers the line of each key, duplicates and raw number text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.line = 0
+        self.key_lines: dict[Any, int] = {}
+        self.raw: dict[Any, str] = {}
+        self.duplicates: list[tuple[Any, int, int]] = []  # (key, line, first line)
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:float", "tag:yaml.org,2002:int")
+
+
+def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[_LineDict]:
+    d = _LineDict()
+    d.line = node.start_mark.line + 1
+    yield d
+    own = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
+    loader.flatten_mapping(node)
+    merged = len(node.value) - own
+    first_own: dict[Any, int] = {}
+    for i, (key_node, value_node) in enumerate(node.value):
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                "found a key that is a list or mapping", key_node.start_mark) from None
+        line = key_node.start_mark.line + 1
+        if i >= merged:
+            if key in first_own:
+                d.duplicates.append((key, line, first_own[key]))
+            else:
+                first_own[key] = line
+        d[key] = loader.construct_object(value_node)
+        d.key_lines[key] = line
+        if isinstance(value_node, yaml.ScalarNode) and value_node.tag in _NUMBER_TAGS:
+            d.raw[key] = value_node.value
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+
+class _Fatal(Exception):
+    """Stop reading this file: its problem is already recorded."""
+
+
+def _yaml_error(exc: Exception, path: str, text: str = "") -> InventoryError:
+    """An InventoryError from a YAML error, without the source snippet (it may hold secrets)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    lines = text.splitlines()
+    if mark is not None and mark.line < len(lines) and "pass" in lines[mark.line].lower():
+        # the details may quote a password (e.g. a tag: an unquoted password starting with !)
+        return InventoryError(
+            f"YAML syntax error, column {mark.column + 1} (details hidden: the line holds a "
+            "password)", path=path, line=mark.line + 1,
+            fix="quote the password: ansible_become_password: \"...\"")
+    if isinstance(exc, yaml.MarkedYAMLError):
+        text = " ".join(p for p in (exc.context, exc.problem) if p) or "syntax error"
+    elif isinstance(exc, yaml.reader.ReaderError):
+        text = f"unacceptable character #x{exc.character:04x}" if isinstance(
+            exc.character, int) else "unreadable character"
+    elif isinstance(exc, RecursionError):
+        text = "nested too deeply"
+    else:
+        text = f"cannot read a value ({type(exc).__name__})"
+    line = mark.line + 1 if mark is not None else None
+    col = f", column {mark.column + 1}" if mark is not None else ""
+    return InventoryError(f"YAML syntax error{col}: {text}", path=path, line=line,
+                          fix="fix the YAML at that line (indent with spaces, quote values "
+                          "that contain ': ' or start with '{', '[', '*', '&', '!')")
+
+
+def _load_yaml(text: str, path: str) -> Any:
+    loader: _LineLoader | None = None
+    try:
+        loader = _LineLoader(text)
+        return loader.get_single_data()
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError,
+            AttributeError) as exc:
+        raise _yaml_error(exc, path, text) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+# =========================================================================== internal model
+
+
+@dataclass
+class _Entry:
+    """One `key: value` as written: in the inventory, a vars file or --set."""
+
+    key: Any
+    value: Any
+    path: str
+    line: int | None
+    where: str = ""
+    raw: str | None = None  # number as written (YAML)
+    text: bool = False  # INI or --set: value is text to convert by the variable's type
+    checked: bool = False
+    ok: bool = False
+    result: Any = None
+
+    @property
+    def origin(self) -> Origin:
+        if self.path == "--set":
+            return Origin("--set", "--set", None)
+        at = f"{self.path}:{self.line}" if self.line else self.path
+        return Origin(f"{at} ({self.where})" if self.where else at, self.path, self.line)
+
+
+@dataclass
+class _RawGroup:
+    name: str  # canonical
+    path: str
+    line: int | None
+    written: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    children: list[tuple[str, str, int | None]] = field(default_factory=list)
+    entries: list[_Entry] = field(default_factory=list)
+
+
+@dataclass
+class _RawHost:
+    name: str
+    path: str
+    line: int | None
+    entries: list[_Entry] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)  # canonical, direct
+
+
+@dataclass
+class _Ssh:
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    known_hosts_files: list[str] = field(default_factory=list)
+    strict: str | None = None
+    config_file: str | None = None
+    identity_files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class _SshArgError(Exception):
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+def _display(path: Path | str) -> str:
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (ValueError, OSError):
+        return str(p)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Plain dicts and lists (no line info), refusing self-referencing or very deep values."""
+    if depth > _MAX_DEPTH:
+        raise RecursionError
+    if isinstance(value, dict):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, depth + 1) for v in value]
+    return value
+
+
+def _nested_duplicates(value: Any, depth: int = 0) -> Iterator[tuple[Any, int, int]]:
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(value, _LineDict):
+        yield from value.duplicates
+        for v in value.values():
+            yield from _nested_duplicates(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _nested_duplicates(v, depth + 1)
+
+
+def _expand_hosts(pattern: str) -> list[str]:
+    """Expand Ansible host ranges: gpu-[01:04], node[a:c], x-[0:10:2]. ValueError if bad."""
+    m = re.search(r"\[([^\[\]]*)\]", pattern)
+    if not m:
+        if "[" in pattern or "]" in pattern:
+            raise ValueError("unbalanced [ ] in a host range")
+        return [pattern]
+    parts = m[1].split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError("a host range is [start:end] or [start:end:step]")
+    beg, end = parts[0] or "0", parts[1]
+    step_text = parts[2] if len(parts) == 3 else "1"
+    if not end or not step_text.isdigit() or int(step_text) < 1:
+        raise ValueError("a host range needs an end and a positive step")
+    step = int(step_text)
+    seq: list[str]
+    if beg.isdigit() and end.isdigit():
+        if len(beg) > 1 and beg.startswith("0") and len(beg) != len(end):
+            raise ValueError("a zero-padded range needs start and end of the same width, "
+                             "e.g. [01:12]")
+        width = len(beg) if beg.startswith("0") and len(beg) > 1 else 0
+        if int(beg) > int(end):
+            raise ValueError("a host range must go up, e.g. [01:04]")
+        if (int(end) - int(beg)) // step + 1 > _MAX_RANGE_HOSTS:
+            raise ValueError("a host range with that many hosts is surely a typo")
+        seq = [str(i).zfill(width) for i in range(int(beg), int(end) + 1, step)]
+    elif len(beg) == 1 and len(end) == 1 and beg in string.ascii_letters \
+            and end in string.ascii_letters:
+        i, j = string.ascii_letters.index(beg), string.ascii_letters.index(end)
+        if i > j:
+            raise ValueError("a host range must go up, e.g. [a:d]")
+        seq = list(string.ascii_letters[i:j + 1:step])
+    else:
+        raise ValueError("a host range is numbers [01:04] or single letters [a:d]")
+    out: list[str] = []
+    for item in seq:
+        out.extend(_expand_hosts(pattern[:m.start()] + item + pattern[m.end():]))
+        if len(out) > _MAX_RANGE_HOSTS:
+            raise ValueError("a host range with that many hosts is surely a typo")
+    return out
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        return text
+
+
+def _text_value(text: str, spec: VarSpec | None) -> Any:
+    """Convert INI text by the variable's type (an Ansible INI inventory holds only text)."""
+    text = text.strip()
+    quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+    if quoted:
+        value = _literal(text)
+        return value if isinstance(value, str) else text[1:-1]
+    kind = spec.type if spec else None
+    if kind is str:
+        return text
+    if kind is bool:
+        if text.lower() in ("true", "yes", "on"):
+            return True
+        if text.lower() in ("false", "no", "off"):
+            return False
+    value = _literal(text)
+    if isinstance(value, str) and kind in (list, dict) and text[:1] in "[{":
+        try:
+            value = yaml.safe_load(text)
+        except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+            return text
+    return value
+
+
+def _resolve_path(value: str, base: Path) -> str:
+    p = Path(os.path.expanduser(value))
+    if not p.is_absolute():
+        p = base / p
+    return os.path.normpath(str(p))
+
+
+_SSH_ARG_FLAGS = set("bceilmopBDEFIJLOPQRSwW")
+
+
+def _parse_ssh_args(text: str, base: Path, into: _Ssh | None = None) -> _Ssh:
+    """Parse ansible_ssh_common_args / ansible_ssh_extra_args; the first value wins, as in ssh."""
+    ssh = into or _Ssh()
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise _SshArgError(f"cannot split the ssh arguments ({exc})",
+                           "balance the quotes, e.g. '-o ProxyCommand=\"ssh -W %h:%p bastion\"'"
+                           ) from None
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if len(tok) < 2 or not tok.startswith("-"):
+            ssh.warnings.append(f"ssh argument {tok!r} ignored")
+            continue
+        flag = tok[1]
+        if flag not in _SSH_ARG_FLAGS:
+            ssh.warnings.append(f"ssh flag {tok} ignored")
+            continue
+        if len(tok) > 2:
+            val = tok[2:]
+        elif i < len(tokens):
+            val = tokens[i]
+            i += 1
+        else:
+            raise _SshArgError(f"ssh flag -{flag} needs a value", f"write -{flag} VALUE")
+        if flag == "o":
+            _ssh_option(ssh, val, base)
+        elif flag == "J":
+            ssh.proxy_jump = ssh.proxy_jump or val
+        elif flag == "F":
+            ssh.config_file = ssh.config_file or _resolve_path(val, base)
+        elif flag == "i":
+            ssh.identity_files.append(_resolve_path(val, base))
+        elif flag in "pl":
+            what = "ansible_port" if flag == "p" else "ansible_user"
+            ssh.warnings.append(f"ssh flag -{flag} ignored: use {what}")
+        else:
+            ssh.warnings.append(f"ssh flag -{flag} ignored")
+    return ssh
+
+
+def _ssh_option(ssh: _Ssh, option: str, base: Path) -> None:
+    key, sep, val = option.partition("=")
+    if not sep:
+        key, _, val = option.strip().partition(" ")
+    key, val = key.strip(), val.strip()
+    if not key or not val:
+        raise _SshArgError(f"ssh option {option!r} has no value", "write -o Key=Value")
+    low = key.lower()
+    if low == "proxyjump":
+        if val.lower() != "none":
+            ssh.proxy_jump = ssh.proxy_jump or val
+    elif low == "proxycommand":
+        if val.lower() != "none":
+            ssh.proxy_command = ssh.proxy_command or val
+    elif low in ("userknownhostsfile", "globalknownhostsfile"):
+        ssh.known_hosts_files.extend(_resolve_path(v, base) for v in val.split())
+    elif low == "stricthostkeychecking":
+        word = {"off": "no", "on": "yes"}.get(val.lower(), val.lower())
+        if word not in ("yes", "no", "accept-new"):
+            raise _SshArgError(f"StrictHostKeyChecking={val} is not supported",
+                               "use -o StrictHostKeyChecking=accept-new (or yes, or no)")
+        ssh.strict = ssh.strict or word
+    elif low == "identityfile":
+        ssh.identity_files.append(_resolve_path(val, base))
+    elif low in ("user", "port", "hostname"):
+        what = {"user": "ansible_user", "port": "ansible_port", "hostname": "ansible_host"}[low]
+        ssh.warnings.append(f"ssh option {key} ignored: use {what}")
+    else:
+        ssh.warnings.append(f"ssh option {key} ignored")
+
+
+# =========================================================================== the builder
+
+
+class _Builder:
+    """Reads the inventory, records problems, builds the Inventory."""
+
+    def __init__(self, path: Path, overrides: Mapping[str, Any] | Sequence[str],
+                 env: Mapping[str, str] | None, project_root: Path | None) -> None:
+        self.path = path
+        self.shown = _display(path)
+        self.base = path.resolve().parent if path.exists() else path.parent.absolute()
+        self.overrides = overrides
+        self.env = os.environ if env is None else env
+        self.project_root = project_root
+        self.specs: dict[str, VarSpec] = {}
+        self.problems: list[InventoryError] = []
+        self.file_order: dict[str | None, int] = {self.shown: 0}
+        self.notes: list[str] = []
+        self.groups: dict[str, _RawGroup] = {}
+        self.hosts: dict[str, _RawHost] = {}
+        self.vars_files: dict[tuple[str, str], list[_Entry]] = {}  # (kind, name) -> entries
+        self.override_entries: list[_Entry] = []
+        self.structural = False  # problems in the shape of the inventory were found
+
+    # ---------------------------------------------------------------- problems
+
+    def problem(self, message: str, *, line: int | None, fix: str, path: str | None = None
+                ) -> None:
+        where = self.shown if path is None else path
+        self.file_order.setdefault(where, len(self.file_order))
+        self.problems.append(InventoryError(message, path=where, line=line, fix=fix))
+
+    def sorted_problems(self) -> list[InventoryError]:
+        seen: set[tuple[Any, ...]] = set()
+        unique = []
+        for p in self.problems:
+            key = (p.path, p.line, p.message)
+            if key not in seen:
+                seen.add(key)
+                unique.append(p)
+        big = len(self.file_order) + 1
+        return sorted(unique, key=lambda p: (self.file_order.get(p.path, big),
+                                             p.line if p.line is not None else 10**9))
+
+    # ---------------------------------------------------------------- top level
+
+    def build(self) -> Inventory | None:
+        try:
+            self.specs = load_variable_specs(self.project_root)
+        except InventoryError as exc:
+            self.problems.append(exc)
+            return None
+        self._read_overrides()
+        try:
+            text = self._read_text(self.path, self.shown)
+            fmt = self._detect(text)
+            if fmt == "yaml":
+                self._read_yaml(text)
+            else:
+                self._read_ini(text)
+        except _Fatal:
+            return None
+        self.structural = bool(self.problems)
+        if not self.hosts:
+            if self.structural:  # "no hosts" would only repeat the problem above
+                return None
+            self.problem("the inventory defines no hosts", line=None,
+                         fix="add hosts, e.g. all: children: control_plane: hosts: cp-01: "
+                         "{ansible_host: 10.0.0.10}")
+            return None
+        self._check_graph()
+        self._read_vars_dirs()
+        return self._assemble()
+
+    def _read_text(self, path: Path, shown: str) -> str:
+        if not path.exists():
+            self.problem("inventory file not found", line=None, path=shown,
+                         fix="check the path given to --inventory (e.g. inventories/lab.yaml)")
+            raise _Fatal
+        if path.is_dir():
+            self.problem("the inventory path is a directory", line=None, path=shown,
+                         fix="pass the inventory file itself, e.g. inventories/lab.yaml")
+            raise _Fatal
+        data = path.read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.problem("the file is not UTF-8 text", line=data[:exc.start].count(b"\n") + 1,
+                         path=shown, fix="save the file as UTF-8")
+            raise _Fatal from None
+
+    def _detect(self, text: str) -> str:
+        suffix = self.path.suffix.lower()
+        if suffix in (".yaml", ".yml", ".json"):
+            return "yaml"
+        if suffix in (".ini", ".cfg", ".txt", ".hosts"):
+            return "ini"
+        # No telling suffix (e.g. "hosts"): YAML if it reads as a mapping, else INI.
+        try:
+            data = yaml.load(text, Loader=yaml.SafeLoader)
+        except Exception:  # any failure means "not YAML"
+            return "ini"
+        return "yaml" if isinstance(data, dict) else "ini"
+
+    # ---------------------------------------------------------------- groups and hosts
+
+    def _group(self, written: str, path: str, line: int | None) -> _RawGroup:
+        name = GROUP_ALIASES.get(written, written)
+        group = self.groups.get(name)
+        if group is None:
+            group = self.groups[name] = _RawGroup(name, path, line)
+        if written not in group.written:
+            group.written.append(written)
+            if written != name:
+                self.notes.append(f"group {written!r} is read as {name!r}")
+            if name in IGNORED_GROUPS:
+                self.notes.append(f"group {name!r} is ignored: {IGNORED_GROUPS[name]}")
+        return group
+
+    def _add_host(self, name: str, group: _RawGroup, path: str, line: int | None,
+                  entries: list[_Entry]) -> None:
+        host = self.hosts.get(name)
+        if host is None:
+            host = self.hosts[name] = _RawHost(name, path, line)
+        host.entries.extend(entries)
+        if group.name not in host.groups:
+            host.groups.append(group.name)
+        if name not in group.hosts:
+            group.hosts.append(name)
+
+    def _host_names(self, pattern: Any, path: str, line: int | None) -> list[str]:
+        if isinstance(pattern, int) and not isinstance(pattern, bool):
+            pattern = str(pattern)
+        if not isinstance(pattern, str) or not pattern.strip():
+            self.problem(f"a host name must be text, got {type(pattern).__name__}", line=line,
+                         path=path, fix='quote it: "gpu-01":')
+            return []
+        try:
+            names = _expand_hosts(pattern)
+        except ValueError as exc:
+            self.problem(f"bad host range {pattern!r}: {exc}", line=line, path=path,
+                         fix="write a range like gpu-[01:04] (gpu-01 ... gpu-04)")
+            return []
+        good = []
+        for name in names:
+            if not _HOST_NAME.fullmatch(name):
+                self.problem(f"host name {name!r} has characters gpuk8s does not accept",
+                             line=line, path=path,
+                             fix="name hosts with letters, digits, '-', '_' and '.'; put the "
+                             "address in ansible_host")
+            else:
+                good.append(name)
+        return good
+
+    def _group_name_ok(self, name: Any, path: str, line: int | None) -> bool:
+        if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
+            shown = name if isinstance(name, str) else type(name).__name__
+            self.problem(f"bad group name {shown!r}", line=line, path=path,
+                         fix="name groups with letters, digits, '_', '-' and '.'")
+            return False
+        return True
+
+    # ---------------------------------------------------------------- YAML
+
+    def _read_yaml(self, text: str) -> None:
+        try:
+            data = _load_yaml(text, self.shown)
+        except InventoryError as exc:
+            self.file_order.setdefault(exc.path, len(self.file_order))
+            self.problems.append(exc)
+            raise _Fatal from None
+        if data is None or data == {}:
+            self.problem("the inventory is empty", line=None,
+                         fix="start with: all: children: control_plane: hosts: cp-01: "
+                         "{ansible_host: 10.0.0.10}")
+            raise _Fatal
+        if not isinstance(data, _LineDict):
+            first = next((i for i, t in enumerate(text.splitlines(), 1)
+                          if t.strip() and not t.lstrip().startswith("#")), None)
+            self.problem(f"the inventory must be a mapping of groups, not a "
+                         f"{type(data).__name__}", line=first,
+                         fix="start with all: and put hosts under all: children: <group>: "
+                         "hosts:")
+            raise _Fatal
+        self._duplicates(data, self.shown, "top-level group")
+        for key in data:
+            line = data.key_lines.get(key)
+            if key in ("hosts", "vars", "children", "groups"):
+                self.problem(
+                    f"top-level {key!r}: an Ansible inventory starts with group names",
+                    line=line, fix=f"nest it under all:, i.e. all:\\n  {key}: ... "
+                    "(groups go under all: children:)")
+                continue
+            if not self._group_name_ok(key, self.shown, line):
+                continue
+            self._yaml_group(key, data[key], line, None, [])
+
+    def _duplicates(self, d: _LineDict, path: str, what: str) -> None:
+        for key, line, first in d.duplicates:
+            if what == "host":
+                msg = f"host {key!r} is listed twice in this hosts: mapping (first at line " \
+                      f"{first}); YAML keeps only the last one and drops its variables"
+                fix = "list each host once per group, with all its variables"
+            else:
+                msg = f"duplicate {what} {key!r} (first at line {first}); YAML keeps only " \
+                      "the last one"
+                fix = f"keep one {key}: and merge the two"
+            self.problem(msg, line=line, path=path, fix=fix)
+
+    def _yaml_group(self, name: str, body: Any, line: int | None, parent: str | None,
+                    stack: list[int]) -> None:
+        path = self.shown
+        if len(stack) > _MAX_DEPTH or id(body) in stack:
+            self.problem(f"group {name!r} is nested too deeply (or refers to itself)",
+                         line=line, fix="flatten the children: tree")
+            return
+        group = self._group(name, path, line)
+        if parent is not None:
+            group_parent = self.groups[parent]
+            if all(c[0] != group.name for c in group_parent.children):
+                group_parent.children.append((group.name, name, line))
+        if body is None:
+            return
+        if not isinstance(body, _LineDict):
+            self.problem(f"group {name!r} must be a mapping with hosts:, vars: or children:, "
+                         f"got {type(body).__name__}", line=line,
+                         fix=f"write {name}:\\n  hosts:\\n    <host>: {{ansible_host: ...}}")
+            return
+        self._duplicates(body, path, "key")
+        for key in body:
+            kline = body.key_lines.get(key)
+            value = body[key]
+            if key not in _GROUP_KEYS:
+                best = suggest(str(key), _GROUP_KEYS)
+                self.problem(
+                    f"unknown key {key!r} in group {name!r} (a group has only hosts, vars "
+                    "and children)", line=kline,
+                    fix=f"did you mean {best}:?" if best else
+                    "put hosts under hosts:, variables under vars:, groups under children:")
+                continue
+            if value is None:
+                continue
+            if key == "hosts":
+                self._yaml_hosts(name, group, value, kline)
+            elif key == "vars":
+                if not isinstance(value, _LineDict):
+                    self.problem(f"vars of group {name!r} must be a mapping, got "
+                                 f"{type(value).__name__}", line=kline,
+                                 fix="write vars:\\n  kubernetes_version: \"1.36\"")
+                    continue
+                self._duplicates(value, path, "variable")
+                group.entries.extend(self._entries(value, path, f"{name}.vars"))
+            else:
+                if not isinstance(value, _LineDict):
+                    self.problem(f"children of group {name!r} must be a mapping of group "
+                                 f"names, got {type(value).__name__}", line=kline,
+                                 fix="write children:\\n  control_plane:\\n  workers:")
+                    continue
+                self._duplicates(value, path, "child group")
+                for child in value:
+                    cline = value.key_lines.get(child)
+                    if self._group_name_ok(child, path, cline):
+                        self._yaml_group(child, value[child], cline, group.name,
+                                         [*stack, id(body)])
+
+    def _yaml_hosts(self, gname: str, group: _RawGroup, hosts: Any, line: int | None) -> None:
+        path = self.shown
+        if not isinstance(hosts, _LineDict):
+            example = hosts[0] if isinstance(hosts, list) and hosts and isinstance(
+                hosts[0], str) else "gpu-01"
+            self.problem(f"hosts of group {gname!r} must be a mapping of host names, got "
+                         f"{type(hosts).__name__}", line=line,
+                         fix=f"write each host as a key: hosts:\\n  {example}:\\n    "
+                         "ansible_host: 10.0.0.21")
+            return
+        self._duplicates(hosts, path, "host")
+        for pattern in hosts:
+            hline = hosts.key_lines.get(pattern)
+            hvars = hosts[pattern]
+            names = self._host_names(pattern, path, hline)
+            entries: list[_Entry] = []
+            if isinstance(hvars, _LineDict):
+                self._duplicates(hvars, path, "variable")
+            elif hvars is not None:
+                self.problem(f"host {pattern!r} must be followed by a mapping of variables, "
+                             f"got {type(hvars).__name__}", line=hline,
+                             fix=f"write {pattern}:\\n  ansible_host: 10.0.0.21")
+                hvars = None
+            for name in names:
+                if hvars is not None:
+                    entries = self._entries(hvars, path, f"host {name}")
+                self._add_host(name, group, path, hline, entries)
+
+    def _entries(self, d: _LineDict, path: str, where: str) -> list[_Entry]:
+        return [_Entry(k, d[k], path, d.key_lines.get(k), where, d.raw.get(k)) for k in d]
+
+    # ---------------------------------------------------------------- INI
+
+    _SECTION = re.compile(r"\[([^\]\s:]+)(?::(\w+))?\]\s*(?:[#;].*)?")
+
+    def _read_ini(self, text: str) -> None:
+        path = self.shown
+        group = self._group("ungrouped", path, None)
+        state = "hosts"
+        for lineno, raw_line in enumerate(text.splitlines(), start=1):
+            line = raw_line.strip()
+            if not line or line[0] in "#;":
+                continue
+            secret = "pass" in line.lower()
+            if line.startswith("["):
+                m = self._SECTION.fullmatch(line)
+                if not m:
+                    self.problem("bad section header", line=lineno,
+                                 fix="write [group], [group:vars] or [group:children]")
+                    state = "skip"
+                    continue
+                name, kind = m[1], m[2] or "hosts"
+                if m[2] is not None and kind not in ("vars", "children"):
+                    self.problem(f"unknown section type :{kind}", line=lineno,
+                                 fix=f"write [{name}:vars] or [{name}:children]")
+                    state = "skip"
+                    continue
+                if not self._group_name_ok(name, path, lineno):
+                    state = "skip"
+                    continue
+                group = self._group(name, path, lineno)
+                state = kind
+                continue
+            if state == "skip":
+                continue
+            if state == "hosts":
+                self._ini_host(line, lineno, group, secret)
+            elif state == "vars":
+                key, sep, value = line.partition("=")
+                key = key.strip()
+                if not sep or not key or " " in key:
+                    shown = "" if secret else f": {line!r}"
+                    self.problem(f"expected key=value in [{group.name}:vars]{shown}",
+                                 line=lineno, fix="write one key=value per line")
+                    continue
+                value = value.strip()
+                if value[:1] not in "'\"":
+                    value = re.split(r"\s+[#;]", value, maxsplit=1)[0]
+                group.entries.append(_Entry(key, value, path, lineno,
+                                            f"[{group.written[-1]}:vars]", text=True))
+            else:
+                child = re.split(r"\s+[#;]|\s", line, maxsplit=1)[0]
+                if child != line.split("#")[0].split(";")[0].strip():
+                    self.problem(f"expected one group name per line in [{group.name}:children]",
+                                 line=lineno, fix="write each child group on its own line")
+                    continue
+                if self._group_name_ok(child, path, lineno):
+                    canonical = self._group(child, path, lineno).name
+                    if all(c[0] != canonical for c in group.children):
+                        group.children.append((canonical, child, lineno))
+
+    def _ini_host(self, line: str, lineno: int, group: _RawGroup, secret: bool) -> None:
+        path = self.shown
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError as exc:
+            self.problem(f"cannot split the host line ({exc})", line=lineno,
+                         fix="balance the quotes: key=\"value with spaces\"")
+            return
+        if not tokens:
+            return
+        pattern, entries = tokens[0], []
+        port: str | None = None
+        outside = re.sub(r"\[[^\]]*\]", "", pattern)
+        if outside.count(":") == 1 and re.search(r":\d+$", pattern):
+            pattern, _, port = pattern.rpartition(":")
+        names = self._host_names(pattern, path, lineno)
+        if port is not None:
+            entries.append(_Entry("ansible_port", port, path, lineno, "host line", text=True))
+        for i, tok in enumerate(tokens[1:], start=2):
+            key, sep, value = tok.partition("=")
+            if not sep or not key:
+                shown = f"word {i}" if secret else repr(tok)
+                self.problem(f"expected key=value after the host name, got {shown}",
+                             line=lineno, fix="write host ansible_host=10.0.0.21 key=value "
+                             "(no spaces around =)")
+                continue
+            entries.append(_Entry(key, value, path, lineno, "", text=True))
+        for name in names:
+            host_entries = [replace(e, where=f"host {name}") for e in entries]
+            self._add_host(name, group, path, lineno, host_entries)
+
+    # ---------------------------------------------------------------- --set
+
+    def _read_overrides(self) -> None:
+        items: list[tuple[str, Any, bool]] = []
+        over = self.overrides
+        if isinstance(over, Mapping):
+            items = [(str(k), v, isinstance(v, str)) for k, v in over.items()]
+        else:
+            for item in [over] if isinstance(over, str) else list(over):
+                key, sep, value = str(item).partition("=")
+                key = key.strip()
+                if not sep or not key:
+                    self.problem(f"--set {item!r} is not key=value", line=None, path="--set",
+                                 fix="write --set key=value, e.g. --set kubernetes_version=1.36")
+                    continue
+                items.append((key, value, True))
+        for key, value, is_text in items:
+            if is_text and not key.startswith("ansible_"):
+                value = parse_override_value(self.specs.get(key), value)
+                is_text = False
+            self.override_entries.append(_Entry(key, value, "--set", None, "--set",
+                                                text=is_text))
+
+    # ---------------------------------------------------------------- group_vars, host_vars
+
+    def _read_vars_dirs(self) -> None:
+        names = {"group_vars": {"all": "all"}, "host_vars": {}}
+        for gname, group in self.groups.items():
+            for written in group.written:
+                names["group_vars"][written] = gname
+        for hname in self.hosts:
+            names["host_vars"][hname] = hname
+        for kind in ("group_vars", "host_vars"):
+            folder = self.base / kind
+            if not folder.is_dir():
+                continue
+            used: set[str] = set()
+            for written, target in sorted(names[kind].items()):
+                for f in self._vars_files(folder, written):
+                    used.add(f.relative_to(folder).parts[0])
+                    if kind == "group_vars" and target in IGNORED_GROUPS:
+                        continue
+                    entries = self.vars_files.setdefault((kind, target), [])
+                    entries.extend(self._read_vars_file(f))
+            for child in sorted(folder.iterdir()):
+                if child.name not in used and not child.name.startswith("."):
+                    what = "group" if kind == "group_vars" else "host"
+                    self.notes.append(f"{kind}/{child.name} matches no {what} of the inventory "
+                                      "and is not used")
+
+    def _vars_files(self, folder: Path, name: str) -> list[Path]:
+        out: list[Path] = []
+        for suffix in ("", ".yaml", ".yml", ".json"):
+            p = folder / f"{name}{suffix}"
+            if p.is_file():
+                out.append(p)
+            elif suffix == "" and p.is_dir():
+                out.extend(sorted(
+                    f for f in p.rglob("*") if f.is_file()
+                    and not any(part.startswith(".") for part in f.relative_to(p).parts)
+                    and f.suffix.lower() in ("", ".yaml", ".yml", ".json")
+                    and not f.name.endswith("~")))
+        return out
+
+    def _read_vars_file(self, f: Path) -> list[_Entry]:
+        shown = _display(f)
+        self.file_order.setdefault(shown, len(self.file_order))
+        try:
+            text = self._read_text(f, shown)
+        except _Fatal:
+            return []
+        try:
+            data = _load_yaml(text, shown)
+        except InventoryError as exc:
+            self.problems.append(exc)
+            return []
+        if data is None:
+            return []
+        if not isinstance(data, _LineDict):
+            self.problem(f"a vars file must be a mapping of variable: value, got "
+                         f"{type(data).__name__}", line=1, path=shown,
+                         fix="write one `name: value` per line")
+            return []
+        self._duplicates(data, shown, "variable")
+        return self._entries(data, shown, "")
+
+    # ---------------------------------------------------------------- structure checks
+
+    def _check_graph(self) -> None:
+        for name, host in self.hosts.items():
+            clash = next((g for g in self.groups.values() if name in (g.name, *g.written)),
+                         None)
+            if clash is not None:
+                self.problem(f"{name!r} is both a host and a group", line=host.line,
+                             path=host.path, fix="rename the host or the group")
+        state: dict[str, int] = {}
+
+        def visit(name: str, trail: list[str]) -> None:
+            state[name] = 1
+            for child, written, line in self.groups[name].children:
+                if state.get(child) == 1:
+                    loop = " -> ".join([*trail[trail.index(child):], child]) \
+                        if child in trail else f"{name} -> {child}"
+                    self.problem(f"group {written!r} is its own ancestor ({loop})", line=line,
+                                 path=self.groups[name].path,
+                                 fix=f"remove {written} from the children of {name}")
+                elif state.get(child) is None:
+                    visit(child, [*trail, child])
+            state[name] = 2
+
+        for name in list(self.groups):
+            if name not in state:
+                visit(name, [name])
+
+    def _parents(self) -> dict[str, set[str]]:
+        parents: dict[str, set[str]] = {g: set() for g in self.groups}
+        for name, group in self.groups.items():
+            for child, _, _ in group.children:
+                parents[child].add(name)
+        return parents
+
+    # ---------------------------------------------------------------- entries
+
+    def _check_entry(self, e: _Entry) -> bool:
+        """Validate (once) and normalise an entry; False when it has a problem."""
+        if e.checked:
+            return e.ok
+        e.checked = True
+        key = e.key
+        if not isinstance(key, str):
+            self.problem(f"variable names must be text, got {type(key).__name__} {key!r}",
+                         line=e.line, path=e.path, fix="use a variable name like "
+                         "kubernetes_version")
+            return False
+        if key.startswith("ansible_"):
+            return self._check_ansible(e)
+        spec = self.specs.get(key)
+        if spec is None:
+            p = unknown_variable(key, [*self.specs, *ANSIBLE_KEYS])
+            self.problem(p.message, line=e.line, path=e.path, fix=p.fix)
+            return False
+        for dkey, dline, first in _nested_duplicates(e.value):
+            self.problem(f"{key}: duplicate key {dkey!r} (first at line {first}); YAML keeps "
+                         "only the last one", line=dline, path=e.path, fix="keep one of them")
+            return False
+        value = _text_value(e.value, spec) if e.text and isinstance(e.value, str) else e.value
+        try:
+            value, problem = check_value(spec, value, e.raw)
+            plain = _plain(value)
+        except RecursionError:
+            self.problem(f"{key} is nested too deeply (or refers to itself)", line=e.line,
+                         path=e.path, fix=f"write {key} as a plain value")
+            return False
+        if problem:
+            self._report(problem, e, e.value)
+            return False
+        e.ok, e.result = True, plain
+        return True
+
+    def _report(self, p: VarProblem, e: _Entry, value: Any) -> None:
+        line = e.line
+        if p.subkey is not None and isinstance(value, _LineDict):
+            line = value.key_lines.get(p.subkey, line)
+        self.problem(p.message, line=line, path=e.path, fix=p.fix)
+
+    def _check_ansible(self, e: _Entry) -> bool:
+        key, value = e.key, e.value
+        if key not in ANSIBLE_KEYS:
+            if key in _ANSIBLE_RENAMES:
+                better = _ANSIBLE_RENAMES[key]
+                fix = (f"rename it to {better}" if better else
+                       "remove it: gpuk8s logs in with SSH keys (ansible_ssh_private_key_file "
+                       "or an agent) as ansible_user, and uses sudo")
+            else:
+                best = suggest(key, ANSIBLE_KEYS)
+                fix = f"did you mean {best!r}?" if best else \
+                    f"use one of {', '.join(sorted(ANSIBLE_KEYS))}"
+            self.problem(f"{key} is not supported by gpuk8s", line=e.line, path=e.path, fix=fix)
+            return False
+        if e.text and isinstance(value, str):
+            value = _text_value(value, None) if key == "ansible_port" else value.strip()
+            if key != "ansible_port" and len(value) >= 2 and value[0] == value[-1] \
+                    and value[0] in "'\"":
+                value = value[1:-1]
+        bad: tuple[str, str] | None = None
+        if key == "ansible_port":
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool) \
+                    or not 1 <= value <= 65535:
+                bad = (f"ansible_port must be a port number 1-65535, got {value!r}",
+                       "write ansible_port: 22")
+        elif key == "ansible_become":
+            if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+                value = value.strip().lower() in _TRUE
+            if not isinstance(value, bool):
+                bad = (f"ansible_become must be true or false, got {value!r}",
+                       "write ansible_become: true")
+        elif key == "ansible_become_password":
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)
+            if not isinstance(value, str):
+                bad = ("ansible_become_password must be text (value not shown)",
+                       "quote it, or leave it out and set GPUK8S_BECOME_PASSWORD")
+            else:
+                value = Secret(value)
+        else:
+            if isinstance(value, int) and not isinstance(value, bool) and key == "ansible_user":
+                value = str(value)
+            if not isinstance(value, str) or (not value.strip() and key not in (
+                    "ansible_ssh_common_args", "ansible_ssh_extra_args")):
+                bad = (f"{key} must be non-empty text, got {value!r}", f"write {key}: <text>")
+            elif key in ("ansible_host", "ansible_user") and re.search(r"\s", value.strip()):
+                bad = (f"{key} must not contain spaces: {value!r}",
+                       f"write {key}: 10.0.0.21" if key == "ansible_host" else
+                       f"write {key}: ubuntu")
+            elif key == "ansible_connection" and value not in _CONNECTIONS:
+                bad = (f"ansible_connection {value!r} is not supported (gpuk8s connects with "
+                       "ssh, or local for this machine)", "write ansible_connection: ssh")
+            elif key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+                try:
+                    _parse_ssh_args(value, self.base)
+                except _SshArgError as exc:
+                    bad = (f"{key}: {exc.message}", exc.fix)
+            if bad is None and isinstance(value, str):
+                value = value.strip()
+        if bad:
+            self.problem(bad[0], line=e.line, path=e.path, fix=bad[1])
+            return False
+        e.ok, e.result = True, value
+        return True
+
+    def _layer(self, entries: Iterable[_Entry], label: str) -> VarLayer:
+        values: dict[str, Any] = {}
+        origins: dict[str, Origin] = {}
+        for e in entries:
+            if self._check_entry(e):
+                values[e.key] = e.result
+                origins[e.key] = e.origin
+        return VarLayer(values, origins, label)
+
+    # ---------------------------------------------------------------- assemble
+
+    def _assemble(self) -> Inventory:
+        parents = self._parents()
+        depth_memo: dict[str, int] = {"all": 0}
+
+        def depth(g: str, seen: frozenset[str] = frozenset()) -> int:
+            if g in depth_memo:
+                return depth_memo[g]
+            ps = [p for p in parents.get(g, ()) if p not in seen and p != "all"]
+            d = 1 + max((depth(p, seen | {g}) for p in ps), default=0)
+            depth_memo[g] = d
+            return d
+
+        def ancestors(g: str) -> set[str]:
+            out: set[str] = set()
+            todo = [g]
+            while todo:
+                cur = todo.pop()
+                for p in parents.get(cur, ()):
+                    if p not in out:
+                        out.add(p)
+                        todo.append(p)
+            return out
+
+        usable = [g for g in self.groups if g not in IGNORED_GROUPS]
+        host_groups: dict[str, list[str]] = {}
+        dropped: list[str] = []
+        for name, raw in self.hosts.items():
+            all_groups: set[str] = set()
+            for g in raw.groups:
+                all_groups |= {g} | ancestors(g)
+            kept = [g for g in all_groups if g not in IGNORED_GROUPS
+                    and g not in ("all", "ungrouped")]
+            direct = [g for g in raw.groups if g not in IGNORED_GROUPS]
+            if not direct:
+                dropped.append(name)
+                self.notes.append(f"host {name!r} is only in ignored groups and is not used")
+                continue
+            host_groups[name] = sorted(kept, key=lambda g: (depth(g), g))
+
+        # Entries of every used place are validated even where a later layer overrides them.
+        defaults = defaults_layer(self.specs)
+        all_group = self.groups.get("all")
+        all_layers = [self._layer(all_group.entries if all_group else [], "all.vars"),
+                      self._layer(self.vars_files.get(("group_vars", "all"), []), "group_vars")]
+        group_layers = {g: [self._layer(self.groups[g].entries, f"{g}.vars"),
+                            self._layer(self.vars_files.get(("group_vars", g), []),
+                                        "group_vars")]
+                        for g in usable if g != "all"}
+        override = self._layer(self.override_entries, "--set")
+
+        hosts: dict[str, Host] = {}
+        addresses: dict[tuple[str, int], str] = {}
+        for name, raw in self.hosts.items():
+            if name in dropped:
+                continue
+            layers = [defaults, *all_layers]
+            for g in host_groups[name]:
+                layers.extend(group_layers.get(g, []))
+            layers.append(self._layer(raw.entries, f"host {name}"))
+            layers.append(self._layer(self.vars_files.get(("host_vars", name), []),
+                                      "host_vars"))
+            layers.append(override)
+            merged = merge_vars(layers)
+            host = self._host(name, raw, merged, host_groups[name])
+            hosts[name] = host
+            for p in check_combination(host.vars):
+                self._report_merged(p, host.vars)
+            if host.connection == "ssh":
+                addr = (host.address.lower(), host.port)
+                if addr in addresses:
+                    where = merged.origin_of("ansible_host") if "ansible_host" in merged \
+                        else Origin("", raw.path, raw.line)
+                    self.problem(f"hosts {addresses[addr]!r} and {name!r} both connect to "
+                                 f"{host.address}:{host.port}", line=where.line or raw.line,
+                                 path=where.path or raw.path,
+                                 fix=f"give {name} its own ansible_host, or remove the "
+                                 "duplicate host")
+                else:
+                    addresses[addr] = name
+        self._check_cluster(hosts)
+        groups = self._groups(hosts, host_groups)
+        if not any(h.is_control_plane for h in hosts.values()) and hosts \
+                and not self.structural:
+            self.problem("no control plane: no host is in the control_plane group", line=None,
+                         fix="add a host under children: control_plane: hosts: (INI: "
+                         "[control_plane] then the host name)")
+        for name, host in hosts.items():
+            if not host.is_control_plane and not host.is_worker:
+                self.notes.append(f"host {name!r} is in neither control_plane nor workers")
+            for w in host.warnings:
+                self.notes.append(f"host {name!r}: {w}")
+        return Inventory(self.path, hosts, groups, tuple(dict.fromkeys(self.notes)))
+
+    def _report_merged(self, p: VarProblem, merged: MergedVars) -> None:
+        origins = [merged.origin_of(k) for k in (p.key, *p.others) if k in merged]
+        user_set = [o for o in origins if not _is_default(o)]
+        origin = (user_set or origins or [Origin("")])[0]
+        self.problem(p.message, line=origin.line, path=origin.path or self.shown, fix=p.fix)
+
+    def _check_cluster(self, hosts: Mapping[str, Host]) -> None:
+        first: dict[str, tuple[str, Any]] = {}
+        for name, host in hosts.items():
+            for key in CLUSTER_WIDE:
+                if key not in host.vars:
+                    continue
+                value = host.vars[key]
+                if key not in first:
+                    first[key] = (name, value)
+                elif first[key][1] != value:
+                    other, ovalue = first[key]
+                    origin = host.vars.origin_of(key)
+                    if _is_default(origin):
+                        origin = hosts[other].vars.origin_of(key)
+                    self.problem(f"{key} differs between hosts: {other} has {ovalue!r}, {name} "
+                                 f"has {value!r} ({key} is cluster-wide)", line=origin.line,
+                                 path=origin.path or self.shown,
+                                 fix=f"set {key} once, under all: vars:")
+
+    def _host(self, name: str, raw: _RawHost, merged: MergedVars, groups: list[str]) -> Host:
+        conn = {k: merged[k] for k in merged if k.startswith("ansible_")}
+        user = conn.get("ansible_user", "root")
+        become = conn.get("ansible_become", user != "root")
+        password = conn.get("ansible_become_password")
+        if password is None and become and self.env.get(BECOME_PASSWORD_ENV):
+            password = Secret(self.env[BECOME_PASSWORD_ENV])
+        ssh = _Ssh()
+        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            if conn.get(key):
+                with contextlib.suppress(_SshArgError):  # reported where it was written
+                    _parse_ssh_args(conn[key], self.base, ssh)
+        if ssh.proxy_jump and ssh.proxy_command:
+            ssh.warnings.append("both ProxyJump and ProxyCommand are set; ProxyJump is used")
+        key_file = conn.get("ansible_ssh_private_key_file")
+        key_file = _resolve_path(key_file, self.base) if key_file else None
+        identities = list(dict.fromkeys([*([key_file] if key_file else []),
+                                         *ssh.identity_files]))
+        spec_vars = merged.subset([k for k in merged if not k.startswith("ansible_")])
+        return Host(
+            name=name, address=conn.get("ansible_host", name), port=conn.get("ansible_port", 22),
+            user=user, groups=tuple(groups), vars=spec_vars,
+            private_key_file=key_file or (identities[0] if identities else None),
+            identity_files=tuple(identities), become=become, become_password=password,
+            connection=_CONNECTIONS[conn.get("ansible_connection", "ssh")],
+            proxy_jump=ssh.proxy_jump, proxy_command=ssh.proxy_command,
+            known_hosts_files=tuple(ssh.known_hosts_files),
+            strict_host_key_checking=ssh.strict, ssh_config_file=ssh.config_file,
+            warnings=tuple(ssh.warnings),
+            source=f"{raw.path}:{raw.line}" if raw.line else raw.path)
+
+    def _groups(self, hosts: Mapping[str, Host], host_groups: Mapping[str, list[str]]
+                ) -> dict[str, Group]:
+        out: dict[str, Group] = {"all": Group("all", tuple(hosts), (), ("all",), self.shown)}
+        for name, raw in self.groups.items():
+            if name in IGNORED_GROUPS or name in ("all", "ungrouped"):
+                continue
+            members = tuple(h for h in hosts if name in host_groups[h])
+            children = tuple(c for c, _, _ in raw.children if c not in IGNORED_GROUPS)
+            source = f"{raw.path}:{raw.line}" if raw.line else raw.path
+            out[name] = Group(name, members, children, tuple(raw.written), source)
+        ungrouped = tuple(h for h in hosts if not host_groups[h])
+        if ungrouped:
+            out["ungrouped"] = Group("ungrouped", ungrouped, (), ("ungrouped",), self.shown)
+        return out
+
+
+def _is_default(origin: Origin) -> bool:
+    return origin.text.startswith(("default (", "role default ("))

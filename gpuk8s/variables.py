@@ -1,0 +1,705 @@
+"""Variable specs (from the defaults files), value checks, precedence merge and Jinja rendering."""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import functools
+import ipaddress
+import re
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from gpuk8s.errors import InventoryError, PlanError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
+
+SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
+SUPPORTED_DRIVER_BRANCHES = ("535", "550", "570", "575", "580", "590", "595")
+
+# Variables whose value is one of a few words. nvidia_fabricmanager also takes a YAML bool.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "container_runtime": ("containerd", "docker"),
+    "cni": ("flannel", "calico"),
+    "nvidia_driver_source": ("auto", "ubuntu", "cuda"),
+    "nvidia_driver_flavor": ("auto", "open", "proprietary"),
+    "nvidia_fabricmanager": ("auto", True, False),
+}
+
+# Values that must be the same on every host of one cluster.
+CLUSTER_WIDE = (
+    "kubernetes_version", "pod_cidr", "service_cidr", "cni", "cluster_dns_domain",
+    "control_plane_endpoint", "flannel_version", "calico_version",
+    "nvidia_device_plugin_version", "join_token_ttl",
+)
+
+_KINDS: dict[type, str] = {bool: "bool", int: "int", str: "str", list: "list", dict: "dict"}
+_WORDS: dict[type, str] = {bool: "boolean", int: "whole number", str: "string", list: "list",
+                           dict: "mapping", float: "number", type(None): "null"}
+# Host variables of other tools' inventories, with what to do instead.
+FOREIGN_VARIABLES = {
+    "ip": "kubespray's ip is not used: gpuk8s connects to ansible_host; remove it",
+    "access_ip": "kubespray's access_ip is not used: gpuk8s connects to ansible_host; remove it",
+    "etcd_member_name": "gpuk8s runs etcd on the control planes; remove it",
+}
+_JINJA_MARK = re.compile(r"{{|{%")
+_JINJA_EXPR = re.compile(r"{{.*?}}|{%.*?%}", re.S)
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    """One public variable: its default, type (from the default), help text and owner."""
+
+    name: str
+    default: Any
+    type: builtins.type
+    help: str
+    role: str  # "cluster" or the role name
+    source: str  # "roles/kubernetes/defaults.yaml"
+    line: int
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def type_name(self) -> str:
+        return _KINDS[self.type]
+
+
+@dataclass(frozen=True)
+class VarProblem:
+    """A value that is wrong: which variable, why, and what to write instead.
+
+    ``subkey`` names an entry inside a mapping value (a feature gate) when the problem is there.
+    """
+
+    key: str
+    message: str
+    fix: str
+    subkey: str | None = None
+    others: tuple[str, ...] = ()  # other variables involved (combination checks)
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def load_variable_specs(project_root: Path | None = None) -> dict[str, VarSpec]:
+    """Read gpuk8s/defaults.yaml and roles/*/defaults.yaml (sorted) into specs, by name.
+
+    Raises InventoryError when a defaults file is broken or two files define one variable.
+    """
+    root = (project_root or PROJECT_ROOT).resolve()
+    return dict(_load_specs_cached(root))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_specs_cached(root: Path) -> dict[str, VarSpec]:
+    files = [(root / CLUSTER_DEFAULTS, "cluster")]
+    files += [(p, p.parent.name) for p in sorted((root / "roles").glob("*/defaults.yaml"))]
+    specs: dict[str, VarSpec] = {}
+    for path, role in files:
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        for spec in _read_defaults(path, rel, role):
+            if spec.name in specs:
+                other = specs[spec.name]
+                raise InventoryError(
+                    f"variable {spec.name!r} is defined twice (also in "
+                    f"{other.source}:{other.line})",
+                    path=rel, line=spec.line, fix="keep it in one defaults.yaml only")
+            specs[spec.name] = spec
+    return specs
+
+
+def _read_defaults(path: Path, rel: str, role: str) -> list[VarSpec]:
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InventoryError(f"not valid YAML: {exc}", path=rel,
+                             line=mark.line + 1 if mark else None,
+                             fix="fix the YAML syntax") from None
+    if node is None:
+        return []
+    if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
+        raise InventoryError("a defaults file must be a mapping of variable: default", path=rel,
+                             line=1, fix="write one `name: value` per variable")
+    out = []
+    for key_node, _ in node.value:
+        name = key_node.value
+        line = key_node.start_mark.line + 1
+        default = data[name]
+        kind = type(default)
+        if kind not in _KINDS:
+            raise InventoryError(
+                f"default of {name!r} must be a bool, int, string, list or mapping",
+                path=rel, line=line, fix=f'give {name} a typed default, e.g. {name}: ""')
+        help_lines: list[str] = []
+        i = line - 2
+        while i >= 0 and lines[i].lstrip().startswith("#"):
+            help_lines.insert(0, lines[i].lstrip()[1:].strip())
+            i -= 1
+        out.append(VarSpec(name=name, default=default, type=kind, help=" ".join(help_lines),
+                           role=role, source=rel, line=line, choices=CHOICES.get(name)))
+    return out
+
+
+def suggest(name: str, known: Iterable[str]) -> str | None:
+    """The closest known name to ``name`` (difflib), or None."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_variable(name: str, specs: Iterable[str]) -> VarProblem:
+    """The problem for a variable that no defaults file defines, with a did-you-mean."""
+    if name in FOREIGN_VARIABLES:
+        return VarProblem(name, f"unknown variable {name!r}", FOREIGN_VARIABLES[name])
+    best = suggest(name, list(specs))
+    if best:
+        return VarProblem(name, f"unknown variable {name!r}; did you mean {best!r}?",
+                          f"rename it to {best}")
+    return VarProblem(name, f"unknown variable {name!r}",
+                      "remove it, or pick a name from gpuk8s/defaults.yaml or "
+                      "roles/*/defaults.yaml")
+
+
+# --------------------------------------------------------------------------- value checks
+
+
+def has_jinja(value: Any) -> bool:
+    return isinstance(value, str) and bool(_JINJA_MARK.search(value))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def coerce_value(spec: VarSpec, value: Any,
+                 raw: str | None = None) -> tuple[Any, VarProblem | None]:
+    """Check ``value`` against the spec's type; return (normalised value, problem or None).
+
+    An int given to a string variable becomes its decimal text (580 -> "580"); a float never
+    does, since YAML reads an unquoted 1.30 as 1.3. ``raw`` is the scalar as written, if known.
+    """
+    name = spec.name
+    if spec.name == "nvidia_fabricmanager" and isinstance(value, bool):
+        return value, None
+    if value is None:
+        example = {bool: "true", int: "1", str: '""', list: "[]", dict: "{}"}[spec.type]
+        return value, VarProblem(name, f"{name} has no value (null)",
+                                 f"give it a value, e.g. {name}: {example}")
+    if spec.type is str:
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = raw.strip() if raw is not None else ""
+            return (text if text.isdigit() else str(value)), None
+        if isinstance(value, float):
+            written = raw.strip() if raw is not None else repr(value)
+            msg = (f"{name} must be a quoted string: YAML reads the unquoted {written} as the "
+                   f"number {value!r}")
+            if written != repr(value):
+                msg += f" (an unquoted {written} loses digits)"
+            elif raw is None:
+                msg += " (an unquoted 1.30 becomes 1.3)"
+            return value, VarProblem(name, msg, f'quote it: {name}: "{written}"')
+    elif spec.type is bool:
+        if isinstance(value, bool):
+            return value, None
+    elif spec.type is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+    elif isinstance(value, spec.type):
+        return value, None
+    kind = _WORDS.get(type(value), type(value).__name__)
+    if isinstance(value, bool):
+        kind = _WORDS[bool]
+    hint = {bool: f"{name}: true (or false), without quotes",
+            int: f"{name}: {spec.default} (a whole number, without quotes)",
+            str: f'{name}: "{spec.default}"',
+            list: f"{name}: [a, b] (a YAML list)",
+            dict: f"{name}: {{key: value}} (a YAML mapping)"}[spec.type]
+    return value, VarProblem(name, f"{name} must be a {_WORDS[spec.type]}, got {kind} "
+                             f"{_show(value)}", f"write {hint}")
+
+
+def check_value(spec: VarSpec, value: Any, raw: str | None = None) -> tuple[Any, VarProblem | None]:
+    """Type check (with coercion), choices and the semantic check of one variable."""
+    value, problem = coerce_value(spec, value, raw)
+    if problem:
+        return value, problem
+    if spec.choices is not None:
+        if spec.name == "nvidia_fabricmanager" and isinstance(value, str) \
+                and value.lower() in ("true", "false"):
+            return value.lower() == "true", None
+        if value not in spec.choices or (isinstance(value, bool)
+                                         and spec.name != "nvidia_fabricmanager"):
+            words = "|".join(str(c).lower() if isinstance(c, bool) else str(c)
+                             for c in spec.choices)
+            best = suggest(str(value), [str(c) for c in spec.choices if isinstance(c, str)])
+            fix = f"write {spec.name}: {best}" if best else f"use one of {words}"
+            return value, VarProblem(spec.name, f"{spec.name} must be one of {words}, got "
+                                     f"{_show(value)}", fix)
+        return value, None
+    if has_jinja(value):
+        problem = _check_jinja_syntax(spec.name, value)
+        if problem or not spec.name.endswith("_url"):
+            return value, problem
+    check = _CHECKS.get(spec.name)
+    if check is None and spec.name.endswith("_url"):
+        check = _check_url
+    if check is None and spec.type is int:
+        check = _check_positive
+    if check is None:
+        return value, None
+    return value, check(spec.name, value)
+
+
+def _check_jinja_syntax(name: str, value: str) -> VarProblem | None:
+    try:
+        _ENV.parse(value)
+    except jinja2.TemplateSyntaxError as exc:
+        return VarProblem(name, f"{name} has a broken Jinja placeholder: {exc.message}",
+                          'write placeholders as "{{ variable }}", e.g. '
+                          '"{{ kubernetes_version }}"')
+    return None
+
+
+def _check_positive(name: str, value: int) -> VarProblem | None:
+    if value <= 0:
+        return VarProblem(name, f"{name} must be a positive number, got {value}",
+                          f"write {name}: 600 (seconds/units, greater than 0)")
+    return None
+
+
+def _check_kubernetes_version(name: str, value: str) -> VarProblem | None:
+    supported = ", ".join(SUPPORTED_KUBERNETES)
+    v = value.strip()
+    if v.lower().startswith("v"):
+        return VarProblem(name, f"{name} is written without the v: {value!r}",
+                          f'write {name}: "{v[1:]}"')
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:-.*)?", v)
+    if m:
+        minor = f"{m[1]}.{m[2]}"
+        return VarProblem(
+            name, f"{name} is a minor version (major.minor), not a full version {value!r}",
+            f'use {name}: "{minor}" and kubernetes_package_version: "{m[1]}.{m[2]}.{m[3]}-1.1" '
+            f"for an exact pin")
+    if not re.fullmatch(r"\d+\.\d+", v):
+        return VarProblem(name, f"{name} must be major.minor like \"1.36\", got {value!r}",
+                          f'write {name}: "1.36" (supported: {supported})')
+    if v not in SUPPORTED_KUBERNETES:
+        return VarProblem(name, f"Kubernetes {v} is not supported (supported: {supported})",
+                          f'write {name}: "{SUPPORTED_KUBERNETES[-2]}"')
+    return None
+
+
+def _check_package_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+", value):
+        return VarProblem(name, f"{name} must be an apt version like \"1.36.2-1.1\", got "
+                          f"{value!r}", f'write {name}: "1.36.2-1.1" or "" for the newest patch')
+    return None
+
+
+def _check_driver_branch(name: str, value: str) -> VarProblem | None:
+    branches = ", ".join(SUPPORTED_DRIVER_BRANCHES)
+    m = re.fullmatch(r"(\d{3})\.\d+(?:\.\d+)?(?:-.*)?", value)
+    if m:
+        return VarProblem(name, f"{name} is the branch (3 digits), not a driver version "
+                          f"{value!r}", f'use {name}: "{m[1]}" and nvidia_driver_version: '
+                          f'"{value}" for an exact pin')
+    if not re.fullmatch(r"\d{3}", value):
+        return VarProblem(name, f"{name} must be 3 digits like \"580\", got {value!r}",
+                          f'write {name}: "580" (supported: {branches})')
+    if value not in SUPPORTED_DRIVER_BRANCHES:
+        return VarProblem(name, f"NVIDIA driver branch {value} is not supported "
+                          f"(supported: {branches})", f'write {name}: "580"')
+    return None
+
+
+def _check_driver_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d{3}\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.+~]+)?", value):
+        return VarProblem(name, f"{name} must be a driver package version like "
+                          f"\"580.159.04-1\", got {value!r}",
+                          f'write {name}: "580.159.04-1" or "" for the newest of the branch')
+    return None
+
+
+def _check_major_minor(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"\d+\.\d+", value):
+        return VarProblem(name, f"{name} must be major.minor like \"13.0\", got {value!r}",
+                          f'write {name}: "13.0"')
+    return None
+
+
+def _check_xyz(name: str, value: str) -> VarProblem | None:
+    if re.fullmatch(r"v\d+\.\d+\.\d+", value):
+        return VarProblem(name, f"{name} is written without the v: {value!r}",
+                          f'write {name}: "{value[1:]}"')
+    if not re.fullmatch(r"\d+\.\d+\.\d+", value):
+        return VarProblem(name, f"{name} must be a version x.y.z like \"1.20.0\", got {value!r}",
+                          f'write {name}: "1.2.3" (three numbers)')
+    return None
+
+
+def _check_containerd_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?", value):
+        return VarProblem(name, f"{name} must be \"\" or a version like \"2.1.4\", got {value!r}",
+                          f'write {name}: "2.1.4" or "" for the newest')
+    return None
+
+
+def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        return None
+
+
+def _check_cidr(name: str, value: str) -> VarProblem | None:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        try:
+            loose = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            return VarProblem(name, f"{name} is not a network in CIDR form: {value!r} ({exc})",
+                              f'write {name}: "10.244.0.0/16"')
+        return VarProblem(name, f"{name} {value!r} has host bits set",
+                          f'write {name}: "{loose}"')
+    if name == "service_cidr" and net.max_prefixlen - net.prefixlen > 20:
+        most = net.max_prefixlen - 20
+        return VarProblem(name, f"{name} {value} is too large: the API server allows at most "
+                          f"/{most} for services", f'write {name}: "10.96.0.0/12"')
+    if name == "pod_cidr" and net.version == 4 and net.prefixlen > 24:
+        return VarProblem(name, f"{name} {value} is too small: every node gets a /24 of it",
+                          f'write {name}: "10.244.0.0/16"')
+    return None
+
+
+def _check_feature_gates(name: str, value: dict[Any, Any]) -> VarProblem | None:
+    for gate, on in value.items():
+        if gate == "Accelerators":
+            return VarProblem(
+                name, "feature gate Accelerators was removed in Kubernetes 1.11 (kubelet refuses "
+                "to start with it); GPUs are now exposed by the NVIDIA device plugin as "
+                "nvidia.com/gpu, enabled by default with gpuk8s",
+                "remove Accelerators from feature_gates; request GPUs with "
+                "resources.limits: {nvidia.com/gpu: 1}", subkey="Accelerators")
+        if gate == "DevicePlugins":
+            return VarProblem(
+                name, "feature gate DevicePlugins went GA in Kubernetes 1.26 and the gate was "
+                "removed; device plugins (the NVIDIA one serves nvidia.com/gpu) are always on",
+                "remove DevicePlugins from feature_gates", subkey="DevicePlugins")
+        if not isinstance(gate, str) or not re.fullmatch(r"[A-Z][A-Za-z0-9]*", gate):
+            return VarProblem(name, f"feature gate name {_show(gate)} is not CamelCase",
+                              f"write {name}: {{DynamicResourceAllocation: true}}",
+                              subkey=gate if isinstance(gate, str) else None)
+        if not isinstance(on, bool):
+            return VarProblem(name, f"feature gate {gate} must be true or false, got {_show(on)}",
+                              f"write {gate}: true", subkey=gate)
+    return None
+
+
+def _check_endpoint(name: str, value: str) -> VarProblem | None:
+    if value == "":
+        return None
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})",
+                     value)
+    if not m or not 1 <= int(m[3]) <= 65535:
+        return VarProblem(name, f"{name} must be \"host:port\" (or \"\"), got {value!r}",
+                          f'write {name}: "k8s-api.example.lan:6443"')
+    return None
+
+
+def _check_url(name: str, value: str, *, allow_empty: bool = False) -> VarProblem | None:
+    if (allow_empty and value == "") or value.lstrip().startswith(("{{", "{%")):
+        return None  # empty where allowed, or scheme and host come from a placeholder
+    plain = _JINJA_EXPR.sub("x", value)
+    parts = urllib.parse.urlsplit(plain) if " " not in plain else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
+        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}",
+                          f'write {name}: "{example}"' + (' or ""' if allow_empty else ""))
+    return None
+
+
+def _check_duration(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0", value):
+        return VarProblem(name, f"{name} must be a duration like \"15m0s\" or \"1h\", got "
+                          f"{value!r}", f'write {name}: "15m0s"')
+    return None
+
+
+def _check_dns_domain(name: str, value: str) -> VarProblem | None:
+    label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    if not re.fullmatch(rf"{label}(\.{label})*", value):
+        return VarProblem(name, f"{name} must be a lower-case DNS domain, got {value!r}",
+                          f"write {name}: cluster.local")
+    return None
+
+
+def _check_str_list(name: str, value: list[Any]) -> VarProblem | None:
+    for item in value:
+        if not isinstance(item, str):
+            return VarProblem(name, f"{name} must be a list of strings, got {_show(item)} in it",
+                              f'write {name}: ["time_sync"]')
+    return None
+
+
+def _check_sysctls(name: str, value: dict[Any, Any]) -> VarProblem | None:
+    for key, val in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9_][a-z0-9_./-]*", key):
+            return VarProblem(name, f"{name}: {_show(key)} is not a sysctl name",
+                              f'write {name}: {{"net.ipv4.ip_forward": 1}}')
+        if isinstance(val, (dict, list)) or val is None:
+            return VarProblem(name, f"{name}: {key} must be a number or string, got {_show(val)}",
+                              f"write {key}: 1", subkey=key)
+    return None
+
+
+_CHECKS: dict[str, Any] = {
+    "kubernetes_version": _check_kubernetes_version,
+    "kubernetes_package_version": _check_package_version,
+    "nvidia_driver_branch": _check_driver_branch,
+    "nvidia_driver_version": _check_driver_version,
+    "cuda_version": _check_major_minor,
+    "nvidia_container_toolkit_version": _check_xyz,
+    "nvidia_device_plugin_version": _check_xyz,
+    "flannel_version": _check_xyz,
+    "calico_version": _check_xyz,
+    "containerd_version": _check_containerd_version,
+    "pod_cidr": _check_cidr,
+    "service_cidr": _check_cidr,
+    "feature_gates": _check_feature_gates,
+    "control_plane_endpoint": _check_endpoint,
+    "apt_proxy": functools.partial(_check_url, allow_empty=True),
+    "join_token_ttl": _check_duration,
+    "cluster_dns_domain": _check_dns_domain,
+    "preflight_ignore": _check_str_list,
+    "base_sysctls": _check_sysctls,
+}
+
+
+def _minor(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
+        if m:
+            return int(m[1]), int(m[2])
+    return None
+
+
+def check_combination(values: Mapping[str, Any]) -> list[VarProblem]:
+    """Checks across variables of one host. The problem's key is the variable to change."""
+    out: list[VarProblem] = []
+    get = values.get
+    pod, svc = get("pod_cidr"), get("service_cidr")
+    if isinstance(pod, str) and isinstance(svc, str):
+        p, s = parse_network(pod), parse_network(svc)
+        if p and s and p.version == s.version and p.overlaps(s):
+            out.append(VarProblem("service_cidr", f"pod_cidr {pod} and service_cidr {svc} "
+                                  "overlap", 'use separate ranges, e.g. pod_cidr: "10.244.0.0/16" '
+                                  'and service_cidr: "10.96.0.0/12"', others=("pod_cidr",)))
+    kube = _minor(get("kubernetes_version"))
+    containerd = get("containerd_version")
+    if kube and kube >= (1, 36) and isinstance(containerd, str) and containerd \
+            and not has_jinja(containerd):
+        m = re.match(r"(\d+)\.", containerd)
+        if m and int(m[1]) < 2:
+            out.append(VarProblem(
+                "containerd_version", f"containerd {containerd} is 1.x, which Kubernetes "
+                f"{kube[0]}.{kube[1]} does not support (1.35 was the last release for "
+                "containerd 1.x)", 'write containerd_version: "2.1.4" (a 2.x release) or "", or '
+                'kubernetes_version: "1.35" to stay on containerd 1.x',
+                others=("kubernetes_version",)))
+    pkg = get("kubernetes_package_version")
+    if kube and isinstance(pkg, str) and pkg and not has_jinja(pkg):
+        want = f"{kube[0]}.{kube[1]}."
+        if re.match(r"\d+\.\d+\.", pkg) and not pkg.startswith(want):
+            out.append(VarProblem(
+                "kubernetes_package_version", f"kubernetes_package_version {pkg} is not a "
+                f"{kube[0]}.{kube[1]} release (kubernetes_version)",
+                f'write kubernetes_package_version: "{want}N-1.1" or change kubernetes_version',
+                others=("kubernetes_version",)))
+    branch, drv = get("nvidia_driver_branch"), get("nvidia_driver_version")
+    if isinstance(branch, str) and isinstance(drv, str) and drv and not has_jinja(drv) \
+            and re.fullmatch(r"\d{3}", branch) and not drv.startswith(branch + "."):
+        out.append(VarProblem(
+            "nvidia_driver_version", f"nvidia_driver_version {drv} is not on branch {branch} "
+            "(nvidia_driver_branch)", f'write nvidia_driver_version: "{branch}.x.y-1" or ""',
+            others=("nvidia_driver_branch",)))
+    cuda = _minor(get("cuda_version"))
+    if cuda and cuda[0] >= 13 and get("cuda_toolkit_enabled") is True \
+            and isinstance(branch, str) and re.fullmatch(r"\d{3}", branch) and int(branch) < 580:
+        out.append(VarProblem(
+            "cuda_version", f"CUDA {cuda[0]}.{cuda[1]} needs driver branch 580 or newer, but "
+            f"nvidia_driver_branch is {branch}",
+            'write cuda_version: "12.8" (or nvidia_driver_branch: "580")',
+            others=("nvidia_driver_branch",)))
+    return out
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def parse_override_value(spec: VarSpec | None, text: str) -> Any:
+    """A ``--set`` value: parsed as YAML, except that a string variable keeps the text as
+    typed when YAML would read it as a number (``--set kubernetes_version=1.30`` is "1.30")."""
+    if spec is not None and spec.type is str and text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+        return text
+    if spec is not None and spec.type is str and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        return text.strip()
+    if spec is not None and spec.type is str and value is None:
+        return text
+    return value
+
+
+# --------------------------------------------------------------------------- merge
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from; ``str()`` gives e.g. ``inventories/lab.yaml:12 (all.vars)``."""
+
+    text: str
+    path: str | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class VarLayer:
+    """One precedence level: values by key, each with its Origin."""
+
+    values: Mapping[str, Any]
+    origins: Mapping[str, Origin] = field(default_factory=dict)
+    label: str = ""
+
+    def origin(self, key: str) -> Origin:
+        return self.origins.get(key) or Origin(self.label or "?")
+
+
+class MergedVars(Mapping[str, Any]):
+    """Variables after precedence; ``origin(key)`` says where each value came from."""
+
+    __slots__ = ("_history", "_origins", "_values")
+
+    def __init__(self, values: Mapping[str, Any], origins: Mapping[str, Origin],
+                 history: Mapping[str, Sequence[tuple[Origin, Any]]] | None = None) -> None:
+        self._values = dict(values)
+        self._origins = dict(origins)
+        self._history = {k: tuple(v) for k, v in (history or {}).items()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"MergedVars({self._values!r})"
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` came from, e.g. ``group_vars/workers.yaml:3``."""
+        return str(self._origins[key])
+
+    def origin_of(self, key: str) -> Origin:
+        """Like origin() but structured (path, line)."""
+        return self._origins[key]
+
+    def history(self, key: str) -> tuple[tuple[Origin, Any], ...]:
+        """Every value ``key`` had, lowest precedence first; the last one won."""
+        return self._history.get(key, ())
+
+    def subset(self, keys: Iterable[str]) -> MergedVars:
+        wanted = [k for k in keys if k in self._values]
+        return MergedVars({k: self._values[k] for k in wanted},
+                          {k: self._origins[k] for k in wanted},
+                          {k: self._history[k] for k in wanted if k in self._history})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def merge_vars(layers: Iterable[VarLayer]) -> MergedVars:
+    """Merge layers, lowest precedence first; a later layer replaces a key (no deep merge)."""
+    values: dict[str, Any] = {}
+    origins: dict[str, Origin] = {}
+    history: dict[str, list[tuple[Origin, Any]]] = {}
+    for layer in layers:
+        for key, value in layer.values.items():
+            where = layer.origin(key)
+            values[key] = value
+            origins[key] = where
+            history.setdefault(key, []).append((where, value))
+    return MergedVars(values, origins, history)
+
+
+def defaults_layer(specs: Mapping[str, VarSpec]) -> VarLayer:
+    """The lowest layer: every spec's default."""
+    origins = {}
+    for name, spec in specs.items():
+        kind = "default" if spec.role == "cluster" else "role default"
+        origins[name] = Origin(f"{kind} ({spec.source})", spec.source, spec.line)
+    return VarLayer({n: s.default for n, s in specs.items()}, origins, "role default")
+
+
+# --------------------------------------------------------------------------- rendering
+
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                          autoescape=False)
+
+
+def render_value(value: Any, context: Mapping[str, Any], *, name: str | None = None) -> Any:
+    """Render Jinja placeholders in strings (recursing into lists and mappings).
+
+    Values of ``context`` may hold placeholders too; they are rendered until stable.
+    Raises PlanError naming the variable on an undefined name or a syntax error.
+    """
+    if isinstance(value, str):
+        return _render_str(value, context, name)
+    if isinstance(value, list):
+        return [render_value(v, context, name=name) for v in value]
+    if isinstance(value, tuple):
+        return tuple(render_value(v, context, name=name) for v in value)
+    if isinstance(value, Mapping):
+        return {k: render_value(v, context, name=name) for k, v in value.items()}
+    return value
+
+
+def _render_str(text: str, context: Mapping[str, Any], name: str | None) -> str:
+    label = f"{name}: " if name else ""
+    ctx = dict(context)
+    for _ in range(10):
+        if not _JINJA_MARK.search(text):
+            return text
+        try:
+            out = _ENV.from_string(text).render(ctx)
+        except jinja2.UndefinedError as exc:
+            raise PlanError(f"{label}{exc.message} in {text!r}") from None
+        except jinja2.TemplateError as exc:
+            raise PlanError(f"{label}cannot render {text!r}: {exc}") from None
+        if out == text:
+            return out
+        text = out
+    raise PlanError(f"{label}placeholders in {text!r} refer to each other in a loop")
