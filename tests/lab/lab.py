@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -257,7 +259,8 @@ class Lab:
         self._stop_nodes(names)
         for pid in node.nspawn_pids():  # strays of a crashed run
             with contextlib.suppress(ProcessLookupError):
-                subprocess.run(["kill", "-KILL", str(pid)], check=False)
+                os.kill(pid, signal.SIGKILL)
+        node.kill_cgroups()  # containers orphaned by a killed nspawn
         for point in node.lab_mounts():
             if run(["umount", point], check=False).returncode != 0:
                 run(["umount", "-l", point], check=False)

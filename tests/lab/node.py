@@ -16,6 +16,7 @@ from typing import Any
 
 from . import fakepci, net
 from .paths import HOST_IP, PREFIX_LEN, REPO_URL, LabError, cache_dir, run, state_dir
+from .supervisor import cgroup_dirs
 from .topology import NodeSpec, Topology
 
 SUPERVISOR = Path(__file__).with_name("supervisor.py")
@@ -236,6 +237,7 @@ def wait_stopped(name: str, pid: int | None, timeout: float = 90.0) -> None:
             os.killpg(npid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.kill(npid, signal.SIGKILL)
+    kill_cgroups(name)
 
 
 def nspawn_pids(name: str | None = None) -> list[int]:
@@ -256,6 +258,37 @@ def nspawn_pids(name: str | None = None) -> list[int]:
                     want):
                 pids.append(int(entry.name))
     return pids
+
+
+def lab_cgroups(name: str | None = None) -> list[Path]:
+    """The per-node cgroup dirs (every hierarchy) that supervisors created."""
+    pattern = f"gpuk8s-lab-{name}" if name else "gpuk8s-lab-*"
+    return [d for parent in cgroup_dirs() for d in parent.glob(pattern) if d.is_dir()]
+
+
+def cgroup_pids(dirs: list[Path]) -> set[int]:
+    pids: set[int] = set()
+    for d in dirs:
+        for procs in d.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def kill_cgroups(name: str | None = None, timeout: float = 10.0) -> None:
+    """SIGKILL whatever still runs in a node's cgroups (a container orphaned by a killed
+    nspawn keeps running), then remove the cgroup dirs."""
+    dirs = lab_cgroups(name)
+    deadline = time.monotonic() + timeout
+    while (pids := cgroup_pids(dirs) - {os.getpid()}) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    for d in dirs:
+        for dirpath, _dirs, _files in os.walk(d, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
 
 
 def supervisor_pids_all() -> list[int]:

@@ -41,7 +41,7 @@ def _daemonize() -> None:
     os.close(devnull)
 
 
-def _cgroup_dirs() -> list[Path]:
+def cgroup_dirs() -> list[Path]:
     """This process's cgroup directory in every mounted hierarchy (v1 controllers and v2)."""
     mounts: list[tuple[set[str], str, str]] = []  # (super options, root, mount point)
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -71,7 +71,7 @@ def _enter_cgroups(name: str, log: Any) -> list[Path]:
     systemd would share one /system.slice tree.
     """
     created = []
-    for parent in _cgroup_dirs():
+    for parent in cgroup_dirs():
         target = parent / name
         try:
             target.mkdir(exist_ok=True)

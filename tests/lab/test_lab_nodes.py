@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,28 @@ def test_inventory(lab: Lab) -> None:
     assert lab.labadmin_password not in lab.become_inventory_path.read_text()
 
 
+def test_status_fails_on_a_dead_node_and_up_recovers_from_a_crash(lab: Lab) -> None:
+    import json
+    import os
+    import signal
+
+    from tests.lab import node as labnode
+
+    nd = labnode.node_dir("gpu-02")
+    sup = int((nd / "supervisor.pid").read_text())
+    nspawn = json.loads((nd / "supervisor.json").read_text())["nspawn_pid"]
+    os.kill(sup, signal.SIGKILL)
+    os.kill(nspawn, signal.SIGKILL)  # leaves the container orphaned, as a crash would
+    rows = {r.name: r.state for r in lab.status()}
+    assert rows["gpu-02"] == "down" and rows["gpu-01"] == "up"
+    proc = subprocess.run([sys.executable, "-m", "tests.lab", "status"], capture_output=True,
+                          text=True, check=False, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 1 and "gpu-02" in proc.stderr
+    lab.up()
+    assert {r.state for r in lab.status()} == {"up"}
+    assert ok(lab, "gpu-02", "lspci -nn | grep -c 10de:2335").strip() == "1"
+
+
 def _leftovers(lab: Lab) -> list[str]:
     left = []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -157,6 +180,7 @@ def _leftovers(lab: Lab) -> list[str]:
             left.append(f"link {name}")
     mounts = Path("/proc/mounts").read_text()
     left += [f"mount {line}" for line in mounts.splitlines() if str(lab.state) in line]
+    left += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob("*/gpuk8s-lab-*")]
     return left
 
 
