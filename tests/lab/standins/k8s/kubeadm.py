@@ -834,8 +834,12 @@ class Kubeadm:
         if not hmac.compare_digest(jws_detached(kc_text, token), sig):
             raise Fail(pre + "failed to verify JWS signature of received cluster info object, "
                        "can't trust this API Server")
-        creds = kubeconfig.parse(kc_text)
-        ca_pem = creds.ca_pem or ""
+        from .common import yaml_load_all
+
+        cluster = ((yaml_load_all(kc_text) or [{}])[0].get("clusters") or [{}])[0].get(
+            "cluster") or {}
+        ca_pem = base64.b64decode(cluster.get("certificate-authority-data", "")).decode()
+        creds = kubeconfig.Creds(server=cluster.get("server", server), ca_pem=ca_pem)
         actual = pki.ca_cert_hash(ca_pem)
         if not unsafe and actual.lower() not in [h.lower() for h in hashes]:
             raise Fail(pre + f'cluster CA found in cluster-info ConfigMap is invalid: none of the '
@@ -845,7 +849,7 @@ class Kubeadm:
     # -------------------------------------------------------------- token
     def _admin(self) -> Client:
         path = self.args.kubeconfig or "/etc/kubernetes/admin.conf"
-        real = P(path) if path.startswith("/") else path
+        real = path if os.path.exists(path) else P(path)
         if not os.path.exists(real):
             raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
         return Client(kubeconfig.load(real))
