@@ -154,7 +154,7 @@ def preflight(session: Session) -> None:
                     f"unique_{attr}", f"{label} {value!r} is the same as on {seen[value]}",
                     f"give every node its own {label} (cloned VM images often share it)"))
             seen.setdefault(value, name)
-    session.reporter.problems("preflight warnings", warnings, style="magenta")
+    session.reporter.warnings(warnings)
     if any(errors.values()):
         session.reporter.problems("preflight problems", errors)
         raise PreflightError({h: p for h, p in errors.items() if p})

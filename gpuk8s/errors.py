@@ -62,9 +62,9 @@ class CommandFailed(Gpuk8sError):
         self.command = command
         self.exit_code = exit_code
         self.stderr_tail = stderr_tail
-        super().__init__(
-            f"{host}: [{op_id}] exited {exit_code}: {command}\n{stderr_tail}".rstrip()
-        )
+        shown = f": {command}" if command else " (full command in the run log)"
+        tail = "".join(f"\n    {line}" for line in stderr_tail.splitlines())
+        super().__init__(f"{host}: [{op_id}] exited {exit_code}{shown}{tail}")
 
 
 class PhaseFailed(Gpuk8sError):

@@ -141,7 +141,9 @@ class HostRunner:
             if code is None and i not in sections:
                 break  # never started: an earlier op failed
             exit_code = code if code is not None else res.exit_code
-            shown = op.id if op.secret else self.redact("; ".join(op.commands))[:300]
+            joined = "; ".join(op.commands)
+            shown = "" if op.secret or len(joined) > 160 or "\n" in joined else \
+                self.redact(joined)
             result.results.append(OpResult(self.host, op, "failed", elapsed, text))
             raise CommandFailed(self.host, op.id, shown, exit_code,
                                 _tail(text or self.redact(res.stdout)))
@@ -173,7 +175,6 @@ class HostRunner:
                 for name, handler in role.handlers.items():
                     if name not in notified:
                         continue
-                    self.listener(self.host, "handler", handler.id)
                     if handler.reboot:
                         self.reboot(handler, result)
                     else:

@@ -183,6 +183,12 @@ class Reporter:
                 table.add_row(name, self.redact(message), self.redact(fix))
             self.console.print(table)
 
+    def warnings(self, warnings: Mapping[str, Sequence[tuple[str, str, str]]]) -> None:
+        for host, items in warnings.items():
+            for name, message, _fix in items:
+                self.console.print(f"  ! {host}: {self.redact(message)} [dim]({name})[/dim]",
+                                   style="magenta", highlight=False)
+
     def summary(self, totals: Mapping[str, Mapping[str, Any]], elapsed: float) -> None:
         table = Table(title="result", title_justify="left")
         for col in ("host", "changed", "ok", "failed", "time"):

@@ -55,8 +55,10 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         errors.append(("memory", f"{sysinfo.memory_mb} MiB of RAM; needs {min_mem} MiB",
                        "add memory or lower preflight_min_memory_mb"))
     if sysinfo.cgroup != "cgroup2fs":
-        errors.append(("cgroup", f"cgroup v1 ({sysinfo.cgroup}); kubelet >= 1.35 needs cgroup v2",
-                       "boot with systemd.unified_cgroup_hierarchy=1"))
+        problem = ("cgroup", f"cgroup v1 (/sys/fs/cgroup is {sysinfo.cgroup}); kubelet >= 1.35 "
+                   "refuses it by default", "boot with systemd.unified_cgroup_hierarchy=1, or set "
+                   "kubelet_allow_cgroup_v1: true (kubelet failCgroupV1: false)")
+        (warnings if ctx.var("kubelet_allow_cgroup_v1") else errors).append(problem)
     if sysinfo.time_synced not in ("yes", "unknown"):
         warnings.append(("time_sync", "the clock is not NTP-synchronised (certificates and "
                          "tokens are time-sensitive)", "enable systemd-timesyncd or chrony"))

@@ -77,7 +77,9 @@ def restore(name: str) -> int:
 
 
 def inventory(path: str | None = None, become: bool = False) -> int:
-    print(Lab().write_inventory(path, become_user=become))
+    lab = Lab()
+    default = lab.become_inventory_path if become else lab.inventory_path
+    print(lab.write_inventory(path or default, become_user=become))
     return 0
 
 

@@ -164,10 +164,10 @@ def inventory_vars(*, become_user: bool = False) -> dict[str, Any]:
     if become_user:
         # the password is NOT written here: pass it in GPUK8S_BECOME_PASSWORD
         v["ansible_become"] = True
-        v["ansible_become_method"] = "sudo"
     v.update({
         "kubernetes_version": "1.36",
-        "nvidia_cuda_distro": "debian12",
+        # the lab host's kernel runs cgroup v1 only, and the nodes share it
+        "kubelet_allow_cgroup_v1": True,
         "kubernetes_repo_url": k8s,
         "kubernetes_repo_key_url": k8s + "Release.key",
         "nvidia_cuda_repo_url": cuda,
