@@ -1,0 +1,120 @@
+"""Op builders: each with a "needs change" and an "already satisfied" case."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from gpuk8s.facts.kube import ClusterState, NodeStatus
+from gpuk8s.facts.system import FileState, PackageState
+from gpuk8s.ops import files
+from gpuk8s.ops.apt import packages, repo, source_line
+from gpuk8s.ops.kube import apply, labels, stamp
+
+DATA = b"overlay\nbr_netfilter\n"
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+def test_file_content_create_update_and_satisfied() -> None:
+    missing = files.content(FileState("/etc/x", False), "r | x", DATA)
+    assert missing.changes and missing.reason == "+ create /etc/x"
+    assert missing.diff and "+br_netfilter" in missing.diff
+    same = files.content(FileState("/etc/x", True, "644", "root", SHA), "r | x", DATA)
+    assert not same.changes and same.reason.startswith("=")
+    other = files.content(FileState("/etc/x", True, "644", "root", "0" * 64, b"old\n"),
+                          "r | x", DATA)
+    assert other.changes and "-old" in (other.diff or "")
+    perms = files.content(FileState("/etc/x", True, "664", "root", SHA), "r | x", DATA,
+                          mode="0644")
+    assert perms.changes and perms.commands == ("chown root: /etc/x && chmod 0644 /etc/x",)
+
+
+def test_secret_file_has_no_diff() -> None:
+    op = files.content(FileState("/etc/k", False), "r | k", b"token: abc\n", mode="0600",
+                       secret=True)
+    assert op.changes and op.diff is None and op.secret
+
+
+def test_file_absent() -> None:
+    assert files.absent(FileState("/etc/x", True, "644", "root", SHA), "r | x").changes
+    assert not files.absent(FileState("/etc/x", False), "r | x").changes
+
+
+def test_packages_install_pin_and_hold() -> None:
+    op = packages({}, "k | p", {"kubeadm": "1.36.", "kubelet": "1.36."}, hold=True)
+    text = "\n".join(op.commands)
+    assert op.changes and "apt-cache madison kubeadm" in text
+    assert "apt-mark hold kubeadm kubelet" in text
+    held = {"kubeadm": PackageState("1.36.2-1.1", True, "hi"),
+            "kubelet": PackageState("1.36.2-1.1", True, "hi")}
+    assert not packages(held, "k | p", {"kubeadm": "1.36.", "kubelet": "1.36."},
+                        hold=True).changes
+
+
+def test_packages_hold_only_and_version_mismatch() -> None:
+    unheld = {"kubeadm": PackageState("1.36.2-1.1", False, "ii")}
+    op = packages(unheld, "k | p", {"kubeadm": "1.36."}, hold=True)
+    assert op.commands == ("apt-mark hold kubeadm >/dev/null",)
+    old = {"kubeadm": PackageState("1.35.4-1.1", True, "hi")}
+    op = packages(old, "k | p", {"kubeadm": "1.36."}, hold=True)
+    assert "--allow-change-held-packages" in " ".join(op.commands)
+
+
+def test_packages_exact_version() -> None:
+    op = packages({}, "d | p", {"nvidia-open-580": "580.159.04-1"})
+    assert "nvidia-open-580=580.159.04-1" in op.commands[-1]
+
+
+def test_repo_writes_signed_by_line_and_is_idempotent() -> None:
+    line = source_line("https://pkgs.k8s.io/core:/stable:/v1.36/deb/", "/", "",
+                       "/etc/apt/keyrings/k.gpg")
+    assert line == ("deb [signed-by=/etc/apt/keyrings/k.gpg] "
+                    "https://pkgs.k8s.io/core:/stable:/v1.36/deb/ /\n")
+    args = {"name": "kubernetes", "url": "https://pkgs.k8s.io/core:/stable:/v1.36/deb/",
+            "suite": "/", "components": "", "key_url": "https://k/Release.key"}
+    op = repo(FileState("/etc/apt/sources.list.d/k.list", False),
+              FileState("/etc/apt/keyrings/k.gpg", False), "k | repo", **args)
+    assert op.changes and "gpg --dearmor" in op.commands[0]
+    text = ("# managed by gpuk8s; key from https://k/Release.key\n" + line).encode()
+    done = repo(FileState("/etc/apt/sources.list.d/k.list", True, "644", "root",
+                          hashlib.sha256(text).hexdigest()),
+                FileState("/etc/apt/keyrings/k.gpg", True, "644", "root", "x"), "k | repo",
+                **args)
+    assert not done.changes
+
+
+MANIFEST = """apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: nvidia
+handler: nvidia
+"""
+
+
+def test_manifest_apply_and_satisfied() -> None:
+    text, keys, digest = stamp(MANIFEST, "runtimeclass-nvidia")
+    assert keys == ["RuntimeClass//nvidia"]
+    assert "app.kubernetes.io/managed-by: gpuk8s" in text and digest in text
+    op = apply(ClusterState(True), "g | rc", "runtimeclass-nvidia", MANIFEST)
+    assert op.changes and "apply --server-side" in op.commands[0]
+    done = apply(ClusterState(True, managed={"RuntimeClass//nvidia": digest}), "g | rc",
+                 "runtimeclass-nvidia", MANIFEST)
+    assert not done.changes
+    stale = apply(ClusterState(True, managed={"RuntimeClass//nvidia": "old"}), "g | rc",
+                  "runtimeclass-nvidia", MANIFEST)
+    assert stale.changes and stale.reason.startswith("+ update")
+
+
+def test_manifest_with_untracked_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="not tracked"):
+        stamp("apiVersion: v1\nkind: Service\nmetadata: {name: x}\n", "svc")
+
+
+def test_node_labels() -> None:
+    node = NodeStatus("gpu-01", True, False, "v1.36.2", "containerd://2.1.9", 2,
+                      {"nvidia.com/gpu.present": "true"})
+    cluster = ClusterState(True, nodes={"gpu-01": node})
+    assert not labels(cluster, "g | l", "gpu-01", {"nvidia.com/gpu.present": "true"}).changes
+    op = labels(cluster, "g | l", "gpu-01", {"nvidia.com/gpu.count": "2"})
+    assert op.commands[0].endswith("label node gpu-01 nvidia.com/gpu.count=2 --overwrite")
