@@ -16,7 +16,8 @@ Schema of one definition file (tests/lab/packages/<group>/<name>.yaml)::
       - {fetched: containerd, path: usr/bin/ctr, dest: /usr/bin/ctr, mode: "0755"}  # from a
         # real upstream .deb (see `fetch` below); never substituted
     conffiles: [/etc/foo.conf]          # files under /etc are conffiles anyway (like dh_installdeb)
-    maintainer_scripts: {postinst: <path relative to repo root or inline text>, prerm, postrm, preinst}
+    maintainer_scripts:                 # path relative to repo root, or inline text
+      {postinst: <path or text>, prerm, postrm, preinst}
     systemd_units:                      # path, or {src, dest, enable, start}
       - tests/lab/standins/x/kubelet.service
     # optional extensions:
@@ -227,8 +228,9 @@ def _systemd_snippet(units: list[tuple[str, bool, bool]]) -> dict[str, str]:
     for unit, enable, start in units:
         if enable:
             post.append(
-                f"""if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ] || [ "$1" = "abort-deconfigure" ] || [ "$1" = "abort-remove" ] ; then
-\tif command -v deb-systemd-helper >/dev/null 2>&1; then
+                'if [ "$1" = "configure" ] || [ "$1" = "abort-upgrade" ]'
+                ' || [ "$1" = "abort-deconfigure" ] || [ "$1" = "abort-remove" ] ; then\n'
+                f"""\tif command -v deb-systemd-helper >/dev/null 2>&1; then
 \t\tdeb-systemd-helper unmask '{unit}' >/dev/null || true
 \t\tif [ -z "$2" ] || deb-systemd-helper --quiet was-enabled '{unit}'; then
 \t\t\tdeb-systemd-helper enable '{unit}' >/dev/null || true
@@ -320,10 +322,7 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
                 src = src.resolve()
             entries.append(Entry(dest, mode, src.read_bytes()))
             continue
-        if "content" in f:
-            data = str(f["content"]).encode()
-        else:
-            data = _read_src(f["src"])
+        data = str(f["content"]).encode() if "content" in f else _read_src(f["src"])
         if _is_text(data):
             data = sub(data.decode()).encode()
         entries.append(Entry(dest, mode, data))

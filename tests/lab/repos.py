@@ -12,6 +12,7 @@ Test infrastructure for gpuk8s (tests/lab/CONTRACT.md); never shipped to users.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -38,10 +39,11 @@ DEFAULT_LISTEN = "10.88.0.1:8081"
 LAYOUT_VERSION = "2"
 KEY_UID = "gpuk8s lab repository signing key (LAB ONLY) <lab-repos@gpuk8s.invalid>"
 # Debian packages whose real binaries are repackaged (downloaded from deb.debian.org once).
-SID_LIST = "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main\n"
+_DEB_SIGNED = "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
+SID_LIST = f"{_DEB_SIGNED} http://deb.debian.org/debian sid main\n"
 BOOKWORM_LIST = (
-    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main\n"
-    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main\n"
+    f"{_DEB_SIGNED} http://deb.debian.org/debian bookworm main\n"
+    f"{_DEB_SIGNED} http://deb.debian.org/debian-security bookworm-security main\n"
 )
 
 
@@ -190,9 +192,8 @@ def fetch_upstream_deb(package: str, suite: str) -> Path:
         final = dest / got[0].name
         shutil.move(str(got[0]), final)
     with open(dest / "VERSIONS", "a") as fh:
-        fh.write(
-            f"{package} {debs.deb_field(final, 'Version')} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
-        )
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        fh.write(f"{package} {debs.deb_field(final, 'Version')} {stamp}\n")
     return final
 
 
@@ -344,7 +345,9 @@ def _resolver() -> debs.FetchResolver:
 
 
 def build_all(force: bool = False) -> Path:
-    """Build every package (cached by content hash), publish and sign every repo; return the www root."""
+    """Build every package (cached by content hash), publish and sign every repo.
+
+    Return the www root."""
     t0 = time.monotonic()
     rdir = repos_dir()
     rdir.mkdir(parents=True, exist_ok=True)
@@ -387,13 +390,15 @@ def _log(msg: str) -> None:
 def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}") -> dict[str, str]:
     """Inventory variables that point gpuk8s at the lab repos served at base_url."""
     b = base_url.rstrip("/")
+    k8s = f"{b}/pkgs.k8s.io/core:/stable:/v{{{{ kubernetes_version }}}}/deb"
+    nct = f"{b}/nvidia.github.io/libnvidia-container"
     return {
-        "kubernetes_repo_url": f"{b}/pkgs.k8s.io/core:/stable:/v{{{{ kubernetes_version }}}}/deb/",
-        "kubernetes_repo_key_url": f"{b}/pkgs.k8s.io/core:/stable:/v{{{{ kubernetes_version }}}}/deb/Release.key",
+        "kubernetes_repo_url": f"{k8s}/",
+        "kubernetes_repo_key_url": f"{k8s}/Release.key",
         "nvidia_cuda_repo_url": f"{b}/{_CUDA}/{{{{ nvidia_cuda_distro }}}}/x86_64/",
         "nvidia_cuda_repo_key_url": f"{b}/{_CUDA}/{{{{ nvidia_cuda_distro }}}}/x86_64/3bf863cc.pub",
-        "nvidia_container_toolkit_repo_url": f"{b}/nvidia.github.io/libnvidia-container/stable/deb/amd64/",
-        "nvidia_container_toolkit_repo_key_url": f"{b}/nvidia.github.io/libnvidia-container/gpgkey",
+        "nvidia_container_toolkit_repo_url": f"{nct}/stable/deb/amd64/",
+        "nvidia_container_toolkit_repo_key_url": f"{nct}/gpgkey",
         "docker_repo_url": f"{b}/download.docker.com/linux/debian",
         "docker_repo_key_url": f"{b}/download.docker.com/linux/debian/gpg",
     }
@@ -410,9 +415,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             "libnvidia-container/stable/deb/nvidia-container-toolkit.list"
         ):
             host = self.headers.get("Host", DEFAULT_LISTEN)
+            base = f"http://{host}/nvidia.github.io/libnvidia-container"
             body = (
-                f"deb http://{host}/nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /\n"
-                f"#deb http://{host}/nvidia.github.io/libnvidia-container/experimental/deb/$(ARCH) /\n"
+                f"deb {base}/stable/deb/$(ARCH) /\n#deb {base}/experimental/deb/$(ARCH) /\n"
             ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
@@ -484,16 +489,16 @@ def serve(listen: str = DEFAULT_LISTEN, background: bool = True) -> int | None:
         _serve_forever(listen, root)
         return None
     state_dir().mkdir(parents=True, exist_ok=True)
-    log = open(state_dir() / "repos-http.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.lab.repos", "--serve-only", "--listen", listen],
-        cwd=str(debs.REPO_ROOT),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-        env=dict(os.environ),
-    )
+    with open(state_dir() / "repos-http.log", "ab") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lab.repos", "--serve-only", "--listen", listen],
+            cwd=str(debs.REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
     _pidfile().write_text(json.dumps({"pid": proc.pid, "listen": listen, "root": str(root)}))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -530,10 +535,8 @@ def stop_serving() -> bool:
     for _ in range(50):
         if not _alive(pid):
             break
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.1)
     else:
         os.kill(pid, signal.SIGKILL)
@@ -575,10 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             end="",
         )
         return 0
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         repos_task(args.listen, args.force)
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

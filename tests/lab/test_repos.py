@@ -331,14 +331,16 @@ def _apt_root(tmp: Path, base_url: str, keyring: Path, k8s_minor: str = "1.36") 
     (tmp / "var/lib/dpkg/status").write_text(
         "".join(
             f"Package: {n}\nStatus: install ok installed\nPriority: optional\nSection: misc\n"
-            f"Maintainer: lab <lab@invalid>\nArchitecture: amd64\nVersion: {v}\nDescription: assumed\n\n"
+            f"Maintainer: lab <lab@invalid>\nArchitecture: amd64\nVersion: {v}\n"
+            "Description: assumed\n\n"
             for n, v in ASSUMED_INSTALLED.items()
         )
     )
     k = f"signed-by={keyring}"
     (tmp / "etc/apt/sources.list").write_text(
         f"deb [{k}] {base_url}/pkgs.k8s.io/core:/stable:/v{k8s_minor}/deb/ /\n"
-        f"deb [{k}] {base_url}/developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /\n"
+        f"deb [{k}] {base_url}/developer.download.nvidia.com"
+        "/compute/cuda/repos/debian12/x86_64/ /\n"
         f"deb [{k}] {base_url}/nvidia.github.io/libnvidia-container/stable/deb/amd64/ /\n"
         f"deb [arch=amd64 {k}] {base_url}/download.docker.com/linux/debian bookworm stable\n"
         f"deb [{k}] {base_url}/lab-kernel/ /\n"

@@ -51,7 +51,8 @@ def install_files(root: Path, package: str, version: str) -> debs.BuildSpec:
 
 
 def fake_pci(root: Path, lines: list[str]) -> None:
-    """lines in the fixtures' sys-pci-nvidia.txt format: NAME VENDOR DEVICE CLASS SUBVEN SUBDEV DRIVER."""
+    """lines in the fixtures' sys-pci-nvidia.txt format:
+    NAME VENDOR DEVICE CLASS SUBVEN SUBDEV DRIVER."""
     for line in lines:
         name, vendor, device, cls, subven, subdev, *_ = line.split()
         d = root / "sys/bus/pci/devices" / name
@@ -139,7 +140,8 @@ def test_list_gpus_format(dual: Path) -> None:
     res = smi(dual, "-L")
     assert res.returncode == 0
     pat = re.compile(
-        r"GPU (\d+): (.+) \(UUID: (GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\)"
+        r"GPU (\d+): (.+) "
+        r"\(UUID: (GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\)"
     )
     got = [pat.fullmatch(x) for x in res.stdout.splitlines()]
     want = [pat.fullmatch(x) for x in (DUAL / "nvidia-smi-L.txt").read_text().splitlines()]
@@ -216,9 +218,9 @@ def test_version_mismatch_exit_18(root: Path) -> None:
     load_module(root, OLD)
     res = smi(root)
     assert res.returncode == 18
-    assert (
-        res.stdout
-        == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
+    assert res.stdout == (
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+        "NVML library version: 580.159\n"
     )
 
 
@@ -325,8 +327,8 @@ def test_dkms_standin_needs_headers(root: Path) -> None:
     res = run_script(root, spec, "postinst", "configure", "")
     assert res.returncode != 0
     assert (
-        "Error! Your kernel headers for kernel 6.1.0-lab cannot be found at /lib/modules/6.1.0-lab/build"
-        in res.stderr
+        "Error! Your kernel headers for kernel 6.1.0-lab cannot be found at "
+        "/lib/modules/6.1.0-lab/build" in res.stderr
     )
     assert not (root / "usr/lib/gpuk8s-lab/nvidia/module-version").exists()
 
@@ -456,7 +458,9 @@ def test_ctk_version(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def containerd_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The REAL containerd 2.1 binary of the containerd.io package (downloads sid's deb if needed)."""
+    """The REAL containerd 2.1 binary of the containerd.io package.
+
+    Downloads sid's deb if needed."""
     from tests.lab import repos
 
     pkg = next(d for d in debs.load_definitions() if d.raw["name"] == "containerd.io")
@@ -537,7 +541,9 @@ def test_ctk_configure_v3_real_containerd(root: Path, containerd_bin: Path, tmp_
 def test_ctk_configure_docker_default_config(
     root: Path, containerd_bin: Path, tmp_path: Path
 ) -> None:
-    """Docker's containerd.io config (no version, cri disabled): the runtime lands, cri stays disabled."""
+    """Docker's containerd.io config (no version, cri disabled).
+
+    The runtime lands, cri stays disabled."""
     install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
     etc = tmp_path / "etc-containerd"
     etc.mkdir()
@@ -583,7 +589,8 @@ def test_ctk_configure_v2(root: Path, containerd_bin: Path, tmp_path: Path) -> N
     (etc / "config.toml").write_text(
         'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
         '  runtime_type = "io.containerd.runc.v2"\n'
-        '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n    SystemdCgroup = true\n'
+        '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        "    SystemdCgroup = true\n"
     )
     res = ctk(
         root,
