@@ -7,7 +7,6 @@ nvidia-smi) are small fakes on PATH that print what the real ones print.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -124,7 +123,7 @@ class Node:
         self._script("ctr", f'cat "{st}/ctr"\n')
         self._script("containerd", f"""\
             if [ "$1" = "--version" ]; then
-              echo "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4e490e9fbdc236c0e811ccaba3376"
+              echo "containerd github.com/containerd/containerd/v2 v2.1.4 75cb2b7193e4"
               exit 0
             fi
             sed "s/{{systemd}}/$(cat {st}/systemd)/" <<'EOF'
@@ -133,12 +132,13 @@ class Node:
             """)
         kubelet = K8S / "kubelet"
         self._script("systemctl", f"""\
+            api={root}/run/gpuk8s-lab/kube-apiserver-standin.pid
             case "$1" in
               is-active) [ "$3" = containerd ] && exit $(cat {st}/active); exit 1;;
               is-enabled) exit 0;;
               restart|start)
                 if [ "$2" = kubelet ]; then
-                  [ -f {root}/run/kubelet.pid ] && kill $(cat {root}/run/kubelet.pid) 2>/dev/null && sleep 0.3
+                  kill $(cat {root}/run/kubelet.pid 2>/dev/null) 2>/dev/null && sleep 0.3
                   . {root}/var/lib/kubelet/kubeadm-flags.env
                   nohup {sys.executable} {kubelet} --config=/var/lib/kubelet/config.yaml \\
                     --kubeconfig=/etc/kubernetes/kubelet.conf $KUBELET_KUBEADM_ARGS \\
@@ -149,8 +149,8 @@ class Node:
                 if [ "$2" = kubelet ] && [ -f {root}/run/kubelet.pid ]; then
                   kill $(cat {root}/run/kubelet.pid) 2>/dev/null; rm -f {root}/run/kubelet.pid
                 fi
-                if [ "$2" = kube-apiserver-standin ] && [ -f {root}/run/gpuk8s-lab/kube-apiserver-standin.pid ]; then
-                  kill $(cat {root}/run/gpuk8s-lab/kube-apiserver-standin.pid) 2>/dev/null; sleep 0.3
+                if [ "$2" = kube-apiserver-standin ] && [ -f "$api" ]; then
+                  kill $(cat "$api") 2>/dev/null; sleep 0.3
                 fi;;
             esac
             exit 0
@@ -158,7 +158,8 @@ class Node:
         self._script("nvidia-smi", f"""\
             rc=$(cat {st}/smi_rc)
             if [ "$rc" != 0 ]; then
-              echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."
+              echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA" \
+                "driver. Make sure that the latest NVIDIA driver is installed and running."
               exit $rc
             fi
             echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-11111111-2222-3333-4444-555555555555)"
@@ -407,8 +408,8 @@ featureGates: {InPlacePodVerticalScaling: true}
                                           "KubeletConfiguration"}
 
     def test_v1beta3_removed(self) -> None:
-        with pytest.raises(ConfigError, match='no kind "InitConfiguration" is registered for '
-                           'version "kubeadm.k8s.io/v1beta3"'):
+        with pytest.raises(ConfigError, match=r'no kind "InitConfiguration" is registered for '
+                           r'version "kubeadm\.k8s\.io/v1beta3"'):
             decode(self.INIT.replace("v1beta4", "v1beta3", 1))
 
     def test_extra_args_map_refused(self) -> None:
@@ -496,7 +497,8 @@ spec:
     metadata: {labels: {name: nvidia-device-plugin-ds}}
     spec:
       tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-      containers: [{name: nvidia-device-plugin-ctr, image: nvcr.io/nvidia/k8s-device-plugin:v0.20.0}]
+      containers:
+      - {name: nvidia-device-plugin-ctr, image: nvcr.io/nvidia/k8s-device-plugin:v0.20.0}
 ---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
@@ -923,7 +925,9 @@ kind: ConfigMap
 metadata: {name: kube-flannel-cfg, namespace: kube-flannel}
 data:
   cni-conf.json: |
-    {"name": "cbr0", "cniVersion": "0.3.1", "plugins": [{"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}
+    {"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+      {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+      {"type": "portmap", "capabilities": {"portMappings": true}}]}
   net-conf.json: |
     {"Network": "10.244.0.0/16", "EnableNFTables": false, "Backend": {"Type": "vxlan"}}
 ---
@@ -940,7 +944,9 @@ spec:
       initContainers:
       - {name: install-cni, image: "ghcr.io/flannel-io/flannel:v0.28.9", command: [cp]}
       containers:
-      - {name: kube-flannel, image: "ghcr.io/flannel-io/flannel:v0.28.9", command: [/opt/bin/flanneld]}
+      - name: kube-flannel
+        image: "ghcr.io/flannel-io/flannel:v0.28.9"
+        command: [/opt/bin/flanneld]
       volumes:
       - {name: flannel-cfg, configMap: {name: kube-flannel-cfg}}
 """
@@ -959,7 +965,8 @@ spec:
     spec:
       runtimeClassName: nvidia
       tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
-      containers: [{name: nvidia-device-plugin-ctr, image: "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"}]
+      containers:
+      - {name: nvidia-device-plugin-ctr, image: "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"}
 """
 SMOKE = """apiVersion: v1
 kind: Pod

@@ -730,8 +730,9 @@ class ApiServer:
             owned = [p for p in self._owned(rs, self.list(pods_res, ns)) if is_active(p)]
             want = rs.get("spec", {}).get("replicas", 1)
             for _ in range(want - len(owned)):
+                name = f"{rs['metadata']['name']}-{rand_suffix()}"
                 self.create(pods_res, self._pod_from_template(
-                    rs, rs["spec"].get("template", {}), f"{rs['metadata']['name']}-{rand_suffix()}"))
+                    rs, rs["spec"].get("template", {}), name))
             for p in owned[want:]:
                 self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
             owned = [p for p in self._owned(rs, self.list(pods_res, ns)) if is_active(p)]

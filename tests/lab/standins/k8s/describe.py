@@ -61,11 +61,13 @@ def describe_pod(pod: Obj, events: list[Obj]) -> str:
         if cs:
             state = cs.get("state", {})
             if "waiting" in state:
-                out += f"    State:          Waiting\n      Reason:       {state['waiting'].get('reason', '')}\n"
+                out += "    State:          Waiting\n"
+                out += f"      Reason:       {state['waiting'].get('reason', '')}\n"
                 if state["waiting"].get("message"):
                     out += f"      Message:      {state['waiting']['message']}\n"
             elif "running" in state:
-                out += f"    State:          Running\n      Started:      {state['running'].get('startedAt', '')}\n"
+                out += "    State:          Running\n"
+                out += f"      Started:      {state['running'].get('startedAt', '')}\n"
             elif "terminated" in state:
                 t = state["terminated"]
                 out += (f"    State:          Terminated\n      Reason:       {t.get('reason', '')}"

@@ -109,7 +109,7 @@ def validate(gates: dict[str, object], known: dict[str, tuple[str, bool, bool]] 
         if name not in known:
             raise GateError(f"unrecognized feature gate: {name}")
         val = _bool(raw)
-        stage, default, locked = known[name]
+        _stage, default, locked = known[name]
         if locked and val != default:
             raise GateError(f"cannot set feature gate {name} to {str(val).lower()}, "
                             f"feature is locked to {str(default).lower()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hmac
 import json
 import os
@@ -464,7 +465,7 @@ class Kubeadm:
         cert = pki.sign_csr(pki.make_csr(key, cn, orgs), f"{PKI}/ca.crt", f"{PKI}/ca.key")
         key_pem = read(key) or ""
         os.unlink(P(key))
-        write(path, kubeconfig.build(server, ca_pem, cn if "system:node" not in cn else cn,
+        write(path, kubeconfig.build(server, ca_pem, cn,
                                      cert_pem=cert, key_pem=key_pem), 0o600)
 
     def _ignores(self, nr: Obj) -> list[str]:
@@ -948,10 +949,8 @@ class Kubeadm:
         files = [f"/etc/kubernetes/{f}" for f in KUBECONFIGS]
         out(f"[reset] Deleting files: [{' '.join(files)}]")
         for f in files:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(P(f))
-            except OSError:
-                pass
         out("\nThe reset process does not perform cleanup of CNI plugin configuration,\n"
             "network filtering rules and kubeconfig files.\n\n"
             "For information on how to perform this cleanup manually, please see:\n"
@@ -975,10 +974,8 @@ def _empty_dir(path: str) -> None:
         if os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(p)
-            except OSError:
-                pass
 
 
 def cluster_info_kubeconfig(server: str, ca_pem: str) -> str:

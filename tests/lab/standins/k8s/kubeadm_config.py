@@ -123,7 +123,7 @@ def _check_kind(kind: str, d: Obj) -> None:
     to = d.get("timeouts")
     if isinstance(to, dict):
         _strict(to, TIMEOUTS, "timeouts.")
-        for k, v in to.items():
+        for _k, v in to.items():
             try:
                 parse_duration(str(v))
             except ValueError as e:

@@ -310,7 +310,8 @@ class Kubectl:
                                                                        ())))
         r = self.registry.lookup(name)
         if r is None:
-            raise CmdError(f'error: the server doesn\'t have a resource type "{name.split(".")[0]}"')
+            kind = name.split(".")[0]
+            raise CmdError(f'error: the server doesn\'t have a resource type "{kind}"')
         return r
 
     @staticmethod
@@ -583,7 +584,7 @@ class Kubectl:
                            "supported")
         node = self._node(name)
         taints = list(node.get("spec", {}).get("taints") or [])
-        added = removed = False
+        added = False
         for spec in self.args.args[2:]:
             rm = spec.endswith("-")
             spec = spec.rstrip("-")
@@ -594,7 +595,7 @@ class Kubectl:
                     not effect or t.get("effect") == effect))]
                 if len(keep) == len(taints):
                     raise CmdError(f'error: taint "{spec}" not found')
-                taints, removed = keep, True
+                taints, _removed = keep, True
                 continue
             if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
                 raise CmdError(f'error: invalid taint effect: {effect}, unsupported taint '

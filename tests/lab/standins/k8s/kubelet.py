@@ -5,6 +5,7 @@ stand-in kube-apiserver) and a small, clearly labelled emulation of what pods' i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import hashlib
 import http.server
@@ -387,11 +388,9 @@ class Kubelet:
                                                       "name": self.node_name, "controller": True}]
             mirror["spec"]["nodeName"] = self.node_name
             mirror.pop("status", None)
-            try:
+            with contextlib.suppress(ApiError):
                 self.client.request("POST", f"/api/v1/namespaces/{mirror['metadata']['namespace']}"
                                     "/pods", mirror)
-            except ApiError:
-                pass
 
     # -------------------------------------------------------------- pods
     def log_path(self, pod: Obj, container: str) -> str:
@@ -456,10 +455,8 @@ class Kubelet:
               "reason": reason, "message": msg, "type": etype,
               "source": {"component": "kubelet", "host": self.node_name},
               "firstTimestamp": ts(), "lastTimestamp": ts(), "count": 1}
-        try:
+        with contextlib.suppress(ApiError):
             self.client.request("POST", f"/api/v1/namespaces/{md['namespace']}/events", ev)
-        except ApiError:
-            pass
 
     @staticmethod
     def _pod_ip(uid: str) -> str:

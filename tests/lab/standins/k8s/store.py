@@ -7,6 +7,7 @@ Layout: <data-dir>/member/standin/<group or core>/<plural>/<namespace or _cluste
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -87,10 +88,8 @@ class Store:
     def delete(self, key: Key, ns: str, name: str) -> Obj | None:
         with self.lock:
             obj = self.objs.get(key, {}).pop((ns, name), None)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self._path(key, ns, name))
-            except OSError:
-                pass
             return obj
 
     def resource_keys(self) -> list[Key]:
