@@ -1101,3 +1101,42 @@ class TestControlPlaneEndToEnd:
         node.swaps.write_text(node.swaps.read_text() + "/swap.img file 4194300 0 -2\n")
         r = node.run("kubelet", timeout=30)
         assert r.returncode == 1 and "running with swap on is not supported" in r.stderr
+
+
+class TestNodeLifecycleAndTools:
+    def test_node_not_ready_when_kubelet_stops_posting(self, cluster: Cluster) -> None:
+        cluster.add_node("gpu-01")
+        node = cluster.client.get("/api/v1/nodes/gpu-01")
+        node["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z"
+        cluster.client.request("PUT", "/api/v1/nodes/gpu-01/status", node)
+        cluster.wait(lambda: "NotReady" in cluster.kubectl("get", "node", "gpu-01").stdout)
+        n = cluster.client.get("/api/v1/nodes/gpu-01")
+        ready = n["status"]["conditions"][0]
+        assert (ready["status"], ready["message"]) == ("Unknown",
+                                                       "Kubelet stopped posting node status.")
+        assert {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"} in \
+            n["spec"]["taints"]
+
+    def test_cluster_info(self, cluster: Cluster) -> None:
+        r = cluster.kubectl("cluster-info")
+        assert r.stdout.splitlines()[0] == \
+            f"Kubernetes control plane is running at {cluster.server}"
+
+    def test_crictl(self, node: Node) -> None:
+        r = node.run("crictl", "--runtime-endpoint", "unix:///run/containerd/containerd.sock",
+                     "version")
+        # /run/containerd is not where the fake socket lives: crictl fails like the real one
+        assert r.returncode == 1
+        assert 'level=fatal msg="validate service connection: validate CRI v1 runtime API for ' \
+            'endpoint \\"unix:///run/containerd/containerd.sock\\"' in r.stderr
+        ep = "unix:///var/run/containerd/containerd.sock"
+        r = node.run("crictl", "-r", ep, "version")
+        assert r.stdout.splitlines() == ["Version:  0.1.0", "RuntimeName:  containerd",
+                                         "RuntimeVersion:  v2.1.4", "RuntimeApiVersion:  v1"]
+        info = json.loads(node.run("crictl", "-r", ep, "info").stdout)
+        net = info["status"]["conditions"][1]
+        assert (net["type"], net["status"]) == ("NetworkReady", False)
+        node.set(ctr=CTR_OK.replace("io.containerd.grpc.v1                     cri"
+                                    "                      -              ok\n", ""))
+        r = node.run("crictl", "-r", ep, "info")
+        assert r.returncode == 1 and "unknown service runtime.v1.RuntimeService" in r.stderr

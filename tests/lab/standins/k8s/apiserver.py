@@ -1138,12 +1138,13 @@ class ApiServer:
                  q: dict[str, list[str]], body: bytes, h: BaseHTTPRequestHandler
                  ) -> tuple[int, Any, str]:
         js = "application/json"
+        # proxies to the kubelet run outside the lock: a slow kubelet must not stall the server
+        if sub == "log" and res.plural == "pods":
+            return 200, self.pod_log(ns, name, q), "text/plain"
+        if sub.startswith("proxy") and res.plural == "nodes":
+            path = "/" + sub[len("proxy"):].lstrip("/")
+            return 200, self.kubelet_get(name, path), js
         with self.lock:
-            if sub == "log" and res.plural == "pods":
-                return 200, self.pod_log(ns, name, q), "text/plain"
-            if sub.startswith("proxy") and res.plural == "nodes":
-                path = "/" + sub[len("proxy"):].lstrip("/")
-                return 200, self.kubelet_get(name, path), js
             if sub == "eviction" and method == "POST":
                 return 201, self.evict(ns, name), js
             if method == "GET" and name:
