@@ -1140,3 +1140,31 @@ class TestNodeLifecycleAndTools:
                                     "                      -              ok\n", ""))
         r = node.run("crictl", "-r", ep, "info")
         assert r.returncode == 1 and "unknown service runtime.v1.RuntimeService" in r.stderr
+
+
+def test_worker_joins_with_printed_join_command(control_plane: tuple[Node, str],
+                                                tmp_path: Path) -> None:
+    """init, then the one-line join command from `kubeadm token create` on a second root."""
+    cp, kc = control_plane
+    line = cp.run("kubeadm", "token", "create", "--ttl", "15m0s", "--print-join-command",
+                  "--kubeconfig", kc).stdout.split()
+    assert line[:2] == ["kubeadm", "join"]
+    # one kubelet per host port: stop the control plane's kubelet (its API server keeps running,
+    # like static pods do when the real kubelet stops)
+    subprocess.run(["systemctl", "stop", "kubelet"], env=cp.env(), check=True)
+    worker = Node(tmp_path / "worker")
+    try:
+        (worker.root / "etc/hostname").write_text("gpu-01\n")
+        r = worker.run("kubeadm", *line[1:])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.rstrip().endswith("Run 'kubectl get nodes' on the control-plane to see "
+                                          "this node join the cluster.")
+        wait_for(lambda: "gpu-01" in cp.run("kubectl", "--kubeconfig", kc, "get", "nodes"
+                                            ).stdout)
+        cfg = (worker.root / "var/lib/kubelet/config.yaml").read_text()
+        assert "ImageVolume: true" in cfg  # feature gates from init reach the worker
+        r = worker.run("kubeadm", *line[1:])
+        assert "[ERROR FileAvailable--etc-kubernetes-kubelet.conf]: /etc/kubernetes/kubelet.conf" \
+            " already exists" in r.stderr
+    finally:
+        worker.cleanup()

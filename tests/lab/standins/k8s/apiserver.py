@@ -166,7 +166,8 @@ class ApiServer:
         self.port = int(f.get("secure-port", "6443"))
         self.bind = f.get("bind-address", "0.0.0.0")
         self.advertise = f.get("advertise-address", "127.0.0.1")
-        self.ca_file = f.get("client-ca-file", P("/etc/kubernetes/pki/ca.crt"))
+        # node paths (GPUK8S_LAB_ROOT applies when they are opened)
+        self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
         self.data_dir = f.get("lab-data-dir", P("/var/lib/etcd"))
         self.registry = Registry()
@@ -1005,10 +1006,10 @@ class ApiServer:
     # ---------------------------------------------------------------- serving
     def serve(self) -> None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(self.flags.get("tls-cert-file", P("/etc/kubernetes/pki/apiserver.crt")),
-                            self.flags.get("tls-private-key-file",
-                                           P("/etc/kubernetes/pki/apiserver.key")))
-        ctx.load_verify_locations(self.ca_file)
+        ctx.load_cert_chain(P(self.flags.get("tls-cert-file", "/etc/kubernetes/pki/apiserver.crt")),
+                            P(self.flags.get("tls-private-key-file",
+                                             "/etc/kubernetes/pki/apiserver.key")))
+        ctx.load_verify_locations(P(self.ca_file))
         ctx.verify_mode = ssl.CERT_OPTIONAL
         api = self
 

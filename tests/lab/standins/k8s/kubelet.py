@@ -309,9 +309,6 @@ class Kubelet:
                 if a.startswith("--data-dir="):
                     data_dir = a.split("=", 1)[1]
         argv.append(f"--lab-data-dir={P(data_dir)}")
-        argv = [a if not a.startswith(("--client-ca-file=", "--tls-cert-file=",
-                                       "--tls-private-key-file=")) else
-                a.split("=", 1)[0] + "=" + P(a.split("=", 1)[1]) for a in argv]
         h = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
         running = self._apiserver_running()
         if running and h == self.apiserver_hash:
