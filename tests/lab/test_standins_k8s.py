@@ -1035,6 +1035,9 @@ class TestControlPlaneEndToEnd:
         import re
 
         assert re.search(r"--token [a-z0-9]{6}\.[a-z0-9]{16} ", line)
+        listing = node.run("kubeadm", "token", "list", "--kubeconfig", kc).stdout.splitlines()
+        assert listing[0].split()[:4] == ["TOKEN", "TTL", "EXPIRES", "USAGES"]
+        assert "authentication,signing" in listing[1]
         cm = json.loads(k("get", "configmap", "kubeadm-config", "-n", "kube-system", "-o",
                           "json").stdout)
         assert "ClusterConfiguration" in cm["data"]
@@ -1168,3 +1171,12 @@ def test_worker_joins_with_printed_join_command(control_plane: tuple[Node, str],
             " already exists" in r.stderr
     finally:
         worker.cleanup()
+
+
+def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "k8s.apiserver", "--feature-gates=Accelerators=true",
+                        f"--lab-data-dir={tmp_path}"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(STANDINS)}, timeout=30)
+    assert r.returncode == 1
+    assert r.stderr.strip() == ('Error: invalid argument "Accelerators=true" for '
+                                '"--feature-gates" flag: unrecognized feature gate: Accelerators')
