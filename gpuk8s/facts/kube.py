@@ -121,9 +121,10 @@ class Cluster(Fact[ClusterState]):
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
 k="kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-$k get nodes -o json 2>&1 || exit 3
+e=$(mktemp); trap 'rm -f "$e"' EXIT
+$k get nodes -o json 2>"$e" || {{ tail -n 3 "$e"; exit 3; }}
 echo '## managed'
-$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json 2>&1 || exit 4"""
+$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json 2>"$e" || {{ tail -n 3 "$e"; exit 4; }}"""
 
     def parse(self, output: str, exit_code: int) -> ClusterState:
         if exit_code == 0 and not output.strip():
@@ -133,8 +134,10 @@ $k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json 2>&1 ||
                                 f"kubectl exited {exit_code}")
         nodes_text, _, managed_text = output.partition("## managed\n")
         managed = {}
-        for item in json.loads(managed_text).get("items", []):
+        decoder = json.JSONDecoder()
+        for item in decoder.raw_decode(managed_text.strip())[0].get("items", []):
             meta = item.get("metadata", {})
             key = f"{item.get('kind')}/{meta.get('namespace', '')}/{meta.get('name')}"
             managed[key] = meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
-        return ClusterState(True, "", parse_nodes(json.loads(nodes_text)), managed)
+        return ClusterState(True, "", parse_nodes(decoder.raw_decode(nodes_text.strip())[0]),
+                            managed)

@@ -75,7 +75,10 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
             commands.append(f"{APT} update")
         if check:
             commands.append(check)
-        commands.append(f"{APT} install --allow-change-held-packages " + " ".join(specs))
+        install = f"{APT} install --allow-change-held-packages " + " ".join(specs)
+        # stale or missing package lists (a fresh box): refresh them once and try again
+        commands.append(f"{install} || {{ echo 'gpuk8s: apt-get update, then retry'; "
+                        f"{APT} update && {install}; }}")
     if hold:
         commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())

@@ -49,16 +49,18 @@ def flavour(vars: Mapping[str, Any], devices: Any) -> str:
 
 
 def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: Any,
-                    kernel: str) -> dict[str, str]:
-    """Package -> version prefix for the driver, by source and flavour."""
+                    kernel: str, headers_installed: bool) -> dict[str, str]:
+    """Package -> version prefix for the driver (and the running kernel's headers when they
+    are missing), by source and flavour."""
     branch = str(vars["nvidia_driver_branch"])
     prefix = str(vars["nvidia_driver_version"]) or f"{branch}."
     open_ = flavour(vars, devices) == "open"
+    headers = {} if headers_installed else {f"linux-headers-{kernel}": ""}
     if driver_source(vars, os_) == "ubuntu":
         name = f"nvidia-driver-{branch}-server" + ("-open" if open_ else "")
-        return {f"linux-headers-{kernel}": "", name: prefix}
+        return {**headers, name: prefix}
     meta = f"nvidia-open-{branch}" if open_ else f"cuda-drivers-{branch}"
-    return {f"linux-headers-{kernel}": "", meta: prefix}
+    return {**headers, meta: prefix}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
@@ -101,7 +103,7 @@ def plan(ctx: HostContext) -> list[Op]:
                                                               else ())))
     if driver_source(ctx.vars, os_) == "cuda":
         ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
-    wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel)
+    wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
     installed = f[Packages("nvidia-fabricmanager", *_all_driver_names(ctx.vars))]
     pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
                       update_first=driver_source(ctx.vars, os_) == "ubuntu")

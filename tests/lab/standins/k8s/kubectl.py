@@ -382,6 +382,10 @@ class Kubectl:
             for kind in a.args[0].split(","):
                 targets.append((kind, a.args[1:]))
         failed = False
+        # like the real kubectl, several types with a structured output make ONE List
+        structured = (a.output or "").split("=")[0] in ("json", "yaml", "jsonpath")
+        combine = structured and len(targets) > 1
+        combined: list[Obj] = []
         for kind, names in targets:
             res = self.resolve(kind)
             ns = None if (a.all_namespaces or not res.namespaced) else self.ns
@@ -396,7 +400,9 @@ class Kubectl:
                         if not a.ignore_not_found:
                             sys.stderr.write(f"Error from server (NotFound): {e}\n")
                             failed = True
-                if objs:
+                if objs and combine:
+                    combined.extend(objs)
+                elif objs:
                     self.emit(res, objs, single=len(names) == 1 and len(targets) == 1)
             else:
                 q = []
@@ -410,7 +416,12 @@ class Kubectl:
                     where = "" if not ns else f" in {ns} namespace"
                     sys.stderr.write(f"No resources found{where}.\n")
                     continue
-                self.emit(res, objs, single=False)
+                if combine:
+                    combined.extend(objs)
+                else:
+                    self.emit(res, objs, single=False)
+        if combine:
+            self.emit(None, combined, single=False)
         if failed:
             raise SystemExit(1)
 
