@@ -26,6 +26,8 @@ from tests.lab import debs, repos
 # check treats them as installed so only the lab repos are resolved.
 ASSUMED_INSTALLED = {
     "python3": "3.11.2-1+b1",
+    "python3-yaml": "6.0-3+b2",
+    "openssl": "3.0.17-1~deb12u2",
     "libc6": "2.36-9+deb12u10",
     "libseccomp2": "2.5.4-1+deb12u1",
     "iptables": "1.8.9-2",
