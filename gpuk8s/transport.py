@@ -292,13 +292,18 @@ class SSHTransport:
 
 
 def _jump_connection(spec: ConnectSpec, config: Any) -> Any:
-    import fabric
-
+    """An opened connection to the ProxyJump host, with the same keys and host-key policy as
+    the target (a bastion's key is checked like any other)."""
     target = spec.proxy_jump or ""
     user, _, hostport = target.rpartition("@")
     host, _, port = hostport.partition(":")
-    return fabric.Connection(host, user=user or None, port=int(port) if port else None,
-                             config=config, connect_timeout=spec.connect_timeout)
+    jump = ConnectSpec(name=f"{spec.name} (via {host})", address=host,
+                       port=int(port) if port else 22, user=user or spec.user,
+                       key_files=spec.key_files, known_hosts_files=spec.known_hosts_files,
+                       ssh_config_file=spec.ssh_config_file,
+                       host_key_policy=spec.host_key_policy,
+                       connect_timeout=spec.connect_timeout)
+    return SSHTransport(jump, retries=0)._open()
 
 
 class LocalTransport:

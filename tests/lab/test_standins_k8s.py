@@ -182,7 +182,8 @@ class Node:
         env.update({"GPUK8S_LAB_ROOT": str(self.root), "PATH": f"{self.bin}:{env['PATH']}",
                     "GPUK8S_LAB_PROC_SWAPS": str(self.swaps), "GPUK8S_LAB_NO_SYSTEMD": "1",
                     "GPUK8S_LAB_KUBELET_PERIOD": "0.5", "GPUK8S_LAB_JOB_RUNTIME": "0.5",
-                    "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2", "PYTHONPATH": str(STANDINS)})
+                    "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2", "PYTHONPATH": str(STANDINS),
+                    "GPUK8S_LAB_CGROUP": "v2"})
         env.update(extra)
         return env
 
@@ -1104,6 +1105,18 @@ class TestControlPlaneEndToEnd:
         node.swaps.write_text(node.swaps.read_text() + "/swap.img file 4194300 0 -2\n")
         r = node.run("kubelet", timeout=30)
         assert r.returncode == 1 and "running with swap on is not supported" in r.stderr
+
+    def test_kubelet_refuses_cgroup_v1_unless_allowed(self, node: Node) -> None:
+        config = node.root / "var/lib/kubelet/config.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\n"
+                          "kind: KubeletConfiguration\n")
+        r = node.run("kubelet", timeout=30, GPUK8S_LAB_CGROUP="v1")
+        assert r.returncode == 1
+        assert "kubelet is configured to not run on a host using cgroup v1" in r.stderr
+        config.write_text(config.read_text() + "failCgroupV1: false\n")
+        r = node.run("kubelet", timeout=30, GPUK8S_LAB_CGROUP="v1")
+        assert "cgroup v1" not in r.stderr
 
 
 class TestNodeLifecycleAndTools:

@@ -125,6 +125,11 @@ class Kubelet:
         if nodeinfo.swap_on() and self.cfg.get("failSwapOn", True) is not False:
             fatal("failed to run Kubelet: running with swap on is not supported, please disable "
                   "swap or set --fail-swap-on flag to false")
+        if nodeinfo.cgroup_v1() and self.cfg.get("failCgroupV1", True) is not False:
+            # kubelet >= 1.35 defaults failCgroupV1 to true
+            fatal("failed to run Kubelet: kubelet is configured to not run on a host using "
+                  "cgroup v1. cgroup v1 support is in maintenance mode, please migrate to "
+                  "cgroup v2")
         self.cri = a.container_runtime_endpoint or self.cfg.get("containerRuntimeEndpoint") or \
             nodeinfo.CRI_SOCKET
         err = nodeinfo.cri_error(self.cri)

@@ -110,6 +110,19 @@ def swap_on() -> bool:
     return len(lines) > 1
 
 
+def cgroup_v1() -> bool:
+    """True when /sys/fs/cgroup is not the unified (v2) hierarchy. Lab-only hook:
+    GPUK8S_LAB_CGROUP=v1|v2 forces the answer in unit tests."""
+    forced = os.environ.get("GPUK8S_LAB_CGROUP")
+    if forced:
+        return forced == "v1"
+    try:
+        return os.statvfs("/sys/fs/cgroup") is not None and \
+            not os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    except OSError:
+        return False
+
+
 def sysctl(name: str) -> str | None:
     v = read("/proc/sys/" + name.replace(".", "/"))
     return v.strip() if v is not None else None
