@@ -52,7 +52,7 @@ def test_unknown_host_key_is_refused(lab: Lab, tmp_path: Path) -> None:
     empty.write_text("")
     path = write_inventory(lab, tmp_path, {"cpu-01": {"ansible_host": node.ip}},
                            ansible_ssh_common_args=f"-o UserKnownHostsFile={empty}")
-    with pytest.raises(PhaseFailed, match="host key of .* is unknown"):
+    with pytest.raises(PhaseFailed, match=r"host key of .* is unknown"):
         facts(path)
     assert empty.read_text() == ""
 
