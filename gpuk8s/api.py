@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ class Session:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
 
     @property
     def first_cp(self) -> str:
@@ -319,11 +324,18 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
     """
-    started = time.monotonic()
     command = "plan" if check else "bootstrap"
     session = open_session(inventory, limit=limit, sets=sets, command=command,
                            reporter=reporter, opener=opener,
                            password_prompt=_prompt() if ask_become_pass else None)
+    with closing(session):
+        return converge(session, check=check, diff=diff, yes=yes, confirm=confirm)
+
+
+def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
+             confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
+    started = time.monotonic()
     rep = session.reporter
     try:
         gather(session, list(session.transports))
@@ -398,9 +410,6 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
     except Gpuk8sError as exc:
         session.runlog.write_report(error=session.redact(str(exc)))
         raise
-    finally:
-        for t in session.transports.values():
-            t.close()
 
 
 def _prompt() -> Callable[[str], str]:
@@ -453,15 +462,12 @@ def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str
     session = open_session(inventory, limit=limit, sets=sets, command="facts",
                            reporter=reporter,
                            password_prompt=_prompt() if ask_become_pass else None)
-    try:
+    with closing(session):
         gather(session, [h for h in session.scope if h in session.transports])
         data = {h: session.facts[h].as_json() for h in session.scope}
         text = json.dumps(data, indent=2, default=_jsonable)
         session.reporter.console.print(session.redact(text), markup=False, highlight=False)
         return data
-    finally:
-        for t in session.transports.values():
-            t.close()
 
 
 def _jsonable(value: Any) -> Any:
