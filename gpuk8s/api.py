@@ -32,7 +32,14 @@ from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.inventory import Host, Inventory, load_inventory
 from gpuk8s.ops import Op
-from gpuk8s.playbook import ALL_ROLES, PHASES, PREFLIGHT, Phase
+from gpuk8s.playbook import (
+    ALL_ROLES,
+    PHASES,
+    PREFLIGHT,
+    Phase,
+    package_cache_host,
+    package_cache_url,
+)
 from gpuk8s.report import Reporter, RunLog
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.transport import ConnectSpec, Redactor, Transport, open_all, open_transport
@@ -55,6 +62,7 @@ class Session:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unreachable: dict[str, ConnectError] = field(default_factory=dict)
 
     def close(self) -> None:
         for transport in self.transports.values():
@@ -102,6 +110,7 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         return parse_probe(name, result.stdout, requests, marker)
 
     results = in_parallel(list(hosts), one)
+    session.runlog.mark("facts")
     failed: dict[str, HostResult] = {}
     for name, value in results.items():
         if isinstance(value, HostFacts):
@@ -132,7 +141,8 @@ def cluster_values(session: Session) -> None:
                        "address": session.host(name).address, "gpus": len(gpus),
                        "model": gpus[0].model if gpus else ""}
     session.cluster.update(endpoint=endpoint, advertise_address=cp.address,
-                           node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes)
+                           node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
+                           package_cache_url=package_cache_url(session.inventory))
 
 
 def preflight(session: Session) -> None:
@@ -171,6 +181,9 @@ def phase_hosts(session: Session, phase: Phase) -> list[str]:
         return list(session.scope)
     if phase.hosts == "first_control_plane":
         return [session.first_cp]
+    if phase.hosts == "package_cache":
+        cache = package_cache_host(session.inventory)
+        return [cache] if cache in session.transports else []
     return [h for h in session.scope if h != session.first_cp]
 
 
@@ -264,8 +277,12 @@ def _runs_dir() -> Path:
 def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str],
                  command: str, reporter: Reporter | None, redact: Redactor | None = None,
                  opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
-                 password_prompt: Callable[[str], str] | None = None) -> Session:
-    """Load the inventory, then connect to the hosts in scope plus the first control plane."""
+                 password_prompt: Callable[[str], str] | None = None,
+                 allow_unreachable: bool = False) -> Session:
+    """Load the inventory, then connect to the hosts in scope plus the first control plane.
+
+    An unreachable host fails the run, unless ``allow_unreachable``: then it leaves the scope
+    and is listed in ``session.unreachable`` (the first control plane must always answer)."""
     inv = load_inventory(inventory, overrides=list(sets))
     if not inv.control_planes:
         raise InventoryError("no control plane in the inventory", path=str(inv.path),
@@ -289,16 +306,21 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     # clear ConnectError naming the host and where a password can be given
     session = Session(inv, selected, reporter, redact, RunLog(_runs_dir(), command, redact),
                       opener)
-    contact = list(dict.fromkeys([*selected, session.first_cp]))
+    cache = package_cache_host(inv)  # the nodes' apt needs it, whatever --limit says
+    contact = list(dict.fromkeys([*selected, session.first_cp, *([cache] if cache else [])]))
     specs = [connect_spec(inv.hosts[h]) for h in contact]
     for spec in specs:
         redact.add(spec.become_password)
     transports, errors = open_all(specs, redact, opener)
     session.transports = transports
-    if errors:
+    session.runlog.watch(lambda: {h: t.counters for h, t in session.transports.items()})
+    session.runlog.mark("connect")
+    if errors and (not allow_unreachable or session.first_cp in errors):
         for t in transports.values():
             t.close()
         raise PhaseFailed("connect", {h: HostResult(h, error=e) for h, e in errors.items()})
+    session.unreachable = dict(errors)
+    session.scope = [h for h in session.scope if h not in errors]
     return session
 
 

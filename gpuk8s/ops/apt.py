@@ -40,9 +40,12 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
 
 
 def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[str, str], *,
-             hold: bool = False, update_first: bool = False) -> Op:
+             hold: bool = False, update_first: bool = False, pin_deps: bool = False) -> Op:
     """Ensure packages are installed at versions matching their prefix ("" = any), held
-    if ``hold``. A prefix like "1.36." picks the newest matching version at apply time.
+    if ``hold``. A prefix ("1.36.", "580.159.04") picks the newest matching version at apply
+    time; downgrades are allowed, since the inventory is the truth. ``pin_deps`` also pins
+    every dependency declared with ``(= version)`` (NVIDIA's driver metapackages need it to
+    install a version that is not the newest).
 
     No-op when: each package is installed at a matching version (and held when asked).
     """
@@ -57,30 +60,48 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
         return noop(op_id, f"= {desc}" + (" (held)" if hold else ""))
     commands: list[str] = []
     if missing:
-        specs = []
-        for name, prefix in missing.items():
-            if not prefix:
-                specs.append(name)
-            elif prefix.endswith((".", "-")) or prefix.count(".") < 2:
-                # resolve "newest version starting with prefix" on the host, at apply time
-                specs.append(f"{name}=$(apt-cache madison {name} | awk -v p={q(prefix)} "
-                             f"'index($3, p) == 1 {{print $3; exit}}')")
-            else:
-                specs.append(f"{name}={prefix}")
-        check = " ".join(
-            f"v=$(apt-cache madison {n} | awk -v p={q(p)} 'index($3, p) == 1' | head -n1); "
-            f"[ -n \"$v\" ] || {{ echo 'no {n} version matching \"{p}\" in the configured "
-            f"apt sources' >&2; exit 100; }};" for n, p in missing.items() if p)
         if update_first:
             commands.append(f"{APT} update")
-        if check:
-            commands.append(check)
-        install = f"{APT} install --allow-change-held-packages " + " ".join(specs)
-        # stale or missing package lists (a fresh box): refresh them once and try again
-        commands.append(f"{install} || {{ echo 'gpuk8s: apt-get update, then retry'; "
-                        f"{APT} update && {install}; }}")
+        commands.append(_install_script(missing, pin_deps))
     if hold:
         commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
     return change(op_id, reason, *commands, timeout=1800)
+
+
+#: shell helpers: r NAME PREFIX -> newest version of NAME starting with PREFIX;
+#: d NAME VERSION -> "dep=VERSION" for each dependency of NAME=VERSION pinned with (= VERSION)
+_HELPERS = (
+    "r() { apt-cache madison \"$1\" 2>/dev/null | "
+    "awk -v p=\"$2\" 'index($3, p) == 1 {print $3; exit}'; }\n"
+    "d() { apt-cache show \"$1=$2\" 2>/dev/null | sed -n 's/^Depends: //p' | tr ',' '\\n' | "
+    "sed -n \"s/^ *\\([^ (]*\\) (= $2).*/\\1=$2/p\"; }\n")
+
+
+def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
+    """Resolve version prefixes on the host (refreshing stale package lists once), then one
+    apt-get install of everything."""
+    lines = [_HELPERS]
+    pinned = {n: p for n, p in missing.items() if p}
+    var = {n: f"v{i}" for i, n in enumerate(pinned)}
+    if pinned:
+        resolve = "; ".join(f"{var[n]}=$(r {q(n)} {q(p)})" for n, p in pinned.items())
+        empty = " || ".join(f'[ -z "${var[n]}" ]' for n in pinned)
+        lines.append(f"{resolve}\nif {empty}; then {APT} update >/dev/null; {resolve}; fi")
+        for n, p in pinned.items():
+            lines.append(f'[ -n "${var[n]}" ] || {{ echo "no {n} version matching '
+                         f'\\"{p}\\" in the configured apt sources" >&2; exit 100; }}')
+    specs = []
+    for name in missing:
+        if name in pinned:
+            specs.append(f"{q(name)}=\"${var[name]}\"")
+            if pin_deps:
+                specs.append(f"$(d {q(name)} \"${var[name]}\")")
+        else:
+            specs.append(q(name))
+    install = f"{APT} install --allow-change-held-packages --allow-downgrades " + " ".join(specs)
+    # stale or missing package lists (a fresh box): refresh them once and try again
+    lines.append(f"{install} || {{ echo 'gpuk8s: apt-get update, then retry'; "
+                 f"{APT} update && {install}; }}")
+    return "\n".join(lines)

@@ -106,7 +106,7 @@ def plan(ctx: HostContext) -> list[Op]:
     wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
     installed = f[Packages("nvidia-fabricmanager", *_all_driver_names(ctx.vars))]
     pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
-                      update_first=driver_source(ctx.vars, os_) == "ubuntu")
+                      update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True)
     if pkg_op.changes:
         pkg_op = change(pkg_op.id, pkg_op.reason, *pkg_op.commands,
                         notify=("reboot", "verify driver"), timeout=pkg_op.timeout)

@@ -148,10 +148,22 @@ def test_second_run_as_root_changes_nothing(fresh: Lab) -> None:
     assert node_state(fresh) == before
 
 
+def wait_cluster_ready(lab: Lab, timeout: int = 180) -> None:
+    """After a boot: the API server answers, then every node is Ready again."""
+    rc, out, err = lab.ssh("cp-01", (
+        f"end=$(( $(date +%s) + {timeout} )); k='kubectl --kubeconfig "
+        "/etc/kubernetes/admin.conf'; until $k get --raw /readyz >/dev/null 2>&1; do "
+        "[ $(date +%s) -lt $end ] || exit 1; sleep 1; done; "
+        f"$k wait --for=condition=Ready {' '.join('node/' + n for n in NODES)} "
+        f"--timeout={timeout}s"), timeout=timeout * 2)
+    assert rc == 0, f"cluster not Ready after boot: {out} {err}"
+
+
 def test_snapshot_bootstrapped(fresh: Lab) -> None:
     dest = fresh.snapshot("bootstrapped")
     assert (dest / "topology.yaml").exists()
+    assert os.path.exists(dest / "nodes" / "cp-01")
     # the snapshot boots back into a Ready cluster with its GPUs
+    wait_cluster_ready(fresh)
     nodes = json.loads(kubectl_cp(fresh, "get nodes -o json"))["items"]
     assert len(nodes) == len(NODES)
-    assert os.path.exists(dest / "nodes" / "cp-01")

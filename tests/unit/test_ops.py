@@ -44,7 +44,7 @@ def test_file_absent() -> None:
 def test_packages_install_pin_and_hold() -> None:
     op = packages({}, "k | p", {"kubeadm": "1.36.", "kubelet": "1.36."}, hold=True)
     text = "\n".join(op.commands)
-    assert op.changes and "apt-cache madison kubeadm" in text
+    assert op.changes and "v0=$(r kubeadm 1.36.)" in text and "apt-cache madison" in text
     assert "apt-mark hold kubeadm kubelet" in text
     held = {"kubeadm": PackageState("1.36.2-1.1", True, "hi"),
             "kubelet": PackageState("1.36.2-1.1", True, "hi")}
@@ -61,9 +61,15 @@ def test_packages_hold_only_and_version_mismatch() -> None:
     assert "--allow-change-held-packages" in " ".join(op.commands)
 
 
-def test_packages_exact_version() -> None:
-    op = packages({}, "d | p", {"nvidia-open-580": "580.159.04-1"})
-    assert "nvidia-open-580=580.159.04-1" in op.commands[-1]
+def test_packages_exact_version_with_pinned_dependencies() -> None:
+    op = packages({}, "d | p", {"nvidia-open-580": "580.159.04"}, pin_deps=True)
+    script = op.commands[-1]
+    assert "v0=$(r nvidia-open-580 580.159.04)" in script
+    assert 'nvidia-open-580="$v0" $(d nvidia-open-580 "$v0")' in script
+    assert "--allow-downgrades" in script
+    done = packages({"nvidia-open-580": PackageState("580.159.04-1", True, "hi")}, "d | p",
+                    {"nvidia-open-580": "580.159.04"}, hold=True)
+    assert not done.changes
 
 
 def test_repo_writes_signed_by_line_and_is_idempotent() -> None:
