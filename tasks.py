@@ -44,7 +44,62 @@ def facts(c, inventory=INVENTORY, limit=None, ask_become_pass=False):
     _done(run("facts", inventory=inventory, limit=limit, ask_become_pass=ask_become_pass))
 
 
-ns = Collection(bootstrap, plan, facts)
+@task(help={"inventory": "inventory file", "host": "the worker to reprovision",
+            "reinstall_driver": "purge and reinstall the NVIDIA driver",
+            "full": "purge and reinstall the whole node stack",
+            "drain_timeout": "seconds for kubectl drain", "yes": "do not ask"})
+def reprovision(c, host, inventory=INVENTORY, reinstall_driver=False, full=False,
+                drain_timeout=300, yes=False):
+    """Drain, reset and rejoin one worker; only it and the control plane are contacted."""
+    _done(run("reprovision", inventory=inventory, host=host, reinstall_driver=reinstall_driver,
+              full=full, drain_timeout=int(drain_timeout), yes=yes))
+
+
+@task(help={"inventory": "inventory file", "host": "the new box (already in the inventory)",
+            "yes": "apply without asking"})
+def add_node(c, host, inventory=INVENTORY, yes=False):
+    """Give a new box the full node stack and join it (bootstrap --limit HOST)."""
+    _done(run("add_node", inventory=inventory, host=host, yes=yes))
+
+
+@task(help={"inventory": "inventory file", "host": "the worker to remove",
+            "drain_timeout": "seconds for kubectl drain", "yes": "do not ask"})
+def remove_node(c, host, inventory=INVENTORY, drain_timeout=300, yes=False):
+    """Drain, delete and reset a worker; a dead one only loses its Node object."""
+    _done(run("remove_node", inventory=inventory, host=host,
+              drain_timeout=int(drain_timeout), yes=yes))
+
+
+@task(help={"inventory": "inventory file", "yes": "skip the typed confirmation"})
+def reset(c, inventory=INVENTORY, yes=False):
+    """The whole cluster back to its pre-bootstrap state (asks you to type its name)."""
+    _done(run("reset", inventory=inventory, yes=yes))
+
+
+@task(help={"inventory": "inventory file", "json": "print JSON instead of a table"})
+def status(c, inventory=INVENTORY, json=False):
+    """One table: nodes, Ready, versions, GPUs, allocatable nvidia.com/gpu, drift."""
+    _done(run("status", inventory=inventory, as_json=json))
+
+
+@task(help={"inventory": "inventory file", "driver": "NVIDIA driver version, e.g. 580.159.04",
+            "limit": "host pattern", "serial": "nodes at a time",
+            "drain_timeout": "seconds for kubectl drain", "yes": "do not ask"})
+def upgrade(c, driver, inventory=INVENTORY, limit=None, serial=1, drain_timeout=300,
+            yes=False):
+    """Upgrade the NVIDIA driver one node at a time: drain, install, reboot, verify, uncordon."""
+    _done(run("upgrade", inventory=inventory, driver=driver, limit=limit, serial=int(serial),
+              drain_timeout=int(drain_timeout), yes=yes))
+
+
+@task(help={"inventory": "inventory file"})
+def kubeconfig(c, inventory=INVENTORY):
+    """Fetch admin credentials (0600) to <inventory dir>/artifacts/admin.conf."""
+    _done(run("kubeconfig", inventory=inventory))
+
+
+ns = Collection(bootstrap, plan, facts, reprovision, add_node, remove_node, reset, status,
+                upgrade, kubeconfig)
 try:  # the lab lives in the checkout's tests/; it is not part of the gpuk8s package
     from tests.lab.tasks import lab as _lab
 

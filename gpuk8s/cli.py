@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from gpuk8s import api
+from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 
+#: command name -> the one function it calls
+COMMANDS: dict[str, Callable[..., object]] = {
+    "bootstrap": api.bootstrap, "plan": api.plan, "facts": api.facts,
+    "reprovision": day2.reprovision, "add_node": day2.add_node,
+    "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
+    "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
+}
 
-def run(fn_name: str, **kwargs: object) -> int:
-    """Call one api function; print a Gpuk8sError as one clear message; return an exit code."""
+
+def run(command: str, **kwargs: object) -> int:
+    """Call one api/day2 function; print a Gpuk8sError as one clear message; return an exit
+    code (1 error, 2 a phase failed, 3 preflight problems, 130 interrupted)."""
     try:
-        getattr(api, fn_name)(**kwargs)
+        COMMANDS[command](**kwargs)
     except PreflightError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
@@ -44,8 +53,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "bootstrap":
             p.add_argument("--yes", "-y", action="store_true")
             p.add_argument("--check", action="store_true")
+    for name in ("reprovision", "add-node", "remove-node"):
+        p = sub.add_parser(name)
+        p.add_argument("--inventory", "-i", required=True)
+        p.add_argument("--host", required=True)
+        p.add_argument("--yes", "-y", action="store_true")
+        if name == "reprovision":
+            p.add_argument("--reinstall-driver", action="store_true")
+            p.add_argument("--full", action="store_true")
+        if name != "add-node":
+            p.add_argument("--drain-timeout", type=int, default=300)
+    p = sub.add_parser("reset")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--yes", "-y", action="store_true")
+    p = sub.add_parser("status")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--json", action="store_true", dest="as_json")
+    p = sub.add_parser("upgrade")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--driver", required=True)
+    p.add_argument("--limit", "-l")
+    p.add_argument("--serial", type=int, default=1)
+    p.add_argument("--drain-timeout", type=int, default=300)
+    p.add_argument("--yes", "-y", action="store_true")
+    p = sub.add_parser("kubeconfig")
+    p.add_argument("--inventory", "-i", required=True)
     args = vars(parser.parse_args(argv))
-    command = args.pop("command")
+    command = args.pop("command").replace("-", "_")
     return run(command, **args)
 
 
