@@ -162,7 +162,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         purge: list[str] = []
         if reinstall_driver or full:
             installed = session.facts[host].get(Packages(*_driver_names(session, host))) or {}
-            purge += list(installed)
+            purge += sorted(installed)
         if full:
             purge += ["kubeadm", "kubelet", "kubectl", "containerd.io",
                       "nvidia-container-toolkit", "nvidia-container-toolkit-base",
@@ -183,7 +183,8 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         _run(session, host, CLEANUP, "kubeadm reset and cleanup")
         if purge:
             _run(session, host, "apt-mark unhold " + " ".join(purge) + " >/dev/null 2>&1; "
-                 "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge " + " ".join(purge),
+                 "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge --autoremove "
+                 + " ".join(purge),
                  "purge packages", timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
         result = api.converge(session, yes=True)
@@ -192,12 +193,13 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
 
 
 def _driver_names(session: api.Session, host: str) -> list[str]:
+    """The driver packages the nvidia_driver role asks about (the same fact request, so the
+    probe already answered it); their dependencies go with --autoremove."""
     from gpuk8s.roles import load_role
 
     module = load_role("nvidia_driver").module
-    names: list[str] = module._all_driver_names(session.host(host).vars)
-    return ["nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-driver-cuda",
-            "nvidia-fabricmanager", *names]
+    names: list[str] = module.driver_package_names(session.host(host).vars)
+    return names
 
 
 # -- add / remove -----------------------------------------------------------------------------

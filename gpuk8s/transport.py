@@ -125,7 +125,7 @@ class SSHTransport:
     """One persistent SSH connection to a host (Fabric for config and gateways, paramiko exec)."""
 
     def __init__(self, spec: ConnectSpec, redact: Redactor | None = None,
-                 retries: int = 3, backoff: float = 1.0) -> None:
+                 retries: int = 2, backoff: float = 1.0) -> None:
         self.spec = spec
         self.name = spec.name
         self.redact = redact or Redactor()

@@ -66,14 +66,15 @@ def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: An
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [OsRelease(), System(), PciDevices(), Nvidia(), KernelModules("nouveau"),
             Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING),
-            Packages("nvidia-fabricmanager", *_all_driver_names(vars)),
+            Packages(*driver_package_names(vars)),
             Services("nvidia-fabricmanager")]
 
 
-def _all_driver_names(vars: Mapping[str, Any]) -> list[str]:
+def driver_package_names(vars: Mapping[str, Any]) -> list[str]:
+    """Every top-level driver package of the branch, whatever the source and flavour."""
     b = vars["nvidia_driver_branch"]
-    return [f"nvidia-open-{b}", f"cuda-drivers-{b}", f"nvidia-driver-{b}-server",
-            f"nvidia-driver-{b}-server-open"]
+    return ["nvidia-fabricmanager", f"nvidia-open-{b}", f"cuda-drivers-{b}",
+            f"nvidia-driver-{b}-server", f"nvidia-driver-{b}-server-open"]
 
 
 def cuda_repo_op(ctx: HostContext, op_id: str) -> Op:
@@ -104,7 +105,7 @@ def plan(ctx: HostContext) -> list[Op]:
     if driver_source(ctx.vars, os_) == "cuda":
         ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
     wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
-    installed = f[Packages("nvidia-fabricmanager", *_all_driver_names(ctx.vars))]
+    installed = f[Packages(*driver_package_names(ctx.vars))]
     pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
                       update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True)
     if pkg_op.changes:

@@ -221,6 +221,29 @@ class Lab:
         _parallel(node.start, topo.nodes, workers=8)
         self.wait_ssh(topo.nodes, timeout=timeout or 60.0 + 2.0 * len(topo.nodes))
 
+    def add_node(self, name: str, gpus: str = "cpu", *, timeout: float = 60.0) -> Node:
+        """Boot one more node beside the running ones (a new box racked into the lab); the
+        other nodes are not touched. It gets the next address on the bridge."""
+        topo = self.topology()
+        if topo is None:
+            raise LabError("the lab is not up")
+        entries = [{"name": s.name, "role": s.role,
+                    "gpus": f"{s.gpus}x{s.gpu_model}" if s.gpus else "cpu",
+                    "nvswitches": s.nvswitches} for s in topo.nodes]
+        bigger = Topology.from_entries([*entries, {"name": name, "gpus": gpus,
+                                                   "role": "worker"}])
+        spec = bigger.node(name)
+        pubkey = self.ssh_key.with_suffix(".pub").read_text()
+        pw_hash = run(["openssl", "passwd", "-6", "-stdin"],
+                      input=self.labadmin_password + "\n").stdout.strip()
+        node.prepare(spec, bigger, base.ensure_base(), root_pubkey=pubkey, password_hash=pw_hash)
+        self.topology_file.write_text(bigger.to_yaml())
+        with self.known_hosts.open("a") as fh:
+            fh.write(f"{spec.ip} {node.host_pubkey(spec.name)}\n")
+        node.start(spec)
+        self.wait_ssh([spec], timeout=timeout)
+        return Node.of(spec)
+
     def wait_ssh(self, nodes: Iterable[NodeSpec | Node] | None = None,
                  timeout: float = 120.0) -> None:
         """Poll every node's sshd (banner) until all answer; fail with console tails."""

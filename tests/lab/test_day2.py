@@ -1,0 +1,203 @@
+"""Day-2 on a bootstrapped lab, over real SSH: status, reprovision (only the target and the
+control plane see an SSH session), driver upgrade one node at a time (and a failed one that
+stops), a dead node, removing and adding nodes, reset and bootstrap again.
+
+The tests run in order and share one cluster, starting from the "bootstrapped" snapshot."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s import api, day2
+from gpuk8s.errors import Gpuk8sError, PhaseFailed
+from gpuk8s.report import Reporter
+from tests.lab.lab import Lab
+from tests.lab.test_bootstrap import GATES, NODES, kubectl_cp, wait_cluster_ready
+
+pytestmark = pytest.mark.lab
+
+
+def quiet() -> Reporter:
+    return Reporter(io.StringIO())
+
+
+def call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, str]:
+    out = io.StringIO()
+    result = fn(*args, reporter=Reporter(out), **kwargs)
+    sys.stdout.write(out.getvalue())
+    return result, out.getvalue()
+
+
+def rows(inv: Path) -> dict[str, dict[str, Any]]:
+    return {r["host"]: r for r in day2.status(inv, as_json=True, reporter=quiet())}
+
+
+def node_clock(lab: Lab, name: str) -> int:
+    rc, out, _ = lab.ssh(name, "date +%s")
+    assert rc == 0
+    return int(out)
+
+
+def ssh_sessions_since(lab: Lab, name: str, since: int, until: int) -> list[str]:
+    rc, out, err = lab.ssh(name, f"journalctl -u ssh --no-pager -o cat --since @{since} "
+                           f"--until @{until}")
+    assert rc == 0, err
+    return [line for line in out.splitlines() if line.startswith("Accepted ")]
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    snap = lab.snapshot_dir("bootstrapped") / "topology.yaml"
+    if not snap.exists():  # this module alone: bootstrap once, as test_bootstrap does
+        lab.up()
+        api.bootstrap(lab.inventory_path, sets=[GATES], yes=True, reporter=quiet())
+        lab.snapshot("bootstrapped")
+    lab.restore("bootstrapped")
+    wait_cluster_ready(lab)
+    return lab
+
+
+@pytest.fixture(scope="module")
+def inv(cluster: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab inventory with the feature gates the cluster was bootstrapped with."""
+    data = yaml.safe_load(cluster.inventory_path.read_text())
+    data["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
+    path = tmp_path_factory.mktemp("day2") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_status_shows_the_bootstrapped_cluster(inv: Path) -> None:
+    status = rows(inv)
+    assert sorted(status) == sorted(NODES)
+    assert all(r["state"] == "Ready" for r in status.values()), status
+    assert status["gpu-01"]["gpus"] == 2 and status["gpu-01"]["allocatable_gpu"] == 2
+    assert status["gpu-02"]["gpu_model"] == "NVIDIA H200"
+    assert status["gpu-02"]["allocatable_gpu"] == 1
+    assert status["cpu-01"]["allocatable_gpu"] is None
+    assert status["gpu-01"]["driver"].startswith("580.")
+    assert status["gpu-01"]["cuda"].startswith("13.0")
+    assert all(r["drift"] == 0 for r in status.values()), {h: r["drift"] for h, r in
+                                                            status.items()}
+
+
+def test_reprovision_touches_only_the_target_and_the_control_plane(cluster: Lab,
+                                                                   inv: Path) -> None:
+    start = node_clock(cluster, "cp-01")
+    result, text = call(day2.reprovision, inv, "gpu-02", reinstall_driver=True, yes=True)
+    end = node_clock(cluster, "cp-01") + 1
+    assert result["changed"] > 0
+    assert "purge" in text and "nvidia-open-580" in text
+    for bystander in ("gpu-01", "cpu-01"):
+        assert ssh_sessions_since(cluster, bystander, start, end) == [], \
+            f"{bystander} saw an SSH session during the reprovision of gpu-02"
+    assert ssh_sessions_since(cluster, "gpu-02", start, end)
+    status = rows(inv)
+    assert status["gpu-02"]["state"] == "Ready" and status["gpu-02"]["allocatable_gpu"] == 1
+    assert not status["gpu-02"]["cordoned"]
+
+
+def test_upgrade_driver_one_node_at_a_time(cluster: Lab, inv: Path) -> None:
+    before = {n: cluster.boot_id(n) for n in ("gpu-01", "gpu-02")}
+    result, text = call(day2.upgrade, inv, driver="580.105.08", serial=1, yes=True)
+    assert result["upgraded"] == ["gpu-01", "gpu-02"]
+    assert text.index("drain gpu-01") < text.index("upgraded gpu-01") < \
+        text.index("drain gpu-02")
+    for name in ("gpu-01", "gpu-02"):
+        rc, out, _ = cluster.ssh(name, "nvidia-smi --query-gpu=driver_version "
+                                 "--format=csv,noheader")
+        assert rc == 0 and set(out.split()) == {"580.105.08"}
+        assert cluster.boot_id(name) != before[name], f"{name} was not rebooted"
+    status = rows(inv)
+    assert status["gpu-01"]["allocatable_gpu"] == 2 and not status["gpu-01"]["cordoned"]
+
+
+def test_failed_upgrade_stops_at_the_first_node(cluster: Lab, inv: Path) -> None:
+    with pytest.raises(Gpuk8sError) as err:
+        call(day2.upgrade, inv, driver="580.999.99", yes=True)
+    text = str(err.value)
+    assert "upgrade stopped at gpu-01" in text and "untouched: gpu-02" in text
+    assert 'no nvidia-open-580 version matching' in text
+    rc, out, _ = cluster.ssh("gpu-02", "nvidia-smi --query-gpu=driver_version "
+                             "--format=csv,noheader")
+    assert rc == 0 and set(out.split()) == {"580.105.08"}
+    nodes = json.loads(kubectl_cp(cluster, "get nodes -o json"))["items"]
+    cordoned = [n["metadata"]["name"] for n in nodes if n["spec"].get("unschedulable")]
+    assert cordoned == ["gpu-01"]
+    kubectl_cp(cluster, "uncordon gpu-01")
+
+
+def test_dead_node_is_reported_and_absent_skips_it(cluster: Lab, inv: Path,
+                                                   tmp_path: Path) -> None:
+    cluster._stop_nodes(["cpu-01"])
+    with pytest.raises(PhaseFailed, match="cpu-01"):
+        call(api.bootstrap, inv, yes=True)
+    assert rows(inv)["cpu-01"]["state"] == "unreachable"
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["children"]["workers"]["hosts"]["cpu-01"]["absent"] = True
+    absent = tmp_path / "inventory.yaml"
+    absent.write_text(yaml.safe_dump(data, sort_keys=False))
+    result, text = call(api.bootstrap, absent, yes=True)
+    assert "skipping cpu-01: absent: true" in text and "cpu-01" not in result["totals"]
+    assert result["changed"] == 0
+
+
+def test_remove_dead_node_deletes_only_its_node_object(cluster: Lab, inv: Path) -> None:
+    result, text = call(day2.remove_node, inv, "cpu-01", yes=True)
+    assert result == {"removed": "cpu-01", "dead": True}
+    assert "only its Node object is removed" in text
+    names = [n["metadata"]["name"] for n in
+             json.loads(kubectl_cp(cluster, "get nodes -o json"))["items"]]
+    assert "cpu-01" not in names and len(names) == 3
+
+
+def test_add_a_fifth_gpu_node(cluster: Lab, inv: Path) -> None:
+    new = cluster.add_node("gpu-03", "1xA100")
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["children"]["workers"]["hosts"]["cpu-01"]["absent"] = True
+    data["all"]["children"]["workers"]["hosts"]["gpu-03"] = {"ansible_host": new.ip,
+                                                             "gpu_required": True}
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    start = node_clock(cluster, "cp-01")
+    result, text = call(day2.add_node, inv, "gpu-03", yes=True)
+    end = node_clock(cluster, "cp-01") + 1
+    assert result["changed"] > 10 and "nvidia-open-580" in text  # GPU roles included
+    for bystander in ("gpu-01", "gpu-02"):
+        assert ssh_sessions_since(cluster, bystander, start, end) == []
+    status = rows(inv)
+    assert status["gpu-03"]["state"] == "Ready"
+    assert status["gpu-03"]["allocatable_gpu"] == 1
+    assert status["gpu-03"]["gpu_model"] == "NVIDIA A100-SXM4-80GB"
+
+
+def test_remove_live_node(cluster: Lab, inv: Path) -> None:
+    result, _ = call(day2.remove_node, inv, "gpu-03", yes=True)
+    assert result == {"removed": "gpu-03", "dead": False}
+    rc, out, _ = cluster.ssh("gpu-03", "ls /etc/kubernetes; ls /etc/cni/net.d | wc -l")
+    assert rc == 0 and "kubelet.conf" not in out and out.split()[-1] == "0"
+
+
+def test_reset_then_bootstrap_again(cluster: Lab, inv: Path) -> None:
+    with pytest.raises(Gpuk8sError, match="aborted"):
+        day2.reset(inv, reporter=quiet(), confirm=lambda question: False)
+    assert len(json.loads(kubectl_cp(cluster, "get nodes -o json"))["items"]) == 3
+    result, _ = call(day2.reset, inv, confirm=lambda q: "type the control plane" in q)
+    assert "cp-01" in result["reset"]
+    rc, _, _ = cluster.ssh("cp-01", "ls /etc/kubernetes/admin.conf")
+    assert rc != 0
+    data = yaml.safe_load(inv.read_text())
+    del data["all"]["children"]["workers"]["hosts"]["gpu-03"]
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    result, _ = call(api.bootstrap, inv, yes=True)
+    assert result["changed"] > 0
+    status = rows(inv)
+    assert [h for h, r in status.items() if r["state"] == "Ready"] == \
+        ["cp-01", "gpu-01", "gpu-02"]
+    assert status["cpu-01"]["state"] == "absent"
