@@ -98,8 +98,38 @@ def kubeconfig(c, inventory=INVENTORY):
     _done(run("kubeconfig", inventory=inventory))
 
 
+@task(help={"name": "workload: storage, jupyter, tensorflow-job, distributed-tf, tensorboard, "
+                    "eval", "inventory": "inventory file",
+            "values": "values file (repeatable)", "set": "key.sub=value (repeatable)",
+            "timeout": "seconds to wait for the workload's pods"},
+      iterable=["values", "set"])
+def deploy(c, name, inventory=INVENTORY, values=None, set=None, timeout=600):
+    """Deploy a workload (invoke deploy jupyter); waits for its pods and prints them."""
+    _done(run("deploy", inventory=inventory, name=name, values_files=values or [],
+              sets=set or [], timeout=float(timeout)))
+
+
+@task(help={"name": "workload name", "inventory": "inventory file",
+            "values": "values file (repeatable)", "set": "key.sub=value (repeatable)"},
+      iterable=["values", "set"])
+def undeploy(c, name, inventory=INVENTORY, values=None, set=None):
+    """Remove every object of a workload (by its gpuk8s.io/workload label)."""
+    _done(run("undeploy", inventory=inventory, name=name, values_files=values or [],
+              sets=set or []))
+
+
+@task(help={"inventory": "inventory file", "values": "values file (repeatable)",
+            "set": "key.sub=value (repeatable)"}, iterable=["values", "set"])
+def verify(c, inventory=INVENTORY, values=None, set=None):
+    """Smoke-test every GPU node: nvidia-smi, then TensorFlow listing its GPUs."""
+    _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
+
+
 ns = Collection(bootstrap, plan, facts, reprovision, add_node, remove_node, reset, status,
                 upgrade, kubeconfig)
+ns.add_task(deploy)
+ns.add_task(undeploy)
+ns.add_task(verify)
 try:  # the lab lives in the checkout's tests/; it is not part of the gpuk8s package
     from tests.lab.tasks import lab as _lab
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpuk8s import api, day2
+from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 
 #: command name -> the one function it calls
@@ -16,6 +17,9 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
 }
+# workloads on the cluster (gpuk8s/workloads.py)
+COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
+                 "verify": _workloads.verify})
 
 
 def run(command: str, **kwargs: object) -> int:
@@ -78,6 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--yes", "-y", action="store_true")
     p = sub.add_parser("kubeconfig")
     p.add_argument("--inventory", "-i", required=True)
+    for name in ("deploy", "undeploy", "verify"):
+        p = sub.add_parser(name)
+        if name != "verify":
+            p.add_argument("name", help="workload: " + ", ".join(_workloads.WORKLOADS))
+        p.add_argument("--inventory", "-i", required=True)
+        p.add_argument("--values", "-f", action="append", default=[], dest="values_files")
+        p.add_argument("--set", action="append", default=[], dest="sets")
+        if name == "deploy":
+            p.add_argument("--timeout", type=float, default=600)
     args = vars(parser.parse_args(argv))
     command = args.pop("command").replace("-", "_")
     return run(command, **args)
