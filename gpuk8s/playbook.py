@@ -4,12 +4,16 @@ kubespray's cluster.yml). Phases are separated by barriers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from gpuk8s.errors import InventoryError
 
 
 @dataclass(frozen=True)
 class Phase:
     name: str
     #: "all" | "first_control_plane" | "joiners" (workers and extra control planes)
+    #: | "package_cache" (the apt cache host, when package_cache is on)
     hosts: str
     roles: tuple[str, ...]
     title: str
@@ -18,6 +22,9 @@ class Phase:
 PREFLIGHT = "preflight"
 
 PHASES: tuple[Phase, ...] = (
+    # before the node phase: the cache answers before any node's apt is pointed at it
+    Phase("package-cache", "package_cache", ("package_cache",),
+          "apt cache: apt-cacher-ng on the cache host, used by every node"),
     Phase("node", "all", ("base", "container_runtime", "kubernetes", "nvidia_driver", "cuda",
                           "nvidia_container_toolkit"),
           "node stack: base, containerd, kubeadm/kubelet/kubectl, NVIDIA driver, CUDA, toolkit"),
@@ -30,3 +37,28 @@ PHASES: tuple[Phase, ...] = (
 
 #: every role whose facts a run gathers, in order
 ALL_ROLES: tuple[str, ...] = (PREFLIGHT, *(r for p in PHASES for r in p.roles))
+
+
+def package_cache_host(inventory: Any) -> str | None:
+    """The host running the cluster's apt cache (package_cache_host, or the first control
+    plane), or None when package_cache is off. package_cache is cluster-wide."""
+    cps = inventory.control_planes
+    if not cps or not cps[0].vars.get("package_cache"):
+        return None
+    name = str(cps[0].vars.get("package_cache_host") or cps[0].name)
+    if name not in inventory.hosts:
+        raise InventoryError(f"package_cache_host {name!r} is not a host of the inventory",
+                             path=str(inventory.path),
+                             fix=f"name one of: {', '.join(inventory.hosts)}, or \"\" for the "
+                             "first control plane")
+    return name
+
+
+def package_cache_url(inventory: Any) -> str:
+    """http://<cache host address>:3142, or "" when package_cache is off."""
+    name = package_cache_host(inventory)
+    if name is None:
+        return ""
+    address = inventory.hosts[name].address
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:3142"

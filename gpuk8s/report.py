@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,7 +39,30 @@ class RunLog:
         self.command = command
         self.started = time.time()
         self.phases: list[dict[str, Any]] = []
+        #: SSH connections and exec channels per host, per step of the run (see mark())
+        self.round_trips: list[dict[str, Any]] = []
+        self._counters: Callable[[], Mapping[str, Any]] | None = None
+        self._seen: dict[str, tuple[int, int]] = {}
+        self._marked = time.monotonic()
         self._lock = threading.Lock()
+
+    def watch(self, counters: Callable[[], Mapping[str, Any]]) -> None:
+        """Follow the transports' counters (``{host: Counters}``) from now on."""
+        self._counters = counters
+
+    def mark(self, step: str) -> None:
+        """Record, per host, the connections and execs made since the previous mark."""
+        if self._counters is None:
+            return
+        hosts: dict[str, dict[str, int]] = {}
+        for host, c in self._counters().items():
+            was = self._seen.get(host, (0, 0))
+            hosts[host] = {"connects": c.connects - was[0], "execs": c.execs - was[1]}
+            self._seen[host] = (c.connects, c.execs)
+        now = time.monotonic()
+        self.round_trips.append({"step": step, "elapsed": round(now - self._marked, 3),
+                                 "hosts": hosts})
+        self._marked = now
 
     def host_logger(self, host: str) -> Any:
         path = self.path / f"{host}.log"
@@ -64,11 +88,13 @@ class RunLog:
                 {"id": op.id, "status": "planned" if op.changes else "ok",
                  "reason": self.redact(op.reason)} for op in ops]})
         self.phases.append({"phase": name, "elapsed": round(elapsed, 3), "hosts": hosts})
+        self.mark(name)
 
     def write_report(self, **extra: Any) -> Path:
         report = {"command": self.command, "started": datetime.fromtimestamp(
             self.started, UTC).isoformat(), "elapsed": round(time.time() - self.started, 3),
-            "phases": self.phases, **extra}
+            "phases": self.phases, "round_trips": self.round_trips,
+            "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **extra}
         path = self.path / "report.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -37,7 +37,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 CLUSTER_WIDE = (
     "kubernetes_version", "pod_cidr", "service_cidr", "cni", "cluster_dns_domain",
     "control_plane_endpoint", "flannel_version", "calico_version",
-    "nvidia_device_plugin_version", "join_token_ttl",
+    "nvidia_device_plugin_version", "join_token_ttl", "package_cache", "package_cache_host",
 )
 
 _KINDS: dict[type, str] = {bool: "bool", int: "int", str: "str", list: "list", dict: "dict"}

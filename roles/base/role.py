@@ -41,7 +41,8 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(change("base | repair interrupted dpkg", "+ dpkg --configure -a (an earlier "
                           "package run was interrupted)", "dpkg --configure -a"))
     file_states = f[Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE)]
-    proxy = ctx.var("apt_proxy")
+    # with package_cache on, every node's apt (the cache host's too) goes through the cache
+    proxy = ctx.cluster.get("package_cache_url") or ctx.var("apt_proxy")
     if proxy:
         ops.append(files.content(file_states[PROXY_FILE], "base | apt proxy",
                                  f'Acquire::http::Proxy "{proxy}";\n'.encode()))

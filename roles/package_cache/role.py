@@ -1,0 +1,82 @@
+"""package_cache: apt-cacher-ng on one host that every node's apt goes through, so a cluster of
+N nodes downloads each upstream package (and each package index) once.
+
+Ordering: this role runs in its own phase, ``package-cache``, before the node phase and only on
+the cache host (``package_cache_host``, or the first control plane). The phase barrier means the
+cache answers before any node is pointed at it: the base role (node phase) then writes every
+node's apt proxy file, the cache host's own included, with the cache's URL instead of
+``apt_proxy``. The cache itself fetches through ``apt_proxy`` when one is set (its ``Proxy:``
+setting), and this role installs apt-cacher-ng through ``apt_proxy`` (or directly) whatever the
+host's apt proxy file says, so a cache host whose proxy file points at a removed cache recovers.
+
+Only http:// apt sources go through the cache (Debian's and Ubuntu's archives); https:// sources
+(Docker, pkgs.k8s.io, NVIDIA) are fetched directly by each node, as apt does without a proxy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpuk8s.facts import Fact
+from gpuk8s.facts.system import Files, Packages, Services
+from gpuk8s.ops import Op, change, files, noop, q
+from gpuk8s.ops.apt import APT, packages
+from gpuk8s.roles import HostContext
+
+PORT = 3142
+CONF = "/etc/apt-cacher-ng/zz-gpuk8s.conf"
+LOG = "/var/log/apt-cacher-ng/apt-cacher.log"
+UNIT = "apt-cacher-ng"
+#: wait for the cache to answer HTTP (an event, polled every 0.1 s), up to 30 s
+WAIT = (f"for i in $(seq 1 300); do curl -s -o /dev/null --noproxy '*' "
+        f"http://127.0.0.1:{PORT}/ && exit 0; sleep 0.1; done; "
+        f"echo 'apt-cacher-ng does not answer on port {PORT}' >&2; exit 1")
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    if not vars["package_cache"]:
+        return []
+    return [Packages(UNIT), Files("+" + CONF), Services(UNIT)]
+
+
+def config(vars: Mapping[str, Any]) -> bytes:
+    """acng reads every *.conf of /etc/apt-cacher-ng in order; this one comes last."""
+    lines = ["# managed by gpuk8s (package_cache): the cluster's apt cache",
+             f"Port: {PORT}"]
+    if vars["apt_proxy"]:
+        lines.append(f"Proxy: {vars['apt_proxy']}")
+    # log every transfer as it happens (bytes fetched from upstream are counted from this log)
+    lines.append("UnbufferLogs: 1")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _through(op: Op, proxy: str) -> Op:
+    """The same apt op, fetching through ``proxy`` ("" = directly), whatever apt.conf.d says."""
+    opt = f"{APT} -o Acquire::http::Proxy={q(proxy)}"
+    return replace(op, commands=tuple(c.replace(APT, opt) for c in op.commands))
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    if not ctx.var("package_cache"):
+        return []
+    f = ctx.facts
+    ops = [_through(packages(f[Packages(UNIT)], "package_cache | apt-cacher-ng",
+                             {UNIT: ""}), ctx.var("apt_proxy"))]
+    ops.append(files.content(f[Files("+" + CONF)][CONF], "package_cache | config",
+                             config(ctx.vars), notify=("restart apt-cacher-ng",)))
+    unit = f[Services(UNIT)][UNIT]
+    if unit.active == "active" and unit.enabled == "enabled":
+        ops.append(noop("package_cache | service", f"= {UNIT} running on port {PORT}"))
+    else:
+        ops.append(change("package_cache | service", f"+ enable and start {UNIT}",
+                          f"systemctl enable --now {UNIT}", WAIT))
+    return ops
+
+
+HANDLERS = {
+    "restart apt-cacher-ng": lambda ctx: change(
+        "package_cache | restart apt-cacher-ng", f"restart {UNIT}",
+        f"systemctl restart {UNIT}", WAIT),
+}
