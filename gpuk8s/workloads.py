@@ -141,7 +141,7 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     key, sep, raw = expr.partition("=")
     key = key.strip()
     if not sep or not _SET_KEY.match(key):
-        raise WorkloadError(f"--set {expr!r}: expected key.sub=value, e.g. --set gpus=2 "
+        raise WorkloadError(f"--set {expr}: expected key.sub=value, e.g. --set gpus=2 "
                             "or --set service.nodePort=30999")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -203,7 +203,8 @@ def context(name: str, values: Mapping[str, Any], **extra: Any) -> dict[str, Any
     if name == "jupyter":
         ctx["starter_notebook"] = (workloads_dir() / "jupyter" / "gpus.ipynb").read_text()
     if name == "storage":
-        ctx["nfs_server"] = values["nfs"]["server"] or extra.pop("nfs_server", "CONTROL_PLANE")
+        own = extra.pop("nfs_server", "CONTROL_PLANE")   # the first control plane's address
+        ctx["nfs_server"] = values["nfs"]["server"] or own
     ctx.update(extra)
     return ctx
 

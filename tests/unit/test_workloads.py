@@ -1,0 +1,347 @@
+"""Workload manifests: golden files per workload (default and custom values), every object
+validated against the Kubernetes 1.36 OpenAPI schema in strict mode (kubernetes-validate), and
+the values layer's edge cases. GPUK8S_UPDATE_GOLDEN=1 rewrites the golden files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuk8s import workloads as w
+
+GOLDEN = Path(__file__).parent / "golden" / "workloads"
+#: newest schema kubernetes-validate ships that is <= the default kubernetes_version (1.36)
+K8S_SCHEMA = "1.36.0"
+
+CASES: dict[str, tuple[str, list[str]]] = {
+    "storage-default": ("storage", ["nfs.server=10.0.0.5"]),
+    "storage-class": ("storage", ["storageClassName=nfs-csi", "size=1Ti"]),
+    "jupyter-default": ("jupyter", []),
+    "jupyter-custom": ("jupyter", ["gpus=2", "service.nodePort=null", "namespace=team-a",
+                                   "nodeSelector.gpu-type=h100", "storage.enabled=false"]),
+    "tensorflow-job-default": ("tensorflow-job", []),
+    "tensorflow-job-custom": ("tensorflow-job", ["image=registry.lab/train:1", "epochs=10",
+                                                 "command=[python3, /app/train.py]",
+                                                 "extraEnv.WANDB_MODE=offline"]),
+    "distributed-tf-default": ("distributed-tf", []),
+    "distributed-tf-ps": ("distributed-tf", ["workers=3", "ps=2"]),
+    "distributed-tf-tfjob": ("distributed-tf", ["tfjob=true", "ps=1"]),
+    "tensorboard-default": ("tensorboard", []),
+    "eval-default": ("eval", []),
+    "eval-cpu": ("eval", ["gpus=0", "run=exp7"]),
+}
+
+
+def rendered(case: str) -> list[dict[str, Any]]:
+    name, sets = CASES[case]
+    extra = {"nfs_server": "10.88.0.11"} if name == "storage" else {}
+    return w.render(name, w.load_values(name, sets=sets), **extra)
+
+
+def validate(doc: dict[str, Any]) -> None:
+    if doc["kind"] == "TFJob":   # a CRD: validate each replica's pod template as a Pod
+        for role, spec in doc["spec"]["tfReplicaSpecs"].items():
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"tfjob-{role.lower()}", **spec["template"]["metadata"]},
+                   "spec": spec["template"]["spec"]}
+            kubernetes_validate.validate(pod, K8S_SCHEMA, strict=True)
+        return
+    kubernetes_validate.validate(doc, K8S_SCHEMA, strict=True)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_and_schema(case: str) -> None:
+    docs = rendered(case)
+    text = w.dump(docs)
+    path = GOLDEN / f"{case}.yaml"
+    if os.environ.get("GPUK8S_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with GPUK8S_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{case} differs from {path}"
+    for doc in docs:
+        validate(doc)
+        labels = doc["metadata"]["labels"]
+        assert labels[w.MANAGED] == "gpuk8s"
+        assert labels[w.LABEL] == CASES[case][0]
+        for tpl in w.pod_templates(doc):
+            assert tpl["metadata"]["labels"][w.LABEL] == CASES[case][0]
+
+
+def test_schema_check_catches_a_bad_manifest() -> None:
+    """The strict validation is not a check that cannot fail."""
+    doc = rendered("jupyter-default")[1]
+    doc["spec"]["template"]["spec"]["containers"][0]["gpu"] = 1   # unknown field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(doc)
+    doc = rendered("tensorflow-job-default")[1]
+    doc["spec"]["backoffLimit"] = "zero"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(doc)
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def test_gpu_pods_ask_for_gpus_with_the_nvidia_runtime() -> None:
+    for case, want in (("jupyter-default", 1), ("jupyter-custom", 2),
+                       ("tensorflow-job-default", 1), ("eval-default", 1),
+                       ("distributed-tf-default", 1)):
+        for doc in rendered(case):
+            for tpl in w.pod_templates(doc):
+                spec = tpl["spec"]
+                assert spec["runtimeClassName"] == "nvidia"
+                assert {"key": "nvidia.com/gpu", "operator": "Exists",
+                        "effect": "NoSchedule"} in spec["tolerations"]
+                limits = spec["containers"][0]["resources"]["limits"]
+                assert limits["nvidia.com/gpu"] == want, case
+    eval_cpu = _by_kind(rendered("eval-cpu"), "Job")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in eval_cpu
+    assert "limits" not in eval_cpu["containers"][0]["resources"]
+    tb = _by_kind(rendered("tensorboard-default"), "Deployment")["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in tb and "limits" not in tb["containers"][0]["resources"]
+
+
+def test_images_are_pinned() -> None:
+    for case in CASES:
+        for doc in rendered(case):
+            for tpl in w.pod_templates(doc):
+                for c in tpl["spec"]["containers"]:
+                    image = c["image"]
+                    assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), \
+                        (case, image)
+    assert _by_kind(rendered("jupyter-default"), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["image"] == "tensorflow/tensorflow:2.21.0-gpu-jupyter"
+
+
+def test_jupyter_token_comes_from_the_secret_not_argv() -> None:
+    dep = _by_kind(rendered("jupyter-default"), "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["JUPYTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "jupyter-token",
+                                                                  "key": "token"}
+    assert "token" not in " ".join(c["command"]).lower()
+    svc = _by_kind(rendered("jupyter-default"), "Service")
+    assert svc["spec"]["ports"][0]["nodePort"] == 30888
+    assert "nodePort" not in _by_kind(rendered("jupyter-custom"), "Service")["spec"]["ports"][0]
+    nb = json.loads(_by_kind(rendered("jupyter-default"), "ConfigMap")["data"]["gpus.ipynb"])
+    assert "list_physical_devices('GPU')" in "".join(nb["cells"][1]["source"])
+
+
+def test_storage_pv_and_claim() -> None:
+    pv, pvc = rendered("storage-default")
+    assert pv["kind"] == "PersistentVolume" and pvc["kind"] == "PersistentVolumeClaim"
+    assert pv["spec"]["nfs"] == {"server": "10.0.0.5", "path": "/srv/gpuk8s"}
+    assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    assert pv["spec"]["claimRef"] == {"namespace": "ml", "name": "gpuk8s-shared"}
+    (only,) = rendered("storage-class")
+    assert only["kind"] == "PersistentVolumeClaim"
+    assert only["spec"]["storageClassName"] == "nfs-csi" and "volumeName" not in only["spec"]
+    # gpuk8s' own export: the server is the control plane's address
+    docs = w.render("storage", w.load_values("storage"), nfs_server="10.88.0.11")
+    assert docs[0]["spec"]["nfs"]["server"] == "10.88.0.11"
+
+
+def _tf_config(env: dict[str, str], index: int) -> dict[str, Any]:
+    """Run the training script's TF_CONFIG prelude as a pod with this index would."""
+    script = (w.workloads_dir() / "_train.py.j2").read_text()
+    prelude = script.split("import numpy")[0]
+    environ = {**env, "JOB_COMPLETION_INDEX": str(index)}
+    ns: dict[str, Any] = {}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(environ)
+        exec(compile(prelude, "train.py", "exec"), ns)
+        return json.loads(os.environ["TF_CONFIG"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_distributed_tf_config_from_the_index() -> None:
+    docs = rendered("distributed-tf-default")
+    job, svc = _by_kind(docs, "Job"), _by_kind(docs, "Service")
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert svc["spec"]["clusterIP"] == "None"
+    assert job["spec"]["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
+    env = {e["name"]: e["value"] for e in
+           job["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    cfg = _tf_config(env, 1)
+    assert cfg == {"cluster": {"worker": [
+        "distributed-tf-0.distributed-tf.ml.svc:2222",
+        "distributed-tf-1.distributed-tf.ml.svc:2222"]}, "task": {"type": "worker", "index": 1}}
+    ps_job = _by_kind(rendered("distributed-tf-ps"), "Job")
+    assert ps_job["spec"]["completions"] == 6   # chief + 3 workers + 2 ps
+    assert ps_job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    env = {e["name"]: e["value"] for e in
+           ps_job["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    assert _tf_config(env, 0)["task"] == {"type": "chief", "index": 0}
+    assert _tf_config(env, 3)["task"] == {"type": "worker", "index": 2}
+    cfg = _tf_config(env, 5)
+    assert cfg["task"] == {"type": "ps", "index": 1}
+    assert len(cfg["cluster"]["ps"]) == 2 and len(cfg["cluster"]["worker"]) == 3
+    tfjob = _by_kind(rendered("distributed-tf-tfjob"), "TFJob")
+    assert tfjob["apiVersion"] == "kubeflow.org/v1"
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
+    assert tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert "limits" not in tfjob["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"][
+        "containers"][0]["resources"]
+
+
+def test_verify_job_per_node() -> None:
+    values = w.load_values("verify")
+    nodes = [{"name": "gpu-01", "gpus": 2}, {"name": "gpu-02", "gpus": 1}]
+    for stage, image in (("smi", "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"),
+                         ("tf", "tensorflow/tensorflow:2.21.0-gpu")):
+        docs = w.render("verify", values, gpu_nodes=nodes, stage=stage)
+        assert [d["metadata"]["name"] for d in docs] == [f"verify-{stage}-gpu-01",
+                                                         f"verify-{stage}-gpu-02"]
+        for doc, node in zip(docs, nodes, strict=True):
+            validate(doc)
+            spec = doc["spec"]["template"]["spec"]
+            assert spec["nodeSelector"] == {"kubernetes.io/hostname": node["name"]}
+            assert spec["containers"][0]["image"] == image
+            assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == node["gpus"]
+
+
+def test_gpu_nodes_from_node_list() -> None:
+    def node(name: str, labels: dict[str, str], gpu: str | None) -> dict[str, Any]:
+        alloc = {"cpu": "8"} | ({"nvidia.com/gpu": gpu} if gpu else {})
+        return {"metadata": {"name": name, "labels": labels},
+                "status": {"allocatable": alloc, "conditions": []}}
+
+    data = {"items": [
+        node("cp-01", {}, None),
+        node("gpu-01", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "2"}, "2"),
+        node("gpu-02", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1"}, None),
+    ]}
+    assert w.gpu_nodes(data) == [{"name": "gpu-01", "gpus": 2, "allocatable": 2},
+                                 {"name": "gpu-02", "gpus": 1, "allocatable": None}]
+    check = w.NodeCheck("gpu-02", 1, None, smi=["NVIDIA H200"], tf=1)
+    assert not check.ok   # allocatable missing: the device plugin is not advertising
+
+
+# -- values -------------------------------------------------------------------------------------
+def test_values_precedence(tmp_path: Path) -> None:
+    f = tmp_path / "v.yaml"
+    f.write_text("gpus: 2\nservice: {nodePort: 31000}\nnodeSelector: {pool: a100}\n")
+    v = w.load_values("jupyter", [f], ["gpus=3"])
+    assert v["gpus"] == 3                       # --set beats the file
+    assert v["service"] == {"type": "NodePort", "port": 8888, "nodePort": 31000}  # deep merge
+    assert v["nodeSelector"] == {"pool": "a100"}  # free-form mapping
+    assert v["namespace"] == "ml"               # shared default
+    assert w.load_values("jupyter", sets=["cpu=4"])["cpu"] == "4"
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("gpus", "expected key.sub=value"),
+    ("gpus.count=2", "gpus is 1 (int), not a mapping"),
+    ("gpu=2", "unknown value 'gpu'"),
+    ("service.nodeport=1", "unknown value 'service.nodeport'"),
+    ("gpus=two", "gpus expects an integer, got 'two'"),
+    ("storage.enabled=maybe", "storage.enabled expects true or false"),
+    ("service=3", "service expects a mapping"),
+    ("a..b=1", "expected key.sub=value"),
+])
+def test_bad_set_is_a_clear_error(expr: str, message: str) -> None:
+    with pytest.raises(w.WorkloadError) as exc:
+        w.load_values("jupyter", sets=[expr])
+    assert message in str(exc.value)
+    assert f"--set {expr}" in str(exc.value)
+
+
+def test_bad_values_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(w.WorkloadError, match="must be a mapping"):
+        w.load_values("jupyter", [bad])
+    bad.write_text("servce: {type: ClusterIP}\n")
+    with pytest.raises(w.WorkloadError, match=r"values file .*bad.yaml: unknown value 'servce'"):
+        w.load_values("jupyter", [bad])
+    with pytest.raises(w.WorkloadError, match="cannot read values file"):
+        w.load_values("jupyter", [tmp_path / "missing.yaml"])
+
+
+def test_unknown_workload() -> None:
+    with pytest.raises(w.WorkloadError, match="unknown workload 'jupiter'"):
+        w.load_values("jupiter")
+
+
+def test_snapshot_reports_unschedulable_with_the_scheduler_reason() -> None:
+    """The wait loop's judgement on real kubectl JSON shapes (a fake control plane)."""
+    msg = ("0/4 nodes are available: 1 node(s) had untolerated taint "
+           "{node-role.kubernetes.io/control-plane: }, 3 Insufficient nvidia.com/gpu. "
+           "preemption: 0/4 nodes are available: 1 Preemption is not helpful for scheduling, "
+           "3 No preemption victims found for incoming pod.")
+    objects = {"items": [
+        {"kind": "Deployment", "metadata": {"name": "jupyter"}, "spec": {"replicas": 1},
+         "status": {}},
+        {"kind": "Pod", "metadata": {"name": "jupyter-abc"},
+         "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}]},
+         "status": {"phase": "Pending", "conditions": [
+             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+              "message": "stale"}]}}]}
+    events = {"items": [{"involvedObject": {"kind": "Pod", "name": "jupyter-abc"},
+                         "reason": "FailedScheduling", "message": msg,
+                         "lastTimestamp": "2026-01-01T00:00:00Z"}]}
+
+    class FakeRemote:
+        host = "cp-01"
+
+        def probe(self, commands: dict[str, str]) -> dict[str, tuple[int, str]]:
+            assert "-l gpuk8s.io/workload=jupyter" in commands["objects"]
+            return {"objects": (0, json.dumps(objects)), "events": (0, json.dumps(events))}
+
+    since: dict[str, float] = {}
+    first = w.snapshot(FakeRemote(), "ml", "gpuk8s.io/workload=jupyter", since,  # type: ignore[arg-type]
+                       pending_grace=60)
+    assert not first.ready and not first.problems   # still within the grace time
+    assert first.pods[0].detail == f"FailedScheduling: {msg}"
+    assert first.pods[0].gpus == 4
+    later = w.snapshot(FakeRemote(), "ml", "gpuk8s.io/workload=jupyter",  # type: ignore[arg-type]
+                       {"jupyter-abc": since["jupyter-abc"] - 61}, pending_grace=60)
+    assert not later.ready
+    assert later.problems == [f"pod jupyter-abc is Pending: the scheduler cannot place it: {msg}"]
+    assert later.objects == {"Deployment/jupyter": "0/1 available"}
+
+
+def test_manifest_goes_in_a_heredoc_not_argv() -> None:
+    sent: list[str] = []
+
+    class T:
+        def run(self, script: str, timeout: float | None = None) -> Any:
+            sent.append(script)
+            from gpuk8s.transport import CommandResult
+            return CommandResult(0, "deployment.apps/jupyter serverside-applied\n")
+
+    class S:
+        first_cp = "cp-01"
+        transports = {"cp-01": T()}
+
+        class runlog:
+            @staticmethod
+            def host_logger(host: str) -> Any:
+                return lambda text: None
+
+        @staticmethod
+        def redact(text: str) -> str:
+            return text
+
+    w.Remote(S()).apply(rendered("jupyter-default"))  # type: ignore[arg-type]
+    (script,) = sent
+    first, _, rest = script.partition("\n")
+    assert first.startswith("kubectl --kubeconfig /etc/kubernetes/admin.conf")
+    assert "apply --server-side --force-conflicts --field-manager=gpuk8s -f - <<'GPUK8S_EOF_" \
+        in first
+    assert "kind: Deployment" in rest and "kind:" not in first
+    docs = list(yaml.safe_load_all(rest.rsplit("GPUK8S_EOF_", 1)[0]))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
