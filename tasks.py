@@ -136,3 +136,9 @@ try:  # the lab lives in the checkout's tests/; it is not part of the gpuk8s pac
     ns.add_collection(_lab, name="lab")
 except ImportError as exc:  # pragma: no cover - only without the tests/ folder
     print(f"note: lab tasks unavailable ({exc})", file=sys.stderr)
+try:  # bench/ (invoke bench) lives in the checkout; it needs the lab
+    from bench.tasks import bench as _bench
+
+    ns.add_task(_bench)
+except ImportError as exc:  # pragma: no cover
+    print(f"note: bench task unavailable ({exc})", file=sys.stderr)
