@@ -116,15 +116,20 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
 
 
 class Cluster(Fact[ClusterState]):
-    """Nodes and gpuk8s-managed objects, read with kubectl and admin.conf."""
+    """Nodes and gpuk8s-managed objects, read with kubectl and admin.conf (the two reads run
+    side by side: on a no-op run this fact is most of the control plane's probe)."""
 
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
 k="kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-e=$(mktemp); trap 'rm -f "$e"' EXIT
-$k get nodes -o json 2>"$e" || {{ tail -n 3 "$e"; exit 3; }}
-echo '## managed'
-$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json 2>"$e" || {{ tail -n 3 "$e"; exit 4; }}"""
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+$k get nodes -o json >"$d/n" 2>"$d/ne" & n=$!
+$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json >"$d/m" 2>"$d/me" & m=$!
+wait $n; a=$?; wait $m; b=$?
+[ $a -eq 0 ] || {{ tail -n 3 "$d/ne"; exit 3; }}
+[ $b -eq 0 ] || {{ tail -n 3 "$d/me"; exit 4; }}
+cat "$d/n"; echo '## managed'; cat "$d/m"
+"""
 
     def parse(self, output: str, exit_code: int) -> ClusterState:
         if exit_code == 0 and not output.strip():
