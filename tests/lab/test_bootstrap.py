@@ -155,7 +155,10 @@ def wait_cluster_ready(lab: Lab, timeout: int = 180) -> None:
         "/etc/kubernetes/admin.conf'; until $k get --raw /readyz >/dev/null 2>&1; do "
         "[ $(date +%s) -lt $end ] || exit 1; sleep 1; done; "
         f"$k wait --for=condition=Ready {' '.join('node/' + n for n in NODES)} "
-        f"--timeout={timeout}s"), timeout=timeout * 2)
+        f"--timeout={timeout}s && "
+        "for n in gpu-01:2 gpu-02:1; do $k wait --for=jsonpath='{.status.allocatable."
+        "nvidia\\.com/gpu}'=${n#*:} node/${n%:*} "
+        f"--timeout={timeout}s || exit 1; done"), timeout=timeout * 2)
     assert rc == 0, f"cluster not Ready after boot: {out} {err}"
 
 
