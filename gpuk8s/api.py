@@ -362,7 +362,13 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
     try:
         gather(session, list(session.transports))
         cluster_values(session)
-        preflight(session)
+        blocked: PreflightError | None = None
+        try:
+            preflight(session)
+        except PreflightError as exc:
+            if not check:
+                raise
+            blocked = exc  # plan anyway: show what a fixed host would get
         planned_total = 0
         if not check and not yes:
             planned_total = _preview(session, diff)
@@ -421,6 +427,10 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         if check:
             rep.print(f"\nplan: {planned_total} change(s); nothing was changed "
                       f"({elapsed:.2f}s)")
+            if blocked is not None:
+                rep.print("bootstrap would stop at preflight (problems above) before "
+                          "changing anything", style="red")
+                raise blocked
         else:
             rep.summary(session.totals, elapsed)
             if not applied_total:

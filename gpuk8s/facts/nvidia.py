@@ -118,3 +118,62 @@ echo "${d#/usr/local/cuda-} $v"; done; true"""
 
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
         return {p[0]: p[1] for p in (line.split() for line in output.splitlines()) if len(p) == 2}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """GPU interconnect: active NVLinks per GPU index and the ``topo -m`` link matrix
+    (``{"GPU0": {"GPU1": "NV18"}}``). Empty without nvidia-smi or a loaded driver."""
+
+    nvlinks: dict[int, int] = field(default_factory=dict)
+    matrix: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse_nvlink_status(text: str) -> dict[int, int]:
+    """Active links per GPU from ``nvidia-smi nvlink -s``."""
+    links: dict[int, int] = {}
+    gpu: int | None = None
+    for line in text.splitlines():
+        m = re.match(r"GPU (\d+):", line)
+        if m:
+            gpu = int(m.group(1))
+            links[gpu] = 0
+        elif gpu is not None and re.match(r"\s*Link \d+: [0-9.]+ GB/s", line):
+            links[gpu] += 1
+    return links
+
+
+def parse_topo_matrix(text: str) -> dict[str, dict[str, str]]:
+    """GPU-to-GPU connection types from ``nvidia-smi topo -m``."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = [h for h in lines[0].split("\t") if h.strip()]
+    gpus = [h.strip() for h in header if re.fullmatch(r"GPU\d+", h.strip())]
+    matrix: dict[str, dict[str, str]] = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.split("\t")]
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        row = [c for c in cells[1:] if c != ""]
+        matrix[cells[0]] = {g: row[i] for i, g in enumerate(gpus) if i < len(row) and
+                            g != cells[0]}
+    return matrix
+
+
+class GpuTopology(Fact[Topology]):
+    """NVLink status and the topology matrix (multi-GPU boxes)."""
+
+    def command(self) -> str:
+        return """command -v nvidia-smi >/dev/null 2>&1 || exit 0
+nvidia-smi -L >/dev/null 2>&1 || exit 0
+echo '## nvlink'; nvidia-smi nvlink -s 2>/dev/null
+echo '## topo'; nvidia-smi topo -m 2>/dev/null; true"""
+
+    def parse(self, output: str, exit_code: int) -> Topology:
+        nvlink, _, topo = output.partition("## topo\n")
+        nvlink = nvlink.partition("## nvlink\n")[2]
+        return Topology(parse_nvlink_status(nvlink), parse_topo_matrix(topo))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuk8s.facts import Fact
-from gpuk8s.facts.nvidia import Nvidia
+from gpuk8s.facts.nvidia import GpuTopology, Nvidia
 from gpuk8s.facts.system import (
     Files,
     KernelModules,
@@ -64,7 +64,8 @@ def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: An
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), System(), PciDevices(), Nvidia(), KernelModules("nouveau"),
+    return [OsRelease(), System(), PciDevices(), Nvidia(), GpuTopology(),
+            KernelModules("nouveau"),
             Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING),
             Packages(*driver_package_names(vars)),
             Services("nvidia-fabricmanager")]
@@ -95,6 +96,12 @@ def plan(ctx: HostContext) -> list[Op]:
         return []
     os_ = f[OsRelease()]
     sysinfo = f[System()]
+    nv = f[Nvidia()]
+    installed = f[Packages(*driver_package_names(ctx.vars))]
+    ctx.cluster.setdefault("driver_source", {})[ctx.host] = driver_source(ctx.vars, os_)
+    preinstalled = _preinstalled(ctx, nv, installed, len(gpus))
+    if preinstalled is not None:
+        return preinstalled
     ops: list[Op] = []
     states = f[Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING)]
     nouveau_loaded = bool(f[KernelModules("nouveau")].get("nouveau"))
@@ -105,14 +112,16 @@ def plan(ctx: HostContext) -> list[Op]:
     if driver_source(ctx.vars, os_) == "cuda":
         ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
     wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
-    installed = f[Packages(*driver_package_names(ctx.vars))]
     pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
                       update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True)
     if pkg_op.changes:
         pkg_op = change(pkg_op.id, pkg_op.reason, *pkg_op.commands,
                         notify=("reboot", "verify driver"), timeout=pkg_op.timeout)
+    if pkg_op.changes and nv.exit_code == 0 and nv.loaded_version:
+        pkg_op = change(pkg_op.id, pkg_op.reason + f" (replaces the loaded driver "
+                        f"{nv.loaded_version})", *pkg_op.commands, notify=pkg_op.notify,
+                        timeout=pkg_op.timeout)
     ops.append(pkg_op)
-    nv = f[Nvidia()]
     driver_pkg = next(n for n in wanted if not n.startswith("linux-headers"))
     installed_version = installed[driver_pkg].version if driver_pkg in installed else ""
     upstream = installed_version.split("-")[0]
@@ -149,8 +158,30 @@ def plan(ctx: HostContext) -> list[Op]:
                               "systemctl enable nvidia-fabricmanager",
                               "systemctl start nvidia-fabricmanager || "
                               "[ -e /var/run/reboot-required ]"))
-    ctx.cluster.setdefault("driver_source", {})[ctx.host] = driver_source(ctx.vars, os_)
     return ops
+
+
+def _preinstalled(ctx: HostContext, nv: Any, installed: Mapping[str, Any],
+                  gpus: int) -> list[Op] | None:
+    """A working driver that apt did not install (a vendor image, a runfile, the GPU
+    Operator's host driver) of the wanted branch and version is left alone."""
+    ours = [n for n in driver_package_names(ctx.vars) if n != "nvidia-fabricmanager"]
+    if any(n in installed for n in ours) or nv.exit_code != 0 or not nv.loaded_version:
+        return None
+    branch = nv.loaded_version.split(".")[0]
+    pinned = str(ctx.var("nvidia_driver_version"))
+    if branch != str(ctx.var("nvidia_driver_branch")) or \
+            (pinned and not nv.loaded_version.startswith(pinned.split("-")[0])):
+        return None  # another branch/version: plan the packages (an upgrade), shown as such
+    seen = len(nv.gpus)
+    if seen != gpus:
+        return [change("nvidia_driver | verify", f"+ nvidia-smi sees {seen} of {gpus} PCI "
+                       "GPUs: check", *verify_commands(gpus))]
+    return [noop("nvidia_driver | driver packages", f"= driver {nv.loaded_version} "
+                 f"({nv.module or 'kernel module'}) is loaded but was not installed with apt: "
+                 "left as it is"),
+            noop("nvidia_driver | verify", f"= driver {nv.loaded_version} sees "
+                 f"{seen}/{gpus} GPUs")]
 
 
 def verify_commands(count: int) -> tuple[str, ...]:

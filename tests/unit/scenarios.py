@@ -7,7 +7,7 @@ from typing import Any
 from gpuk8s.api import fact_requests
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.kube import ClusterState, ContainerdState
-from gpuk8s.facts.nvidia import NvidiaState
+from gpuk8s.facts.nvidia import NvidiaState, Topology
 from gpuk8s.facts.system import FileState, PciDevice, SystemInfo, Unit
 from gpuk8s.variables import load_variable_specs
 
@@ -60,6 +60,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return NvidiaState(False)
     if kind == "CudaToolkits":
         return {}
+    if kind == "GpuTopology":
+        return Topology()
     if kind == "Cluster":
         return ClusterState()
     raise AssertionError(f"no scenario value for fact {kind}")

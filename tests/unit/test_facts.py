@@ -137,3 +137,17 @@ def test_containerd_config_dump_v3() -> None:
 @pytest.mark.parametrize("text", ["", "garbage", "containerd x"])
 def test_containerd_absent(text: str) -> None:
     assert Containerd().parse(text, 0).version == ""
+
+
+def test_nvlink_and_topology_two_h200() -> None:
+    from gpuk8s.facts.nvidia import GpuTopology
+
+    out = ("## nvlink\n" + fixture("2xh200-ubuntu2404/nvidia-smi-nvlink-s.txt")
+           + "## topo\n" + fixture("2xh200-ubuntu2404/nvidia-smi-topo-m.txt"))
+    topo = GpuTopology().parse(out, 0)
+    assert topo.nvlinks == {0: 18, 1: 18}
+    assert topo.matrix == {"GPU0": {"GPU1": "NV18"}, "GPU1": {"GPU0": "NV18"}}
+    single = GpuTopology().parse("## nvlink\n## topo\n"
+                                 + fixture("h200-ubuntu2404/nvidia-smi-topo-m.txt"), 0)
+    assert single.nvlinks == {} and single.matrix.get("GPU0", {}) == {}
+    assert GpuTopology().parse("", 0) == GpuTopology().parse("", 0)

@@ -90,3 +90,33 @@ def test_swap_turned_off_on_ubuntu_2404() -> None:
     base = plan_all("ubuntu2404", 0)["base"]
     swap = next(op for op in base if op["id"] == "base | swap off")
     assert swap["change"] == "+" and any("swapoff -a" in c for c in swap["commands"])
+
+
+def _driver_plan(loaded: str, **vars: Any) -> list[Any]:
+    from gpuk8s.facts import HostFacts
+    from gpuk8s.facts.nvidia import Gpu, Nvidia, NvidiaState
+
+    v = default_vars(**vars)
+    facts = fresh_facts("ubuntu2404", 2, "gpu", v)
+    values = dict(facts.items())
+    gpus = tuple(Gpu(i, "NVIDIA H200", f"GPU-{i}", loaded, 143771, f"00000000:0{i}:00.0",
+                     "9.0") for i in range(2))
+    values[Nvidia()] = NvidiaState(True, gpus, module="open", module_version=loaded)
+    ctx = HostContext("gpu", "nvidia_driver", v, HostFacts("gpu", values), {}, ("workers",))
+    return load_role("nvidia_driver").plan(ctx)
+
+
+def test_preinstalled_driver_of_the_wanted_branch_is_left_alone() -> None:
+    ops = _driver_plan("580.159.04")
+    assert not any(op.changes for op in ops)
+    assert "not installed with apt" in ops[0].reason
+
+
+def test_preinstalled_driver_of_another_branch_plans_an_upgrade() -> None:
+    ops = _driver_plan("570.172.08")
+    pkg = next(op for op in ops if op.id == "nvidia_driver | driver packages")
+    assert pkg.changes and "nvidia-driver-580-server-open" in pkg.reason
+    assert "replaces the loaded driver 570.172.08" in pkg.reason
+    assert "reboot" in pkg.notify
+    pinned = _driver_plan("580.159.04", nvidia_driver_version="580.105.08-1")
+    assert any(op.changes for op in pinned)
