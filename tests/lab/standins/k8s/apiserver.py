@@ -33,6 +33,7 @@ from .common import (
     git_version,
     now,
     package_version,
+    parse_quantity,
     parse_ts,
     rand_suffix,
     ts,
@@ -341,6 +342,13 @@ class ApiServer:
             spec.setdefault("type", "ClusterIP")
             if spec.get("clusterIP") != "None":
                 spec.setdefault("clusterIP", self._alloc_cluster_ip())
+            if spec["type"] in ("NodePort", "LoadBalancer"):
+                used = {p.get("nodePort") for svc in self.list(self.R("services"))
+                        for p in svc.get("spec", {}).get("ports") or []}
+                free = (n for n in range(30000, 32768) if n not in used)
+                for port in spec.get("ports") or []:
+                    if not port.get("nodePort"):
+                        port["nodePort"] = next(free)
         elif res.plural == "nodes":
             obj.setdefault("spec", {})
             obj.setdefault("status", {})
@@ -512,7 +520,7 @@ class ApiServer:
         while True:
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.daemonsets, self.deployments, self.replicasets,
-                         self.jobs, self.scheduler, self.pod_gc):
+                         self.jobs, self.pv_binder, self.scheduler, self.pod_gc):
                 try:
                     with self.lock:
                         step()
@@ -826,6 +834,55 @@ class ApiServer:
             if new_st != st:
                 job["status"] = new_st
                 self.store.put(self.key(job_res), job)
+
+    def pv_binder(self) -> None:
+        """PersistentVolume controller (subset): a claim naming a volume (spec.volumeName) binds
+        to it when the volume is Available or pre-bound to that claim, its storage class, access
+        modes and capacity fit; claims of a class are left to that class's provisioner."""
+        pv_res, pvc_res = self.R("persistentvolumes"), self.R("persistentvolumeclaims")
+        for pv in self.list(pv_res):
+            st = pv.setdefault("status", {})
+            ref = pv.get("spec", {}).get("claimRef")
+            claim = ref and self.get(pvc_res, ref.get("namespace", ""), ref.get("name", ""))
+            bound = bool(claim) and claim.get("spec", {}).get("volumeName") == \
+                pv["metadata"]["name"] and claim.get("status", {}).get("phase") == "Bound"
+            want = "Bound" if bound else ("Released" if ref and ref.get("uid") else "Available")
+            if st.get("phase") != want:
+                st["phase"] = want
+                self.store.put(self.key(pv_res), pv)
+        for pvc in self.list(pvc_res):
+            spec, st = pvc.get("spec", {}), pvc.setdefault("status", {})
+            if st.get("phase") == "Bound" or not spec.get("volumeName"):
+                st.setdefault("phase", "Pending")
+                continue
+            pv = self.get(pv_res, "", spec["volumeName"])
+            md = pvc["metadata"]
+            ok = pv is not None
+            if pv is not None:
+                pspec = pv.get("spec", {})
+                ref = pspec.get("claimRef") or {}
+                ok = (not ref or (ref.get("name") == md["name"] and
+                                  ref.get("namespace") == md["namespace"])) and \
+                    (pspec.get("storageClassName") or "") == \
+                    (spec.get("storageClassName") or "") and \
+                    set(spec.get("accessModes") or []) <= set(pspec.get("accessModes") or []) \
+                    and parse_quantity(pspec.get("capacity", {}).get("storage", "0")) >= \
+                    parse_quantity(spec.get("resources", {}).get("requests", {})
+                                   .get("storage", "0"))
+            if not ok:
+                if st.get("phase") != "Pending":
+                    st["phase"] = "Pending"
+                    self.store.put(self.key(pvc_res), pvc)
+                continue
+            assert pv is not None
+            pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                                      "namespace": md["namespace"], "name": md["name"],
+                                      "uid": md["uid"]}
+            pv["status"] = {"phase": "Bound"}
+            self.store.put(self.key(pv_res), pv)
+            pvc["status"] = {"phase": "Bound", "accessModes": pv["spec"].get("accessModes"),
+                             "capacity": pv["spec"].get("capacity")}
+            self.store.put(self.key(pvc_res), pvc)
 
     def scheduler(self) -> None:
         pods_res = self.R("pods")

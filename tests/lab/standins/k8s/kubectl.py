@@ -537,7 +537,22 @@ class Kubectl:
             if "/" in kind:
                 kind, _, n = kind.partition("/")
                 names = [n, *names]
-            res = self.resolve(kind)
+            if self.args.selector and not names:   # delete TYPE[,TYPE...] -l SELECTOR
+                found = False
+                for k in kind.split(","):
+                    res = self.resolve(k)
+                    ns = self.ns if res.namespaced else ""
+                    path = res.base_path(ns or None) + "?labelSelector=" + self.args.selector
+                    for obj in self.client.get(path.replace(" ", "%20")).get("items", []):
+                        found = True
+                        try:
+                            self._delete_one(res, ns, obj["metadata"]["name"], None)
+                        except CmdError as e:
+                            errors.append(str(e))
+                if not found:
+                    print("No resources found" + (f" in {self.ns} namespace." if self.ns
+                                                  else "."))
+            res = self.resolve(kind.split(",")[0])
             for n in names:
                 try:
                     self._delete_one(res, self.ns if res.namespaced else "", n, None)

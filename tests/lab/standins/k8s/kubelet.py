@@ -11,6 +11,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -42,6 +43,8 @@ APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
 # Lab-only hook for host unit tests: start static pods as child processes, not systemd units.
 NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 CNI_DIR = "/etc/cni/net.d"
+#: the nvidia stand-in's hook for "this container sees only these GPUs" (labgpu.VISIBLE_ENV)
+VISIBLE_ENV = "GPUK8S_LAB_VISIBLE_GPUS"
 NO_CNI = ("container runtime network not ready: NetworkReady=false "
           "reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not "
           "initialized")
@@ -149,6 +152,8 @@ class Kubelet:
         self.apiserver_proc: subprocess.Popen[bytes] | None = None
         self.apiserver_last_start = 0.0
         self.registered = False
+        #: device plugin allocation: pod uid -> UUIDs of the GPUs its containers were given
+        self.gpu_assign: dict[str, list[str]] = {}
 
     @staticmethod
     def _parse(argv: list[str]) -> argparse.Namespace:
@@ -469,15 +474,18 @@ class Kubelet:
         """Drive one pod's status; returns the GPUs it holds."""
         md, spec = pod["metadata"], pod["spec"]
         phase = pod.get("status", {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            return 0
         uid = md["uid"]
+        if phase in ("Succeeded", "Failed"):
+            self.gpu_assign.pop(uid, None)
+            return 0
         want_gpu = int(pod_requests(pod).get("nvidia.com/gpu", 0))
-        if want_gpu and want_gpu > gpus - gpu_used:
+        held = sum(len(v) for v in self.gpu_assign.values())
+        if want_gpu and uid not in self.gpu_assign and want_gpu > gpus - max(gpu_used, held):
             pod.setdefault("status", {})["reason"] = "UnexpectedAdmissionError"
             pod["status"]["message"] = (f"Allocate failed due to requested number of devices "
                                         f"unavailable for nvidia.com/gpu. Requested: {want_gpu}, "
-                                        f"Available: {max(gpus - gpu_used, 0)}, which is "
+                                        f"Available: {max(gpus - max(gpu_used, held), 0)}, "
+                                        "which is "
                                         "unexpected")
             self.set_status(pod, "Failed", {}, False, [("Warning", "UnexpectedAdmissionError",
                                                         pod["status"]["message"])])
@@ -510,21 +518,30 @@ class Kubelet:
             for needle, fn in EMULATION:
                 if needle in images:
                     fn(self, pod)
+        if want_gpu and uid not in self.gpu_assign:
+            self.gpu_assign[uid] = self.allocate(want_gpu)
+        visible = self.gpu_assign.get(uid, [])
         started_at = ts()
         states: dict[str, Obj] = {}
         exit_codes: dict[str, int] = {}
+        owners = {o.get("kind") for o in md.get("ownerReferences") or []}
         for c in spec.get("containers") or []:
             cmdline = " ".join([*(c.get("command") or []), *(c.get("args") or [])])
             log = ""
+            image = c.get("image", "")
             if "nvidia-smi" in cmdline:
-                code, log = self.run_nvidia_smi(cmdline, want_gpu, handler)
+                code, log = self.run_nvidia_smi(cmdline, visible, handler)
                 exit_codes[c["name"]] = code
-            elif "k8s-device-plugin" in c.get("image", ""):
+            elif "k8s-device-plugin" in image:
                 log = self.device_plugin_log(handler, cfg)
+            elif "tensorflow/tensorflow" in image and "list_physical_devices" in cmdline:
+                code, log = self.emulate_tf_gpu_list(visible, handler)
+                exit_codes[c["name"]] = code
+            elif "Job" in owners and first:
+                log = self.emulated_job_log(image, visible, handler)
             if first:
                 write(self.log_path(pod, c["name"]), log)
             states[c["name"]] = {"running": {"startedAt": started_at}}
-        owners = {o.get("kind") for o in md.get("ownerReferences") or []}
         finishes = "Job" in owners or (exit_codes and spec.get("restartPolicy") != "Always")
         if finishes and time.monotonic() - self.started[uid] >= (
                 JOB_RUNTIME if "Job" in owners else 0.5):
@@ -541,17 +558,52 @@ class Kubelet:
                          for c in spec.get("containers") or []] if first else [])
         return want_gpu
 
-    def run_nvidia_smi(self, cmdline: str, gpus: int, handler: str | None) -> tuple[int, str]:
+    def allocate(self, count: int) -> list[str]:
+        """The device plugin's Allocate: the first free GPUs of the node, by UUID."""
+        p = run(["nvidia-smi", "-L"])
+        node = re.findall(r"\(UUID: (GPU-[0-9A-Fa-f-]+)\)", p.stdout)
+        taken = {u for uuids in self.gpu_assign.values() for u in uuids}
+        return [u for u in node if u not in taken][:count]
+
+    def run_nvidia_smi(self, cmdline: str, visible: list[str], handler: str | None
+                       ) -> tuple[int, str]:
+        """nvidia-smi inside the container: the node's nvidia-smi limited to the GPUs the
+        pod was allocated (as the container toolkit injects only those)."""
         if handler != "nvidia":
             return 128, ('failed to create containerd task: failed to create shim task: OCI '
                          "runtime create failed: runc create failed: unable to start container "
                          'process: error during container init: exec: "nvidia-smi": executable '
                          "file not found in $PATH: unknown\n")
-        if not gpus:
+        if not visible:
             return 6, "No devices were found\n"
         args = cmdline.split("nvidia-smi", 1)[1].split()
-        p = run(["nvidia-smi", *args])
+        p = run(["nvidia-smi", *args], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
         return p.returncode, p.stdout + p.stderr
+
+    def emulate_tf_gpu_list(self, visible: list[str], handler: str | None) -> tuple[int, str]:
+        """tensorflow/tensorflow + tf.config.list_physical_devices('GPU'): TensorFlow is not
+        run; the list printed is built from the devices this container was given, as listed by
+        the node's nvidia-smi with only those devices visible."""
+        head = ("LAB STAND-IN kubelet: TensorFlow was not run; its GPU list is emulated from "
+                "the devices allocated to this container\n")
+        if handler != "nvidia" or not visible:
+            return 0, head + "[]\n"
+        p = run(["nvidia-smi", "-L"], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
+        if p.returncode != 0:
+            return 0, head + p.stdout + "[]\n"
+        n = sum(1 for ln in p.stdout.splitlines() if ln.startswith("GPU "))
+        devices = ", ".join(f"PhysicalDevice(name='/physical_device:GPU:{i}', "
+                            "device_type='GPU')" for i in range(n))
+        return 0, head + f"[{devices}]\n"
+
+    def emulated_job_log(self, image: str, visible: list[str], handler: str | None) -> str:
+        """Any other Job container: say it was not run, and show its devices."""
+        text = (f"LAB STAND-IN kubelet: image {image} was not run; this Job pod is emulated and "
+                f"succeeds after {JOB_RUNTIME:g}s\n")
+        if visible and handler == "nvidia":
+            p = run(["nvidia-smi", "-L"], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
+            text += "GPUs allocated to this container (nvidia-smi -L):\n" + p.stdout
+        return text
 
     def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
         head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
@@ -595,6 +647,9 @@ class Kubelet:
                                  for c in p["spec"].get("containers") or []}, running)
                 continue
             used += self.sync_pod(p, cfg, gpus, used)
+        for uid in list(self.gpu_assign):
+            if uid not in live:
+                del self.gpu_assign[uid]
         for uid in list(self.started):
             if uid not in live:
                 del self.started[uid]

@@ -115,13 +115,23 @@ def _uuid(bus: str) -> tuple[str, str]:
     return uuid, serial
 
 
+#: Lab-only hook: the GPUs a container was given (comma-separated UUIDs), set by the kubelet
+#: stand-in for pods that got nvidia.com/gpu. It plays the NVIDIA Container Toolkit injecting only
+#: the allocated devices: nvidia-smi in such a container sees just those, numbered from 0.
+VISIBLE_ENV = "GPUK8S_LAB_VISIBLE_GPUS"
+
+
 def gpus() -> list[GPU]:
     out: list[GPU] = []
+    visible = os.environ.get(VISIBLE_ENV)
+    wanted = None if visible is None else {u for u in visible.split(",") if u}
     for name, device, cls, sub, numa in _pci_entries():
         if (cls >> 8) not in (0x0300, 0x0302):
             continue
         model = MODELS.get(device, UNKNOWN_MODEL)
         uuid, serial = _uuid(name)
+        if wanted is not None and uuid not in wanted:
+            continue
         out.append(GPU(len(out), name, device, cls, sub, numa, *model, uuid=uuid, serial=serial))
     return out
 
