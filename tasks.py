@@ -38,10 +38,12 @@ def plan(c, inventory=INVENTORY, limit=None, diff=False, set=None, ask_become_pa
 
 
 @task(help={"inventory": "inventory file", "limit": "host pattern",
-            "ask_become_pass": "prompt for the sudo password"})
-def facts(c, inventory=INVENTORY, limit=None, ask_become_pass=False):
-    """Print every fact gpuk8s gathers, per host, as JSON."""
-    _done(run("facts", inventory=inventory, limit=limit, ask_become_pass=ask_become_pass))
+            "ask_become_pass": "prompt for the sudo password",
+            "json": "every fact as JSON instead of the summary"})
+def facts(c, inventory=INVENTORY, limit=None, ask_become_pass=False, json=False):
+    """What gpuk8s sees on each host: OS, kernel, GPUs, driver, CUDA, NVLink (--json: all)."""
+    _done(run("facts", inventory=inventory, limit=limit, ask_become_pass=ask_become_pass,
+              as_json=json))
 
 
 @task(help={"inventory": "inventory file", "host": "the worker to reprovision",

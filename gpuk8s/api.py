@@ -489,17 +489,69 @@ def plan(inventory: str | Path, **kwargs: Any) -> dict[str, Any]:
 
 
 def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str] = (),
-          reporter: Reporter | None = None, ask_become_pass: bool = False) -> dict[str, Any]:
-    """Gather and print every fact of every host (one probe per host)."""
+          reporter: Reporter | None = None, ask_become_pass: bool = False,
+          as_json: bool = False) -> dict[str, Any]:
+    """Gather every fact of every host (one probe per host); print a summary per host, or
+    everything as JSON."""
     session = open_session(inventory, limit=limit, sets=sets, command="facts",
                            reporter=reporter,
                            password_prompt=_prompt() if ask_become_pass else None)
     with closing(session):
         gather(session, [h for h in session.scope if h in session.transports])
         data = {h: session.facts[h].as_json() for h in session.scope}
-        text = json.dumps(data, indent=2, default=_jsonable)
-        session.reporter.console.print(session.redact(text), markup=False, highlight=False)
+        if as_json:
+            text = json.dumps(data, indent=2, default=_jsonable)
+            session.reporter.console.print(session.redact(text), markup=False,
+                                           highlight=False)
+        else:
+            for host in session.scope:
+                session.reporter.print(f"\n{host}")
+                for key, value in summary(session.facts[host]).items():
+                    session.reporter.print(f"  {key:<18} {value}")
+        session.runlog.write_report(facts=json.loads(json.dumps(data, default=_jsonable)))
         return data
+
+
+def summary(facts: HostFacts) -> dict[str, str]:
+    """What a lab admin wants to know about a box, from its facts, one line each."""
+    from gpuk8s.facts.kube import Containerd
+    from gpuk8s.facts.nvidia import CudaToolkits, GpuTopology, Nvidia
+    from gpuk8s.facts.system import OsRelease
+
+    os_ = facts[OsRelease()]
+    sysinfo = facts[System()]
+    pci = [d for d in facts[PciDevices()] if d.is_gpu]
+    nv = facts[Nvidia()]
+    out = {"os": os_.get("PRETTY_NAME", "?"),
+           "kernel": f"{sysinfo.kernel} ({sysinfo.arch})",
+           "cpus / memory": f"{sysinfo.cpus} / {sysinfo.memory_mb} MiB",
+           "cgroup": "v2" if sysinfo.cgroup == "cgroup2fs" else f"v1 ({sysinfo.cgroup})",
+           "secure boot": sysinfo.secure_boot,
+           "pci gpus": ", ".join(f"{d.address} {d.model} [10de:{d.device[2:]}]" for d in pci)
+           or "none"}
+    switches = [d for d in facts[PciDevices()] if d.is_nvswitch]
+    if switches:
+        out["nvswitches"] = str(len(switches))
+    if nv.smi_present:
+        out["driver"] = (f"{nv.loaded_version} ({nv.module or 'module'} kernel module), "
+                         f"CUDA {nv.cuda_version or '?'}") if nv.exit_code == 0 else \
+            f"not usable: {nv.error.splitlines()[0] if nv.error else nv.exit_code}"
+        for gpu in nv.gpus:
+            out[f"gpu {gpu.index}"] = (f"{gpu.name}, {gpu.memory_mib} MiB, compute "
+                                       f"{gpu.compute_cap}, MIG {gpu.mig_mode}, persistence "
+                                       f"{gpu.persistence_mode}, {gpu.bus_id}")
+    else:
+        out["driver"] = "none (no nvidia-smi)"
+    topo = facts.get(GpuTopology())
+    if topo is not None and topo.nvlinks:
+        out["nvlink"] = ", ".join(f"GPU{i}: {n} links" for i, n in sorted(topo.nvlinks.items()))
+    if topo is not None and len(topo.matrix) > 1:
+        out["topology"] = "; ".join(f"{a}-{b} {kind}" for a, row in topo.matrix.items()
+                                    for b, kind in row.items() if a < b)
+    toolkits = facts.get(CudaToolkits()) or {}
+    out["cuda toolkit"] = ", ".join(sorted(toolkits.values())) or "none"
+    out["containerd"] = facts[Containerd()].version or "not installed"
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gpuk8s import api, day2
+from gpuk8s import api, day2, gpucheck
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 
@@ -16,6 +16,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "reprovision": day2.reprovision, "add_node": day2.add_node,
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
+    "verify_local": gpucheck.verify_local,
 }
 # workloads on the cluster (gpuk8s/workloads.py)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--ask-become-pass", "-K", action="store_true")
         if name != "facts":
             p.add_argument("--diff", action="store_true")
+        else:
+            p.add_argument("--json", action="store_true", dest="as_json")
         if name == "bootstrap":
             p.add_argument("--yes", "-y", action="store_true")
             p.add_argument("--check", action="store_true")
@@ -82,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--yes", "-y", action="store_true")
     p = sub.add_parser("kubeconfig")
     p.add_argument("--inventory", "-i", required=True)
+    p = sub.add_parser("verify-local", help="node GPU check: nvidia-smi and CUDA on each GPU")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--limit", "-l")
     for name in ("deploy", "undeploy", "verify"):
         p = sub.add_parser(name)
         if name != "verify":

@@ -109,15 +109,22 @@ echo '## nvswitch'; ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | head -
 
 
 class CudaToolkits(Fact[dict[str, str]]):
-    """Installed CUDA toolkits: ``{"13.0": "13.0.2"}`` from /usr/local/cuda-*/version.json."""
+    """Installed CUDA toolkits, ``{"13.0": "13.0.2"}``: /usr/local/cuda-*/version.json, and the
+    ``nvcc`` on PATH or under /usr/local/cuda (toolkits not installed from packages)."""
 
     def command(self) -> str:
         return r"""for d in /usr/local/cuda-*; do [ -f "$d/version.json" ] || continue
 v=$(grep -A2 '"cuda"' "$d/version.json" | sed -n 's/.*"version" *: *"\([^"]*\)".*/\1/p' | head -n1)
-echo "${d#/usr/local/cuda-} $v"; done; true"""
+echo "${d#/usr/local/cuda-} $v"; done
+for n in $(command -v nvcc) /usr/local/cuda/bin/nvcc; do [ -x "$n" ] || continue
+"$n" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\1 \2/p'; break; done; true"""
 
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
-        return {p[0]: p[1] for p in (line.split() for line in output.splitlines()) if len(p) == 2}
+        found: dict[str, str] = {}
+        for parts in (line.split() for line in output.splitlines()):
+            if len(parts) == 2:
+                found.setdefault(parts[0], parts[1])
+        return found
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,11 @@ def plan(ctx: HostContext) -> list[Op]:
     if driver.driver_source(ctx.vars, ctx.facts[OsRelease()]) != "cuda":
         ops.append(driver.cuda_repo_op(ctx, "cuda | CUDA apt repo"))
     name = _package(ctx.vars)
+    version = str(ctx.var("cuda_version"))
+    present = ctx.facts[CudaToolkits()]
+    if version in present and name not in ctx.facts[Packages(name)]:
+        return [noop("cuda | toolkit", f"= CUDA {present[version]} is present (not installed "
+                     "with apt): left as it is")]
     ops.append(packages(ctx.facts[Packages(name)], "cuda | toolkit",
                         {name: f"{ctx.var('cuda_version')}."}))
     return ops

@@ -1,0 +1,109 @@
+"""Node-level GPU smoke test (`verify --local`): nvidia-smi must see every PCI GPU, and a CUDA
+computation must run on each GPU and give the right answer. Runs through the same transports as
+everything else, so it works on this machine (ansible_connection: local) or over SSH."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from contextlib import closing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import api
+from gpuk8s.errors import Gpuk8sError
+from gpuk8s.facts.nvidia import Nvidia
+from gpuk8s.facts.system import PciDevices
+from gpuk8s.report import Reporter
+from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+
+TORCH_CHECK = """\
+import torch
+for i in range(torch.cuda.device_count()):
+    n = 1 << 24
+    a = (torch.arange(n, dtype=torch.float32) % 1024).to(f"cuda:{i}")
+    b = (2 * (torch.arange(n, dtype=torch.float32) % 2048)).to(f"cuda:{i}")
+    c = (a + b).cpu()
+    bad = int((c != a.cpu() + b.cpu()).sum())
+    name = torch.cuda.get_device_name(i)
+    print(("FAIL" if bad else "OK") + f" GPU {i} {name}: vecadd of {n} floats: {bad} wrong")
+"""
+
+
+def check_script() -> str:
+    """Compile and run the CUDA vector add on every GPU with nvcc; without a compiler, run the
+    same computation with PyTorch; without either, say so (exit 3)."""
+    source = resources.files("gpuk8s").joinpath("data/vecadd.cu").read_text()
+    return f"""exec 2>&1
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+echo "SMI-GPUS $n"
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null \\
+  | head -n1)
+if [ -n "$nvcc" ]; then
+  cat > "$d/vecadd.cu" <<'GPUK8S_EOF'
+{source}GPUK8S_EOF
+  echo "RUNNER nvcc $("$nvcc" --version | sed -n 's/.*release \\([0-9.]*\\),.*/\\1/p')"
+  "$nvcc" -O2 -o "$d/vecadd" "$d/vecadd.cu" || exit 4
+  i=0; rc=0
+  while [ "$i" -lt "$n" ]; do "$d/vecadd" "$i" || rc=1; i=$((i + 1)); done
+  exit $rc
+elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "RUNNER torch $(python3 -c 'import torch; print(torch.__version__)')"
+  python3 - <<'GPUK8S_EOF'
+{TORCH_CHECK}GPUK8S_EOF
+else
+  echo "no CUDA compiler (nvcc) and no PyTorch with CUDA: cannot run a computation"; exit 3
+fi
+"""
+
+
+def verify_local(inventory: str | Path, *, limit: str | None = None,
+                 reporter: Reporter | None = None,
+                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+                 ) -> list[dict[str, Any]]:
+    """Run the node GPU check on every GPU host in scope; return one row per host."""
+    session = api.open_session(inventory, limit=limit, sets=(), command="verify-local",
+                               reporter=reporter, opener=opener)
+    with closing(session):
+        api.gather(session, session.scope)
+        rows: list[dict[str, Any]] = []
+        for host in session.scope:
+            pci = [d for d in session.facts[host][PciDevices()] if d.is_gpu]
+            if not pci:
+                continue
+            result = session.transports[host].run(check_script(), timeout=600)
+            log = session.runlog.host_logger(host)
+            log(result.stdout)
+            lines = result.stdout.splitlines()
+            smi = next((int(x.split()[1]) for x in lines if x.startswith("SMI-GPUS ")), 0)
+            runner = next((x.split(" ", 1)[1] for x in lines if x.startswith("RUNNER ")), "")
+            gpus = [x for x in lines if re.match(r"(OK|FAIL) GPU \d+ ", x)]
+            ok = (result.exit_code == 0 and smi == len(pci) and len(gpus) == len(pci)
+                  and all(x.startswith("OK") for x in gpus))
+            rows.append({"host": host, "pci_gpus": len(pci), "nvidia_smi_gpus": smi,
+                         "driver": session.facts[host][Nvidia()].loaded_version,
+                         "runner": runner, "results": gpus, "ok": ok,
+                         "error": "" if ok else "\n".join(lines[-5:])})
+        _print(session.reporter, rows)
+        session.runlog.write_report(verify_local=rows)
+        if not rows:
+            raise Gpuk8sError("no host in scope has an NVIDIA GPU on its PCI bus")
+        failed = [r["host"] for r in rows if not r["ok"]]
+        if failed:
+            raise Gpuk8sError(f"GPU check failed on {', '.join(failed)}")
+        return rows
+
+
+def _print(rep: Reporter, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="node GPU check", title_justify="left")
+    for col in ("host", "PCI GPUs", "nvidia-smi", "driver", "computation", "result"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["host"], str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]), r["driver"],
+                      r["runner"] + "\n" + "\n".join(r["results"]),
+                      "[green]ok[/green]" if r["ok"] else f"[red]FAILED[/red]\n{r['error']}")
+    rep.console.print(table)
