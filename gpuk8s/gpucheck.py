@@ -59,6 +59,18 @@ fi
 """
 
 
+def parse_check(output: str, exit_code: int, pci_gpus: int) -> dict[str, Any]:
+    """Judge the check's output: every PCI GPU seen by nvidia-smi and computed right on."""
+    lines = output.splitlines()
+    smi = next((int(x.split()[1]) for x in lines if x.startswith("SMI-GPUS ")), 0)
+    runner = next((x.split(" ", 1)[1] for x in lines if x.startswith("RUNNER ")), "")
+    gpus = [x for x in lines if re.match(r"(OK|FAIL) GPU \d+ ", x)]
+    ok = (exit_code == 0 and smi == pci_gpus and len(gpus) == pci_gpus
+          and all(x.startswith("OK") for x in gpus))
+    return {"pci_gpus": pci_gpus, "nvidia_smi_gpus": smi, "runner": runner, "results": gpus,
+            "ok": ok, "error": "" if ok else "\n".join(lines[-5:])}
+
+
 def verify_local(inventory: str | Path, *, limit: str | None = None,
                  reporter: Reporter | None = None,
                  opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
@@ -74,18 +86,9 @@ def verify_local(inventory: str | Path, *, limit: str | None = None,
             if not pci:
                 continue
             result = session.transports[host].run(check_script(), timeout=600)
-            log = session.runlog.host_logger(host)
-            log(result.stdout)
-            lines = result.stdout.splitlines()
-            smi = next((int(x.split()[1]) for x in lines if x.startswith("SMI-GPUS ")), 0)
-            runner = next((x.split(" ", 1)[1] for x in lines if x.startswith("RUNNER ")), "")
-            gpus = [x for x in lines if re.match(r"(OK|FAIL) GPU \d+ ", x)]
-            ok = (result.exit_code == 0 and smi == len(pci) and len(gpus) == len(pci)
-                  and all(x.startswith("OK") for x in gpus))
-            rows.append({"host": host, "pci_gpus": len(pci), "nvidia_smi_gpus": smi,
-                         "driver": session.facts[host][Nvidia()].loaded_version,
-                         "runner": runner, "results": gpus, "ok": ok,
-                         "error": "" if ok else "\n".join(lines[-5:])})
+            session.runlog.host_logger(host)(result.stdout)
+            rows.append({"host": host, "driver": session.facts[host][Nvidia()].loaded_version,
+                         **parse_check(result.stdout, result.exit_code, len(pci))})
         _print(session.reporter, rows)
         session.runlog.write_report(verify_local=rows)
         if not rows:
