@@ -396,7 +396,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
             work = plan_phase(session, phase, hosts)
             changes = sum(op.changes for items in work.values() for rw in items
                           for op in rw.ops)
-            if check or changes or diff:
+            if work and (check or changes or diff):
                 rep.phase(f"{phase.name}: {phase.title}")
                 n = rep.plan(_ops(work), show_all=check, diff=diff)
                 planned_total += n if check else 0
