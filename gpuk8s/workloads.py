@@ -274,7 +274,8 @@ class Remote:
         marker = f"##gpuk8s-{secrets.token_hex(4)}"
         parts = [f'k="{KUBECTL}"']
         for key, cmd in commands.items():
-            parts.append(f"echo '{marker} {key}'; ( {cmd} ) 2>&1; echo; echo \"{marker}-rc $?\"")
+            parts.append(f"echo '{marker} {key}'; ( {cmd} ) 2>&1; rc=$?; echo; "
+                         f"echo \"{marker}-rc $rc\"")
         out = self.run("\n".join(parts), timeout).stdout
         results: dict[str, tuple[int, str]] = {}
         for chunk in out.split(f"{marker} ")[1:]:

@@ -51,7 +51,7 @@ def cluster(lab: Lab) -> Lab:
     if (lab.snapshot_dir("bootstrapped") / "topology.yaml").exists():
         lab.restore("bootstrapped")
         if all(lab.ssh(n, NEEDS)[0] == 0 for n in ("gpu-01", "gpu-02")):
-            return lab
+            return api_up(lab)
     lab.restore("fresh") if (lab.snapshot_dir("fresh") / "topology.yaml").exists() else None
     result, _ = run(api.bootstrap, lab.inventory_path, yes=True)
     assert all(t["failed"] == 0 for t in result["totals"].values())
@@ -59,7 +59,21 @@ def cluster(lab: Lab) -> Lab:
         assert lab.ssh(n, NEEDS)[0] == 0, "the lab repos carry old stand-ins: run " \
             ".venv/bin/python -m tests.lab.repos --build-only"
     lab.snapshot("bootstrapped")
-    return lab
+    return api_up(lab)
+
+
+def api_up(lab: Lab, timeout: float = 180) -> Lab:
+    """After a restore the stand-in API server and kubelets take a few seconds to come back."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rc, out, _ = lab.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf get "
+                             "nodes --no-headers")
+        if rc == 0 and out.count(" Ready ") == 4:
+            return lab
+        time.sleep(2)
+    raise AssertionError(f"the lab's API server or nodes did not come back: {out}")
 
 
 def pods(lab: Lab, workload: str) -> list[dict[str, Any]]:
