@@ -267,9 +267,17 @@ class SSHTransport:
             raise ConnectError(self.name, f"cannot become root with sudo as "
                                f"{self.spec.user}: {why}")
 
+    def _wait_drop(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the open connection to close, as it does when the host
+        goes down: an event, rather than a guess of how long shutting down takes."""
+        transport = self._conn.client.get_transport() if self._conn is not None else None
+        if transport is not None and transport.is_active():
+            transport.join(timeout)
+
     def wait_reboot(self, old_boot_id: str, timeout: float) -> str:
         """Wait until the host is back with a new boot id; return it."""
         deadline = time.monotonic() + timeout
+        self._wait_drop(min(5.0, timeout))
         self.close()
         while time.monotonic() < deadline:
             try:
@@ -277,10 +285,12 @@ class SSHTransport:
                 boot = self.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
                 if boot and boot != old_boot_id:
                     return boot
+                self._wait_drop(min(5.0, max(0.0, deadline - time.monotonic())))
                 self.close()
             except Exception:
                 self._conn = None
-            time.sleep(1.0)
+                # down or still booting: sshd refuses or times out; try again shortly
+                time.sleep(0.2)
         raise ConnectError(self.name, f"did not come back within {timeout:.0f}s after reboot")
 
     def close(self) -> None:
