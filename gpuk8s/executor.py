@@ -91,6 +91,11 @@ def split_output(output: str, marker: str) -> dict[int, tuple[str, int | None]]:
 
 
 def _tail(text: str, lines: int = 20) -> str:
+    """The last lines of an op's output; only the op's own explanation when it gave one (lines
+    starting "gpuk8s: error: "), so a known failure reads as one clear message."""
+    explained = [ln for ln in text.splitlines() if ln.startswith("gpuk8s: error: ")]
+    if explained:
+        return "\n".join(explained[-3:])
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 

@@ -373,8 +373,9 @@ def _check_cidr(name: str, value: str) -> VarProblem | None:
         try:
             loose = ipaddress.ip_network(value, strict=False)
         except ValueError:
+            example = "10.96.0.0/12" if name == "service_cidr" else "10.244.0.0/16"
             return VarProblem(name, f"{name} is not a network in CIDR form: {value!r} ({exc})",
-                              f'write {name}: "10.244.0.0/16"')
+                              f'write {name}: "{example}"')
         return VarProblem(name, f"{name} {value!r} has host bits set",
                           f'write {name}: "{loose}"')
     if name == "service_cidr" and net.max_prefixlen - net.prefixlen > 20:
@@ -427,7 +428,11 @@ def _check_url(name: str, value: str, *, allow_empty: bool = False) -> VarProble
         return None  # empty where allowed, or scheme and host come from a placeholder
     plain = _JINJA_EXPR.sub("x", value)
     parts = urllib.parse.urlsplit(plain) if " " not in plain else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        bad_port = parts is not None and parts.port == 0
+    except ValueError:  # not a number, or out of 0-65535
+        bad_port = True
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
         example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
         return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}",
                           f'write {name}: "{example}"' + (' or ""' if allow_empty else ""))

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuk8s.errors import FactError
 from gpuk8s.facts import Fact
 
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
@@ -140,9 +141,12 @@ cat "$d/n"; echo '## managed'; cat "$d/m"
         nodes_text, _, managed_text = output.partition("## managed\n")
         managed = {}
         decoder = json.JSONDecoder()
-        for item in decoder.raw_decode(managed_text.strip())[0].get("items", []):
-            meta = item.get("metadata", {})
-            key = f"{item.get('kind')}/{meta.get('namespace', '')}/{meta.get('name')}"
-            managed[key] = meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
-        return ClusterState(True, "", parse_nodes(decoder.raw_decode(nodes_text.strip())[0]),
-                            managed)
+        try:
+            for item in decoder.raw_decode(managed_text.strip())[0].get("items", []):
+                meta = item.get("metadata", {})
+                key = f"{item.get('kind')}/{meta.get('namespace', '')}/{meta.get('name')}"
+                managed[key] = meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
+            nodes = parse_nodes(decoder.raw_decode(nodes_text.strip())[0])
+        except (AttributeError, TypeError) as exc:  # JSON, but not the shape kubectl gives
+            raise FactError(f"kubectl returned JSON of an unexpected shape: {exc}") from None
+        return ClusterState(True, "", nodes, managed)

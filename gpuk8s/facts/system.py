@@ -279,13 +279,28 @@ class Packages(Fact[dict[str, PackageState]]):
 
 
 class DpkgHealth(Fact[dict[str, Any]]):
-    """Interrupted dpkg runs (``dpkg --audit``) and holders of the dpkg lock."""
+    """Interrupted dpkg runs (``dpkg --audit``, or journal entries dpkg left in
+    /var/lib/dpkg/updates, which apt refuses to run with) and the processes holding the dpkg
+    frontend lock (from /proc/locks: no fuser needed), as ``["1234 (unattended-upgr)"]``."""
 
     def command(self) -> str:
         return r"""a=$(dpkg --audit 2>/dev/null | head -n 5); echo "audit=$(echo "$a" | tr '\n' ' ')"
-echo "lock=$(fuser /var/lib/dpkg/lock-frontend 2>/dev/null | tr -s ' ')"; true"""
+echo "journal=$(ls /var/lib/dpkg/updates 2>/dev/null | grep -c '^[0-9][0-9]*$')"
+i=$(stat -c %i /var/lib/dpkg/lock-frontend 2>/dev/null)
+if [ -n "$i" ]; then
+  for p in $(awk -v i=":$i" '$2 != "->" && $5 > 0 && substr($6, length($6) - length(i) + 1) == i {print $5}' /proc/locks 2>/dev/null | sort -un); do
+    echo "lock=$p $(cat /proc/$p/comm 2>/dev/null)"; done
+fi; true"""
 
     def parse(self, output: str, exit_code: int) -> dict[str, Any]:
-        kv = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
-        return {"interrupted": bool(kv.get("audit", "").strip()),
-                "lock_holders": kv.get("lock", "").split()}
+        pairs = [line.split("=", 1) for line in output.splitlines() if "=" in line]
+        kv = dict(pairs)
+        holders = []
+        for key, value in pairs:
+            if key == "lock" and value.split():
+                pid, _, name = value.strip().partition(" ")
+                holders.append(f"{pid} ({name.strip() or '?'})")
+        journal = kv.get("journal", "0").strip()
+        return {"interrupted": bool(kv.get("audit", "").strip())
+                or (journal.isdigit() and int(journal) > 0),
+                "lock_holders": holders}

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, write_file
 
 APT = ("DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+#: the default lock wait as ops are built; with_lock_timeout() puts the host's apt_lock_timeout
+_LOCK_RE = re.compile(r"(DPkg::Lock::Timeout=|apt_lock_timeout=)300\b")
+
+
+def with_lock_timeout(op: Op, seconds: int) -> Op:
+    """``op`` with apt waiting ``seconds`` (apt_lock_timeout) for the dpkg lock."""
+    if seconds == 300 or not any("apt_lock_timeout=300" in c or "Lock::Timeout=300" in c
+                                 for c in op.commands):
+        return op
+    return replace(op, commands=tuple(_LOCK_RE.sub(lambda m: f"{m[1]}{seconds}", c)
+                                      for c in op.commands))
 
 
 def source_line(url: str, suite: str, components: str, keyring: str) -> str:
@@ -101,7 +114,16 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
         else:
             specs.append(q(name))
     install = f"{APT} install --allow-change-held-packages --allow-downgrades " + " ".join(specs)
-    # stale or missing package lists (a fresh box): refresh them once and try again
-    lines.append(f"{install} || {{ echo 'gpuk8s: apt-get update, then retry'; "
-                 f"{APT} update && {install}; }}")
+    # stale or missing package lists (a fresh box): refresh them once and try again; but a
+    # dpkg lock still held after apt_lock_timeout is one clear error naming its holder
+    lines.append(
+        f'o=$(mktemp); rc=0; {install} >"$o" 2>&1 || rc=$?; cat "$o"\n'
+        'if [ $rc -ne 0 ] && grep -q "frontend lock\\|Could not get lock" "$o"; then\n'
+        "  h=$(sed -n 's/.*held by process \\([0-9]* ([^)]*)\\).*/\\1/p' \"$o\" | tail -n 1)\n"
+        '  rm -f "$o"; echo "gpuk8s: error: the dpkg lock was still held after '
+        'apt_lock_timeout=300 s, by process ${h:-(unknown: it has exited since)}; let it '
+        'finish (unattended-upgrades?) or raise apt_lock_timeout, then run again"; exit 100\n'
+        'fi; rm -f "$o"\n'
+        f"[ $rc -eq 0 ] || {{ echo 'gpuk8s: apt-get update, then retry'; "
+        f"{APT} update && {install}; }}")
     return "\n".join(lines)

@@ -37,6 +37,10 @@ def plan(ctx: HostContext) -> list[Op]:
     sysinfo = f[System()]
     ops: list[Op] = []
     dpkg = f[DpkgHealth()]
+    if dpkg["lock_holders"]:
+        ops.append(warn("base | dpkg lock", f"! waiting for the dpkg lock (held by pid "
+                        f"{', '.join(dpkg['lock_holders'])}): apt waits up to "
+                        f"{ctx.var('apt_lock_timeout')} s (apt_lock_timeout), then fails"))
     if dpkg["interrupted"]:
         ops.append(change("base | repair interrupted dpkg", "+ dpkg --configure -a (an earlier "
                           "package run was interrupted)", "dpkg --configure -a"))
