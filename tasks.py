@@ -121,10 +121,17 @@ def undeploy(c, name, inventory=INVENTORY, values=None, set=None):
 
 
 @task(help={"inventory": "inventory file", "values": "values file (repeatable)",
-            "set": "key.sub=value (repeatable)"}, iterable=["values", "set"])
-def verify(c, inventory=INVENTORY, values=None, set=None):
-    """Smoke-test every GPU node: nvidia-smi, then TensorFlow listing its GPUs."""
-    _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
+            "set": "key.sub=value (repeatable)",
+            "local": "node-level check on the hosts themselves (no cluster): nvidia-smi sees "
+                     "every PCI GPU and a CUDA computation is right on each",
+            "limit": "host pattern (with --local)"}, iterable=["values", "set"])
+def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=None):
+    """Smoke-test every GPU node: a Job per node (nvidia-smi, then TensorFlow listing its GPUs),
+    or with --local the node-level check over SSH / on this machine."""
+    if local:
+        _done(run("verify_local", inventory=inventory, limit=limit))
+    else:
+        _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
 
 
 ns = Collection(bootstrap, plan, facts, reprovision, add_node, remove_node, reset, status,
