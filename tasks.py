@@ -19,13 +19,15 @@ def _done(code: int) -> None:
 @task(help={"inventory": "inventory file (YAML or INI)", "limit": "host pattern, e.g. gpu-03",
             "yes": "apply without asking", "check": "plan only (same as invoke plan)",
             "diff": "show file diffs", "set": "key=value override (repeatable)",
-            "ask_become_pass": "prompt for the sudo password"},
+            "ask_become_pass": "prompt for the sudo password",
+            "max_fail": "hosts that may fail (count like 1, or percent like 25%) while the "
+                        "others go on; default 0"},
       iterable=["set"])
 def bootstrap(c, inventory=INVENTORY, limit=None, yes=False, check=False, diff=False, set=None,
-              ask_become_pass=False):
+              ask_become_pass=False, max_fail="0"):
     """Bring every host to a Ready Kubernetes GPU cluster node; a re-run changes nothing."""
     _done(run("bootstrap", inventory=inventory, limit=limit, yes=yes, check=check, diff=diff,
-              sets=set or [], ask_become_pass=ask_become_pass))
+              sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail))
 
 
 @task(help={"inventory": "inventory file", "limit": "host pattern", "diff": "show file diffs",

@@ -7,6 +7,7 @@ again only the hosts a phase changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Any
 from gpuk8s.errors import (
     ConnectError,
     Gpuk8sError,
+    HostsFailed,
     InventoryError,
     PhaseFailed,
     PreflightError,
@@ -64,6 +66,8 @@ class Session:
     cluster: dict[str, Any] = field(default_factory=dict)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)
     unreachable: dict[str, ConnectError] = field(default_factory=dict)
+    #: hosts left out of the rest of the run (unreachable, lost, failed) -> the cause
+    failed: dict[str, Gpuk8sError] = field(default_factory=dict)
 
     def close(self) -> None:
         for transport in self.transports.values():
@@ -272,6 +276,47 @@ def _tally(session: Session, results: Mapping[str, HostResult]) -> None:
         t["time"] += res.elapsed
 
 
+# -- failed hosts --------------------------------------------------------------------------------
+def fail_budget(max_fail: int | str, hosts: int) -> int:
+    """How many hosts may fail before the run stops: ``--max-fail`` as a count ("1") or a
+    percentage of the hosts in the run ("25%", rounded down)."""
+    text = str(max_fail).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError(text)
+            return int(hosts * pct // 100)
+        count = int(text)
+        if count < 0:
+            raise ValueError(text)
+        return count
+    except ValueError:
+        raise Gpuk8sError(f"--max-fail must be a count like 1 or a percentage like 25%, got "
+                          f"{text!r}") from None
+
+
+def _leave_out(session: Session, stage: str, errors: Mapping[str, Gpuk8sError],
+               budget: int, results: Mapping[str, Any]) -> None:
+    """Record failed hosts and take them out of the rest of the run; raise PhaseFailed when
+    the first control plane failed or more hosts failed than ``budget`` allows."""
+    for host, err in errors.items():
+        session.failed[host] = err
+        session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 1, "time": 0.0})
+    if session.first_cp in errors or len(session.failed) > budget:
+        raise PhaseFailed(stage, results)
+    for host in errors:
+        session.scope = [h for h in session.scope if h != host]
+        session.facts.pop(host, None)
+        transport = session.transports.pop(host, None)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+    session.reporter.print(
+        f"{stage}: left out of the rest of the run: {', '.join(sorted(errors))} "
+        f"({len(session.failed)} failed host(s), --max-fail allows {budget})", style="red")
+
+
 # -- entry points ------------------------------------------------------------------------------
 def _runs_dir() -> Path:
     return Path(os.environ.get("GPUK8S_RUNS_DIR", "runs"))
@@ -331,7 +376,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
               opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
-              ask_become_pass: bool = False) -> dict[str, Any]:
+              ask_become_pass: bool = False, max_fail: int | str = 0) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.
 
     Args:
@@ -345,25 +390,41 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
         confirm: asks the user; None with yes=False and a TTY prompts on stdin.
         opener: opens one host's transport (tests pass fakes).
         ask_become_pass: prompt for the sudo password of hosts that have none.
+        max_fail: how many hosts (count, or "25%" of the run's hosts) may fail, unreachable
+            at the start or lost on the way, while the others go on; those hosts are left
+            out of later phases and the run still ends in an error naming them. 0: any
+            failed host stops the run at the end of its phase.
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
     """
     command = "plan" if check else "bootstrap"
+    fail_budget(max_fail, 0)  # a bad --max-fail fails before any host is contacted
     session = open_session(inventory, limit=limit, sets=sets, command=command,
                            reporter=reporter, opener=opener,
-                           password_prompt=_prompt() if ask_become_pass else None)
+                           password_prompt=_prompt() if ask_become_pass else None,
+                           allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
     with closing(session):
-        return converge(session, check=check, diff=diff, yes=yes, confirm=confirm)
+        return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
+                        max_fail=max_fail)
 
 
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
-             confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
+             confirm: Callable[[str], bool] | None = None,
+             max_fail: int | str = 0) -> dict[str, Any]:
     """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
     started = time.monotonic()
     rep = session.reporter
+    budget = fail_budget(max_fail, len(session.scope) + len(session.unreachable))
     try:
-        gather(session, list(session.transports))
+        if session.unreachable:
+            _leave_out(session, "connect", session.unreachable, budget,
+                       {h: HostResult(h, error=e) for h, e in session.unreachable.items()})
+        try:
+            gather(session, list(session.transports))
+        except PhaseFailed as exc:
+            _leave_out(session, "facts", {h: r.error for h, r in exc.results.items()
+                                          if r.error}, budget, exc.results)
         cluster_values(session)
         blocked: PreflightError | None = None
         try:
@@ -416,8 +477,9 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
             session.runlog.add_phase(phase.name, results, time.monotonic() - t0)
             _tally(session, results)
             applied_total += sum(r.changed for r in results.values())
-            if any(r.error for r in results.values()):
-                raise PhaseFailed(phase.name, results)
+            errors = {h: r.error for h, r in results.items() if r.error}
+            if errors:
+                _leave_out(session, phase.name, errors, budget, results)
             changed_hosts = {h for h, r in results.items() if r.changed}
             dirty |= changed_hosts
             cluster_moved = cluster_moved or bool(changed_hosts)
@@ -426,7 +488,9 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                 if path:
                     rep.print(f"admin kubeconfig: {path} (0600)")
         elapsed = time.monotonic() - started
-        report = session.runlog.write_report(wall_time=round(elapsed, 3), check=check)
+        failed = {h: session.redact(str(e)) for h, e in session.failed.items()}
+        report = session.runlog.write_report(wall_time=round(elapsed, 3), check=check,
+                                             failed_hosts=_failed_rows(session))
         if check:
             rep.print(f"\nplan: {planned_total} change(s); nothing was changed "
                       f"({elapsed:.2f}s)")
@@ -435,16 +499,29 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                           "changing anything", style="red")
                 raise blocked
         else:
-            rep.summary(session.totals, elapsed)
-            if not applied_total:
+            rep.summary(session.totals, elapsed, failed=_failed_rows(session))
+            if not applied_total and not failed:
                 rep.print(f"no changes: the cluster already matches the inventory "
                           f"({elapsed:.2f}s)")
         rep.print(f"run folder: {report.parent}", style="dim")
+        if session.failed:
+            raise HostsFailed({h: HostResult(h, error=e) for h, e in session.failed.items()},
+                              {"changed": applied_total, "run_dir": str(report.parent),
+                               "totals": session.totals, "failed": failed})
         return {"changed": applied_total, "planned": planned_total, "wall_time": elapsed,
                 "run_dir": str(report.parent), "totals": session.totals}
-    except Gpuk8sError as exc:
-        session.runlog.write_report(error=session.redact(str(exc)))
+    except HostsFailed:
         raise
+    except Gpuk8sError as exc:
+        session.runlog.write_report(error=session.redact(str(exc)),
+                                    failed_hosts=_failed_rows(session))
+        raise
+
+
+def _failed_rows(session: Session) -> dict[str, dict[str, str]]:
+    """report.json's and the final table's view of failed hosts: status and cause."""
+    return {h: {"status": "unreachable" if isinstance(e, ConnectError) else "failed",
+                "cause": session.redact(str(e))} for h, e in session.failed.items()}
 
 
 def _prompt() -> Callable[[str], str]:

@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "bootstrap":
             p.add_argument("--yes", "-y", action="store_true")
             p.add_argument("--check", action="store_true")
+            p.add_argument("--max-fail", default="0", dest="max_fail",
+                           help="hosts that may fail (count like 1, or percent like 25%%) "
+                           "while the others go on; default 0: any failure stops the run")
     for name in ("reprovision", "add-node", "remove-node"):
         p = sub.add_parser(name)
         p.add_argument("--inventory", "-i", required=True)

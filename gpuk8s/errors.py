@@ -78,3 +78,19 @@ class PhaseFailed(Gpuk8sError):
         for h in failed:
             lines.append(f"  {self.results[h].error}")
         super().__init__("\n".join(lines))
+
+
+class HostsFailed(PhaseFailed):
+    """The run went on without some hosts (``--max-fail``) and finished; ``results`` has each
+    failed host's error, ``summary`` what bootstrap would have returned."""
+
+    def __init__(self, results: Mapping[str, Any], summary: Mapping[str, Any]) -> None:
+        self.summary = dict(summary)
+        super().__init__("run", results)
+        failed = sorted(self.results)
+        lines = [f"the run finished without {len(failed)} host(s): {', '.join(failed)}"]
+        lines += [f"  {self.results[h].error}" for h in failed]
+        self.args = ("\n".join(lines),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])

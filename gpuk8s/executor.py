@@ -132,6 +132,12 @@ class HostRunner:
         res: CommandResult = self.transport.run(build_script(todo, marker), timeout=timeout)
         elapsed = time.monotonic() - started
         sections = split_output(res.stdout, marker)
+        if res.exit_code == -1 and any(code is None for _, code in sections.values()):
+            # the channel closed with no exit status: the host went away under the script
+            current = todo[max(sections)].id if sections else todo[0].id
+            self.log(self.redact(res.stdout.rstrip()[-2000:]))
+            raise ConnectError(self.host, f"connection lost while running [{current}] "
+                               f"(after {elapsed:.0f}s): the host went down or off the network")
         changed: list[Op] = []
         for i, op in enumerate(todo):
             text, code = sections.get(i, ("", None))

@@ -215,13 +215,24 @@ class Reporter:
                 self.console.print(f"  ! {host}: {self.redact(message)} [dim]({name})[/dim]",
                                    style="magenta", highlight=False)
 
-    def summary(self, totals: Mapping[str, Mapping[str, Any]], elapsed: float) -> None:
+    def summary(self, totals: Mapping[str, Mapping[str, Any]], elapsed: float,
+                failed: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """The final table; ``failed`` (host -> status, cause) marks hosts left out."""
+        failed = failed or {}
         table = Table(title="result", title_justify="left")
-        for col in ("host", "changed", "ok", "failed", "time"):
-            table.add_column(col, justify="left" if col == "host" else "right")
+        for col in ("host", "changed", "ok", "failed", "time") + (("status",) if failed else ()):
+            table.add_column(col, justify="left" if col in ("host", "status") else "right")
         for host, t in totals.items():
-            failed = t["failed"]
-            table.add_row(host, str(t["changed"]), str(t["ok"]),
-                          f"[red]{failed}[/red]" if failed else "0", f"{t['time']:.1f}s")
+            n = t["failed"]
+            row = [host, str(t["changed"]), str(t["ok"]), f"[red]{n}[/red]" if n else "0",
+                   f"{t['time']:.1f}s"]
+            if failed:
+                status = failed.get(host, {}).get("status", "ok")
+                row.append(f"[red]{status}[/red]" if host in failed else status)
+            table.add_row(*row)
         self.console.print(table)
+        for host, info in failed.items():
+            cause = self.redact(info["cause"]).splitlines()
+            self.console.print(f"  {host} {info['status']}: {cause[0] if cause else ''}",
+                               style="red", markup=False, highlight=False)
         self.console.print(f"wall time {elapsed:.2f}s")
