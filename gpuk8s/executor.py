@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError
 from gpuk8s.ops import Op
+from gpuk8s.sections import split_sections
 from gpuk8s.transport import CommandResult, Redactor, Transport
 
 PREAMBLE = ("exec 2>&1\nexport LC_ALL=C DEBIAN_FRONTEND=noninteractive "
@@ -69,27 +70,6 @@ def build_script(ops: Sequence[Op], marker: str) -> str:
     return "".join(parts)
 
 
-def split_output(output: str, marker: str) -> dict[int, tuple[str, int | None]]:
-    """Per-op (output, exit code); an op whose end marker is missing has exit code None."""
-    sections: dict[int, tuple[str, int | None]] = {}
-    current: int | None = None
-    buf: list[str] = []
-    for line in output.split("\n"):
-        if line.startswith(marker + " "):
-            word = line.split()
-            if word[1] == "B":
-                current, buf = int(word[2]), []
-            elif current is not None:
-                sections[current] = ("\n".join(buf).rstrip("\n"), int(word[3]))
-                current = None
-            continue
-        if current is not None:
-            buf.append(line)
-    if current is not None:
-        sections[current] = ("\n".join(buf).rstrip("\n"), None)
-    return sections
-
-
 def _tail(text: str, lines: int = 20) -> str:
     """The last lines of an op's output; only the op's own explanation when it gave one (lines
     starting "gpuk8s: error: "), so a known failure reads as one clear message."""
@@ -131,7 +111,7 @@ class HostRunner:
         started = time.monotonic()
         res: CommandResult = self.transport.run(build_script(todo, marker), timeout=timeout)
         elapsed = time.monotonic() - started
-        sections = split_output(res.stdout, marker)
+        sections = split_sections(res.stdout, marker)
         if res.exit_code == -1 and any(code is None for _, code in sections.values()):
             # the channel closed with no exit status: the host went away under the script
             current = todo[max(sections)].id if sections else todo[0].id

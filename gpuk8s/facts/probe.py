@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuk8s.errors import FactError
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.sections import split_sections
 
 
 def build_probe(requests: Sequence[Fact[Any]], marker: str | None = None) -> tuple[str, str]:
@@ -25,27 +26,14 @@ def build_probe(requests: Sequence[Fact[Any]], marker: str | None = None) -> tup
 
 def parse_probe(host: str, output: str, requests: Sequence[Fact[Any]], marker: str) -> HostFacts:
     """Split the probe output into sections and parse each with its fact."""
-    sections: dict[int, tuple[str, int]] = {}
-    current: int | None = None
-    buf: list[str] = []
-    for line in output.split("\n"):
-        if line.startswith(marker + " "):
-            word = line.split()
-            if word[1] == "B":
-                current, buf = int(word[2]), []
-            elif word[1] == "E" and current is not None:
-                text = "\n".join(buf)
-                sections[current] = (text[:-1] if text.endswith("\n") else text, int(word[3]))
-                current = None
-            continue
-        if current is not None:
-            buf.append(line)
+    sections = split_sections(output, marker)
     values: dict[Fact[Any], Any] = {}
     for i, fact in enumerate(requests):
-        if i not in sections:
+        text, code = sections.get(i, ("", None))
+        if code is None:
+            done = sum(c is not None for _, c in sections.values())
             raise FactError(f"{host}: probe output ended before fact {fact.key} "
-                            f"(got {len(sections)} of {len(requests)} sections)")
-        text, code = sections[i]
+                            f"(got {done} of {len(requests)} sections)")
         try:
             values[fact] = fact.parse(text, code)
         except FactError:

@@ -8,8 +8,9 @@ import threading
 import time
 
 from gpuk8s.errors import CommandFailed, ConnectError
-from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase, split_output
+from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase
 from gpuk8s.ops import Op, change, noop
+from gpuk8s.sections import split_sections
 from gpuk8s.transport import CommandResult, Counters, Redactor
 
 
@@ -58,7 +59,7 @@ def test_script_stops_at_first_failure() -> None:
            change("c", "+ c", "echo C")]
     script = build_script(ops, "@@M")
     proc = subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True, check=False)
-    sections = split_output(proc.stdout.decode(), "@@M")
+    sections = split_sections(proc.stdout.decode(), "@@M")
     assert sections[0] == ("A", 0)
     assert sections[1] == ("B", 1)
     assert 2 not in sections
