@@ -120,3 +120,20 @@ def test_preinstalled_driver_of_another_branch_plans_an_upgrade() -> None:
     assert "reboot" in pkg.notify
     pinned = _driver_plan("580.159.04", nvidia_driver_version="580.105.08-1")
     assert any(op.changes for op in pinned)
+
+
+def test_docker_runtime_adds_docker_ce_and_keeps_cri_on() -> None:
+    from gpuk8s.facts import HostFacts
+
+    v = default_vars(container_runtime="docker")
+    facts = fresh_facts("ubuntu2404", 0, "node", v)
+    ctx = HostContext("node", "container_runtime", v, HostFacts("node", dict(facts.items())),
+                      {}, ("workers",))
+    ops = load_role("container_runtime").plan(ctx)
+    pkgs = next(op for op in ops if op.id == "container_runtime | packages")
+    assert "docker-ce" in pkgs.reason and "containerd.io" in pkgs.reason
+    config = next(op for op in ops if op.id == "container_runtime | config.toml")
+    assert config.diff and "disabled_plugins" not in config.diff
+    assert "SystemdCgroup = true" in config.diff
+    service = next(op for op in ops if op.id == "container_runtime | service")
+    assert "containerd docker" in service.reason
