@@ -160,16 +160,6 @@ def served_by_lab_host(since: int, clients: set[str]) -> int:
 
 
 # -- lab ---------------------------------------------------------------------------------------
-def lab_busy() -> str | None:
-    me = os.getpid()
-    out = subprocess.run(["pgrep", "-f", "pytest"], capture_output=True, text=True,
-                         check=False).stdout.split()
-    others = [p for p in out if int(p) != me]
-    if others:
-        return f"a pytest run is using the lab (pids {', '.join(others)})"
-    return None
-
-
 def boot(topology: Topology) -> tuple[Lab, Path]:
     lab = Lab()
     t0 = time.monotonic()
@@ -277,18 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-cache-bytes", action="store_true",
                         help="skip the package cache measurement (1 and 4 nodes)")
     parser.add_argument("--keep", action="store_true", help="leave the last lab up")
-    parser.add_argument("--force", action="store_true",
-                        help="take the lab even if one is up (it is rebooted)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    busy = lab_busy()
-    if busy:
-        print(f"bench: {busy}; try again when it is done", file=sys.stderr)
-        return 1
-    if Lab().topology() is not None and not args.force:
-        print("bench: the lab is up (someone may be using it: `invoke lab.status`); take it "
-              "down with `invoke lab.down` or pass --force", file=sys.stderr)
-        return 1
+    from tests.lab.lock import acquire
+
+    # waits for a test session to finish with the lab; then any lab left up is rebooted
+    lock = acquire("bench")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     work = ROOT / "runs" / f"bench-{stamp}"
     work.mkdir(parents=True)
@@ -324,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "results.json").write_text(json.dumps(results, indent=1))
     print_results(results)
     print(f"\nbench: {results['total_s']:.0f} s in all; results in {work / 'results.json'}")
+    lock.close()
     return 0
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.lab.lab import Lab
+from tests.lab.lock import acquire
 from tests.lab.paths import LabError
 
 
@@ -22,16 +21,7 @@ def lab() -> Iterator[Lab]:
     """
     if os.geteuid() != 0:
         pytest.fail("the lab needs root (netns, mounts, systemd-nspawn)", pytrace=False)
-    # one pytest session at a time owns the lab (it has one bridge and fixed addresses)
-    lock_path = os.environ.get("GPUK8S_LAB_LOCK", "/run/gpuk8s-lab.lock")
-    lock = open(lock_path, "w")  # noqa: SIM115 - held for the whole session
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"lab: waiting for another test session to release {lock_path}", flush=True)
-        t0 = time.monotonic()
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        print(f"lab: got the lab after {time.monotonic() - t0:.0f} s", flush=True)
+    lock = acquire("lab")  # one pytest session (or benchmark) at a time owns the lab
     the_lab = Lab()
     was_up = the_lab.is_up()
     try:
