@@ -3,12 +3,14 @@ parallel. Run as its own process (``python bench/floor.py HOSTS.json``) so its w
 interpreter start-up and imports, like ``invoke bootstrap`` does.
 
 HOSTS.json: ``[{"name", "address", "port", "user", "key_file", "known_hosts", "script"}]``.
-Prints one JSON line: {"elapsed": seconds inside the process, "hosts": {name: exit code}}.
+Prints one JSON line: {"elapsed": seconds inside the process, "hosts": {name: exit code},
+"peak_rss_kb": its own peak RSS}.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import threading
 import time
@@ -52,7 +54,8 @@ def main(path: str) -> int:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"elapsed": round(time.monotonic() - started, 4), "hosts": codes}))
+    print(json.dumps({"elapsed": round(time.monotonic() - started, 4), "hosts": codes,
+                      "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 

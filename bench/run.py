@@ -217,7 +217,12 @@ def measure(inventory: Path, work: Path, repeat: int) -> dict[str, Any]:
             s.report.get("wall_time", 0) for s in samples["bootstrap"]), 3),
         "ratio_bootstrap": round(med["bootstrap"] / med["floor"], 2),
         "ratio_plan": round(med["plan"] / med["floor"], 2),
-        "rss_kb": {k: max(s.rss_kb for s in v) for k, v in samples.items()},
+        # each process's own peak RSS (wait4's figure also counts the forked bench's pages)
+        "rss_kb": {
+            "floor": max(json.loads(s.output.strip().splitlines()[-1]).get("peak_rss_kb", 0)
+                         for s in samples["floor"]),
+            "bootstrap": max(s.report.get("peak_rss_kb", 0) for s in samples["bootstrap"]),
+            "plan": max(s.report.get("peak_rss_kb", 0) for s in samples["plan"])},
         "round_trips": round_trips(last),
         "plan_round_trips": round_trips(samples["plan"][-1].report),
         "runs": {k: [round(s.wall, 3) for s in v] for k, v in samples.items()},
