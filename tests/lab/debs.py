@@ -152,11 +152,23 @@ class FetchResolver:
         deb = self.deb(pkg, key)
         dest = self._extract_root / deb.stem
         if not (dest / ".extracted").exists():
-            if dest.exists():
-                shutil.rmtree(dest)
-            dest.mkdir(parents=True)
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
-            (dest / ".extracted").write_text(deb_field(deb, "Version") + "\n")
+            # extract beside and rename: the downloads folder is shared by concurrent builders
+            # (lab sessions, test_repos), which must never see or remove a half-extracted tree
+            self._extract_root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{deb.stem}.", dir=self._extract_root))
+            try:
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], check=True)
+                (tmp / ".extracted").write_text(deb_field(deb, "Version") + "\n")
+                if not (dest / ".extracted").exists():
+                    if dest.exists():
+                        shutil.rmtree(dest, ignore_errors=True)
+                    try:
+                        tmp.rename(dest)
+                    except OSError:  # another builder renamed its copy first
+                        if not (dest / ".extracted").exists():
+                            raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
 

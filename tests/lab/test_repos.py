@@ -8,6 +8,7 @@ checked with apt in a temporary apt root: signatures verify with the lab key, pi
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ ASSUMED_INSTALLED = {
     "openssl": "3.0.17-1~deb12u2",
     "libc6": "2.36-9+deb12u10",
     "libseccomp2": "2.5.4-1+deb12u1",
+    "libsystemd0": "252.38-1~deb12u1",
     "iptables": "1.8.9-2",
     "conntrack": "1:1.4.7-1+b2",
     "iproute2": "6.1.0-3",
@@ -203,6 +205,15 @@ def test_contract_packages_present(www: Path) -> None:
         and cio[0]["Version"].endswith("-1~debian.12~bookworm")
     )
     assert cio[0]["Conflicts"] == "containerd, runc" and cio[0]["Replaces"] == "containerd, runc"
+    docker = {s["Package"]: s for s in pk["docker/debian/bookworm"]}
+    for name in ("docker-ce", "docker-ce-cli"):
+        v = docker[name]["Version"]
+        assert v.startswith("5:28.") and v.endswith("-1~debian.12~bookworm"), (name, v)
+        assert "Debian's real docker binaries repackaged" in docker[name]["Description"]
+    deps = [d.strip() for d in docker["docker-ce"]["Depends"].split(",")]
+    assert {"containerd.io (>= 1.7)", "docker-ce-cli", "iptables"} <= set(deps)
+    assert not any(d.split()[0] in ("containerd", "runc") for d in deps), deps
+    assert "docker.io" in docker["docker-ce"]["Conflicts"]
     assert ("lab-kernel", f"linux-headers-{os.uname().release}".lower(), "1.0~lab1") in have
     for ss in pk.values():
         for s in ss:
@@ -254,6 +265,52 @@ def test_containerd_io_contents(www: Path, tmp_path: Path) -> None:
         [str(tmp_path / "usr/bin/runc"), "--version"], capture_output=True, text=True
     )
     assert runc.returncode == 0 and runc.stdout.startswith("runc version 1.")
+
+
+def test_docker_ce_contents(www: Path, tmp_path: Path) -> None:
+    pool = www / "download.docker.com/linux/debian/dists/bookworm/pool/stable/amd64"
+    ce, cli = next(pool.glob("docker-ce_*.deb")), next(pool.glob("docker-ce-cli_*.deb"))
+    listing = subprocess.run(
+        ["dpkg-deb", "-c", str(ce)], capture_output=True, text=True, check=True
+    ).stdout
+    for path in (
+        "./usr/bin/dockerd",
+        "./usr/bin/docker-proxy",
+        "./usr/bin/docker-init",
+        "./lib/systemd/system/docker.service",
+        "./lib/systemd/system/docker.socket",
+        "./etc/default/docker",
+    ):
+        assert f" {path}\n" in listing, path
+    for deb in (ce, cli):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
+    subprocess.run(["dpkg-deb", "-e", str(ce), str(tmp_path / "DEBIAN")], check=True)
+    assert (tmp_path / "DEBIAN/conffiles").read_text() == "/etc/default/docker\n"
+    unit = (tmp_path / "lib/systemd/system/docker.service").read_text().splitlines()
+    for line in (
+        "ExecStart=/usr/bin/dockerd -H fd:// --containerd=/run/containerd/containerd.sock",
+        "Requires=docker.socket",
+        "Wants=network-online.target containerd.service",
+        "Type=notify",
+        "Delegate=yes",
+        "KillMode=process",
+    ):
+        assert line in unit, line
+    sock = (tmp_path / "lib/systemd/system/docker.socket").read_text().splitlines()
+    assert "ListenStream=/run/docker.sock" in sock and "SocketGroup=docker" in sock
+    postinst = (tmp_path / "DEBIAN/postinst").read_text()
+    assert "groupadd --system docker" in postinst
+    for unit_name in ("docker.service", "docker.socket"):
+        assert f"deb-systemd-helper enable '{unit_name}'" in postinst, unit_name
+    # the real binaries, and they run on this (bookworm) host
+    for binary, want in (
+        ("usr/bin/dockerd", "Docker version 28."),
+        ("usr/bin/docker", "Docker version 28."),
+        ("usr/bin/docker-proxy", "version 28."),
+        ("usr/bin/docker-init", "tini version 0.19"),
+    ):
+        res = subprocess.run([str(tmp_path / binary), "--version"], capture_output=True, text=True)
+        assert res.returncode == 0 and want in res.stdout, (binary, res.stdout, res.stderr)
 
 
 def test_builds_are_deterministic(lab_env: Path, tmp_path: Path) -> None:
@@ -448,6 +505,63 @@ def test_apt_verifies_and_resolves(www: Path, base_url: str, lab_env: Path, tmp_
     assert res.returncode == 0, res.stdout + res.stderr
     got = {p.name.split("_")[0] for p in (tmp_path / "var/cache/apt/archives").glob("*.deb")}
     assert {"containerd.io", "nvidia-open-580", "nvidia-container-toolkit"} <= got
+
+
+def test_apt_resolves_docker_ce_with_containerd_io(
+    www: Path, base_url: str, lab_env: Path, tmp_path: Path
+) -> None:
+    """container_runtime: docker installs docker-ce and docker-ce-cli beside containerd.io: all
+    three come from the lab's Docker repo, and Debian's own containerd and runc (offered by a
+    local repo holding Debian's real packages, as the node's Debian sources would) stay out."""
+    apt = _apt_root(tmp_path, base_url, lab_env / "repos/lab-key.gpg")
+    debian = tmp_path / "debian-repo"
+    debian.mkdir()
+    for deb in (
+        repos.fetch_upstream_deb("containerd", "unstable"),
+        repos.fetch_upstream_deb("runc", "bookworm"),
+    ):
+        shutil.copy2(deb, debian / deb.name)
+    packages = subprocess.run(
+        ["apt-ftparchive", "packages", "."],
+        cwd=debian,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (debian / "Packages").write_text(packages)
+    with open(tmp_path / "etc/apt/sources.list", "a") as fh:
+        fh.write(f"deb [trusted=yes] file:{debian} ./\n")
+    res = subprocess.run([*apt, "update"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    want = ["docker-ce", "docker-ce-cli", "containerd.io"]
+    res = subprocess.run(
+        [*apt, "install", "--simulate", "-y", *want], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    # "Inst docker-ce (5:28.5.2-1~debian.12~bookworm Docker CE:bookworm [amd64])"
+    inst = {
+        ln.split()[1]: ln.split(" ", 2)[2]
+        for ln in res.stdout.splitlines()
+        if ln.startswith("Inst ")
+    }
+    assert set(inst) == set(want), res.stdout
+    for name, how in inst.items():
+        assert "Docker CE:bookworm [amd64]" in how, (name, how)
+    assert inst["containerd.io"].startswith("(2.1."), inst
+    assert inst["docker-ce"].startswith("(5:28.") and inst["docker-ce-cli"].startswith("(5:28.")
+    # Debian's containerd is offered, but refused beside docker-ce (containerd.io conflicts)
+    res = subprocess.run(
+        [*apt, "install", "--simulate", "-y", "docker-ce", "containerd"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode != 0, res.stdout
+    res = subprocess.run(
+        [*apt, "install", "--download-only", "-y", *want], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = {p.name.split("_")[0] for p in (tmp_path / "var/cache/apt/archives").glob("*.deb")}
+    assert got == set(want)
 
 
 def test_apt_rejects_other_key(www: Path, base_url: str, tmp_path: Path) -> None:
