@@ -69,7 +69,8 @@ class RunLog:
 
         def write(text: str) -> None:
             line = self.redact(text)
-            with self._lock, open(path, "a", encoding="utf-8") as fh:
+            with self._lock, open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                                  "a", encoding="utf-8") as fh:
                 fh.write(f"{datetime.now(UTC).strftime('%H:%M:%S')} {line}\n")
         return write
 

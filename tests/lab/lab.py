@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,6 +270,17 @@ class Lab:
         except OSError:
             text = ["(no console.log)"]
         return f"--- {log} (tail) ---\n" + "\n".join(text)
+
+    @contextlib.contextmanager
+    def stay_down_after_reboot(self, name: str) -> Iterator[None]:
+        """LAB FAULT HOOK: while in this block, the node's next reboot leaves it powered off
+        (its supervisor does not boot it again), like a box that never comes back."""
+        flag = node.node_dir(name) / "stay-down"
+        flag.touch()
+        try:
+            yield
+        finally:
+            flag.unlink(missing_ok=True)
 
     def _stop_nodes(self, names: Sequence[str], timeout: float = 90.0) -> None:
         pids = [(n, node.signal_stop(n)) for n in names]

@@ -144,6 +144,16 @@ def supervise(cfg: dict[str, Any]) -> int:
             child = None
             if rc != REBOOT_EXIT:
                 break
+            # LAB FAULT HOOK (tests/lab/test_faults.py, Lab.stay_down_after_reboot): a node
+            # whose "stay-down" file exists does not boot again after a reboot (a box that
+            # never comes back); the file is used up
+            stay = pidfile.with_name("stay-down")
+            if stay.exists():
+                with contextlib.suppress(OSError):
+                    stay.unlink()
+                with log_path.open("ab") as log:
+                    log.write(b"=== lab supervisor: FAULT HOOK: staying down after reboot ===\n")
+                break
             _write_state(statefile, state="rebooting", boots=boots, nspawn_pid=None,
                          started=time.time())
         _write_state(statefile, state="stopped", boots=boots, nspawn_pid=None, exit_code=rc,

@@ -1,0 +1,119 @@
+"""Helpers for fault tests: bootstrap as a subprocess (the real CLI) with its own run folder,
+watched through its per-host logs ("--> <op id>: ..." lines), killed with SIGKILL at a chosen
+point; the cluster compared with what an uninterrupted run gives."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.lab.lab import Lab
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
+
+#: what every uninterrupted bootstrap of the default lab gives (day2.status rows)
+EXPECTED = {"cp-01": {"state": "Ready", "allocatable_gpu": None, "gpus": 0},
+            "gpu-01": {"state": "Ready", "allocatable_gpu": 2, "gpus": 2},
+            "gpu-02": {"state": "Ready", "allocatable_gpu": 1, "gpus": 1},
+            "cpu-01": {"state": "Ready", "allocatable_gpu": None, "gpus": 0}}
+
+
+class Bootstrap:
+    """One `gpuk8s bootstrap` subprocess with its own GPUK8S_RUNS_DIR."""
+
+    def __init__(self, inventory: Path, runs: Path, *args: str,
+                 env: dict[str, str] | None = None, command: str = "bootstrap") -> None:
+        self.runs = runs
+        runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.before = set(runs.iterdir())
+        argv = [PYTHON, "-m", "gpuk8s.cli", command, "-i", str(inventory), *args]
+        if command == "bootstrap":
+            argv.append("--yes")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "GPUK8S_RUNS_DIR": str(runs),
+                                          **(env or {})})
+        self.stdout = self.stderr = ""
+
+    @property
+    def run_dir(self) -> Path | None:
+        new = sorted(set(self.runs.iterdir()) - self.before)
+        return new[-1] if new else None
+
+    def log(self, host: str) -> str:
+        rd = self.run_dir
+        try:
+            return (rd / f"{host}.log").read_text() if rd else ""
+        except OSError:
+            return ""
+
+    def wait_for(self, what: str, cond: Callable[[], bool], timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if self.proc.poll() is not None:
+                self.finish()
+                raise AssertionError(f"bootstrap exited {self.proc.returncode} before {what}:"
+                                     f"\n{self.stdout[-3000:]}\n{self.stderr[-3000:]}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"no {what} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def wait_op(self, host: str, op_prefix: str, timeout: float = 300) -> None:
+        """Until the host's log shows "--> <op_prefix>..." (its role script has started)."""
+        pattern = re.compile(rf"^\S+ --> {re.escape(op_prefix)}", re.M)
+        self.wait_for(f"{host}: --> {op_prefix}", lambda: bool(pattern.search(self.log(host))),
+                      timeout)
+
+    def kill(self) -> float:
+        """SIGKILL (no cleanup, no report): return seconds since start."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.finish()
+        return time.monotonic() - self.started
+
+    def finish(self, timeout: float = 900) -> int:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.stdout += out or ""
+        self.stderr += err or ""
+        sys.stdout.write(self.stdout[-4000:])
+        sys.stdout.write(self.stderr[-4000:])
+        return self.proc.returncode
+
+
+def remote_pids(lab: Lab, host: str, pattern: str) -> list[int]:
+    _rc, out, _ = lab.ssh(host, f"pgrep -x {pattern} || true", timeout=15)
+    return [int(p) for p in out.split()]
+
+
+def rows(lab: Lab, inventory: Path) -> dict[str, dict[str, Any]]:
+    import io
+
+    from gpuk8s import day2
+    from gpuk8s.report import Reporter
+
+    return {r["host"]: r for r in day2.status(inventory, as_json=True,
+                                              reporter=Reporter(io.StringIO()))}
+
+
+def assert_converged_like_uninterrupted(lab: Lab, inventory: Path, runs: Path) -> None:
+    """`plan` shows 0 changes, and status is what an uninterrupted bootstrap gives."""
+    plan = Bootstrap(inventory, runs, command="plan")
+    assert plan.finish() == 0, plan.stderr
+    assert "plan: 0 change(s)" in plan.stdout, plan.stdout[-3000:]
+    status = rows(lab, inventory)
+    got = {h: {k: r.get(k) for k in ("state", "allocatable_gpu", "gpus")}
+           for h, r in status.items()}
+    assert got == EXPECTED
+    assert all(r.get("drift") == 0 for r in status.values()), status
+    drivers = {status[h].get("driver") for h in ("gpu-01", "gpu-02")}
+    assert len(drivers) == 1 and str(drivers.pop()).startswith("580.")

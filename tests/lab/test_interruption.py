@@ -1,0 +1,127 @@
+"""Interrupted bootstraps converge: a `gpuk8s bootstrap` subprocess is killed with SIGKILL at
+10 points (before any op, inside a role's script, inside apt with the node's dpkg SIGKILLed
+too, during the driver install, during the driver reboot, during kubeadm init, during the
+join, during the cluster phase, in the middle of the node phase on all hosts, inside the CUDA
+toolkit's dpkg), each time run again; the last re-run exits 0, `plan` then shows 0 changes,
+and the cluster is the one an uninterrupted run gives (4 nodes Ready, nvidia.com/gpu 2 on
+gpu-01 and 1 on gpu-02, none elsewhere).
+
+Points come in sequence on one restore of the "fresh" snapshot (each re-run is killed at
+the next point, so the partial state of the previous kill is what it starts from): chain A
+has points 1-8, chain B points 9-10 on a second restore."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.lab import Lab
+from tests.lab.runs import Bootstrap, assert_converged_like_uninterrupted
+
+pytestmark = pytest.mark.lab
+
+#: kills an apt-started dpkg on the node, if one runs (the pattern does not match this sh)
+KILL_DPKG = ("p=$(pgrep -f 'dpkg --status-f[d]') || exit 3; kill -9 $p; pkill -9 -x apt-get; "
+             "echo killed dpkg $p")
+
+
+@pytest.fixture
+def fresh(lab: Lab) -> Lab:
+    if not (lab.snapshot_dir("fresh") / "topology.yaml").exists():
+        lab.snapshot("fresh")  # the lab as booted: made by test_bootstrap, or here
+    lab.restore("fresh")
+    return lab
+
+
+def kill_remote_dpkg(lab: Lab, host: str, run: Bootstrap, timeout: int = 300) -> str:
+    """SIGKILL the first apt-started dpkg seen on ``host``, then the bootstrap: dpkg is left
+    interrupted there. Returns what the node said."""
+    said: list[str] = []
+
+    def poll() -> bool:
+        rc, out, _ = lab.ssh(host, KILL_DPKG, timeout=30)
+        if rc == 0:
+            said.append(out)
+        return rc == 0
+
+    run.wait_for(f"a dpkg on {host}", poll, timeout)
+    run.kill()
+    return said[0]
+
+
+def first_op(run: Bootstrap, host: str) -> str:
+    m = re.search(r"^\S+ --> ([^:]+):", run.log(host), re.M)
+    return m.group(1) if m else ""
+
+
+def test_chain_a_eight_kill_points(fresh: Lab, tmp_path: Path) -> None:
+    inv, runs = fresh.inventory_path, tmp_path / "runs"
+    timings = {}
+    # 1: during connect / fact gathering, before any op
+    run = Bootstrap(inv, runs)
+    run.wait_for("the run folder", lambda: run.run_dir is not None, 60)
+    time.sleep(0.5)
+    timings[1] = run.kill()
+    # 2: inside the base role's script on every host (killed as cp-01 starts it)
+    run = Bootstrap(inv, runs)
+    run.wait_op("cp-01", "base |")
+    timings[2] = run.kill()
+    # 3: inside apt on gpu-01, with its dpkg SIGKILLed: dpkg is left interrupted
+    run = Bootstrap(inv, runs)
+    print(kill_remote_dpkg(fresh, "gpu-01", run))
+    timings[3] = time.monotonic() - run.started
+    _, audit, _ = fresh.ssh("gpu-01", "dpkg --audit; ls /var/lib/dpkg/updates")
+    print(f"gpu-01 after the dpkg kill: {audit}")
+    assert audit.strip(), "dpkg on gpu-01 does not look interrupted"
+    # 4: the re-run repairs dpkg first on gpu-01; killed inside gpu-02's driver install
+    run = Bootstrap(inv, runs)
+    run.wait_op("gpu-02", "nvidia_driver | driver packages", 400)
+    time.sleep(2)
+    timings[4] = run.kill()
+    assert first_op(run, "gpu-01") == "base | repair interrupted dpkg", run.log("gpu-01")
+    # 5: during gpu-01's driver reboot
+    boot = fresh.boot_id("gpu-01")
+    run = Bootstrap(inv, runs)
+    run.wait_op("gpu-01", "nvidia_driver | reboot", 400)
+    timings[5] = run.kill()
+    fresh.wait_for_reboot("gpu-01", boot, 180)
+    # 6: inside kubeadm init
+    run = Bootstrap(inv, runs)
+    run.wait_op("cp-01", "control_plane | kubeadm init", 400)
+    time.sleep(1.0)
+    timings[6] = run.kill()
+    # 7: inside kubeadm join
+    run = Bootstrap(inv, runs)
+    run.wait_op("gpu-01", "join |", 400)
+    time.sleep(0.5)
+    timings[7] = run.kill()
+    # 8: inside the cluster phase (labels, device plugin, allocatable wait)
+    run = Bootstrap(inv, runs)
+    run.wait_op("cp-01", "gpu_cluster |", 400)
+    time.sleep(1.0)
+    timings[8] = run.kill()
+    # then one full run converges
+    run = Bootstrap(inv, runs)
+    assert run.finish() == 0, run.stderr[-3000:]
+    print(f"\nkill points (s after start): {timings}; final run "
+          f"{time.monotonic() - run.started:.1f}s")
+    assert_converged_like_uninterrupted(fresh, inv, runs)
+
+
+def test_chain_b_two_kill_points(fresh: Lab, tmp_path: Path) -> None:
+    inv, runs = fresh.inventory_path, tmp_path / "runs"
+    # 9: in the middle of the node phase, every host somewhere in its stack
+    run = Bootstrap(inv, runs)
+    run.wait_op("cpu-01", "container_runtime |")
+    run.kill()
+    # 10: inside the CUDA toolkit's dpkg on gpu-02 (after its driver reboot)
+    run = Bootstrap(inv, runs)
+    run.wait_op("gpu-02", "cuda |", 400)
+    print(kill_remote_dpkg(fresh, "gpu-02", run))
+    run = Bootstrap(inv, runs)
+    assert run.finish() == 0, run.stderr[-3000:]
+    assert first_op(run, "gpu-02") == "base | repair interrupted dpkg", run.log("gpu-02")
+    assert_converged_like_uninterrupted(fresh, inv, runs)
