@@ -121,8 +121,12 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         if isinstance(value, HostFacts):
             session.facts[name] = value
         else:
-            err = value if isinstance(value, Gpuk8sError) else \
-                Gpuk8sError(f"{name}: fact probe failed: {value!r}")
+            if isinstance(value, Gpuk8sError):
+                err = value
+            elif isinstance(value, (OSError, EOFError)):  # the host went away (a reboot?)
+                err = ConnectError(name, f"connection lost during the fact probe: {value!r}")
+            else:
+                err = Gpuk8sError(f"{name}: fact probe failed: {value!r}")
             failed[name] = HostResult(name, error=err)
     if failed:
         raise PhaseFailed("facts", failed)

@@ -78,8 +78,9 @@ class Bootstrap:
         """SIGKILL (no cleanup, no report): return seconds since start."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
+        took = time.monotonic() - self.started
         self.finish()
-        return time.monotonic() - self.started
+        return took
 
     def finish(self, timeout: float = 900) -> int:
         out, err = self.proc.communicate(timeout=timeout)

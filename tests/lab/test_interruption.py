@@ -23,9 +23,17 @@ from tests.lab.runs import Bootstrap, assert_converged_like_uninterrupted
 
 pytestmark = pytest.mark.lab
 
-#: kills an apt-started dpkg on the node, if one runs (the pattern does not match this sh)
-KILL_DPKG = ("p=$(pgrep -f 'dpkg --status-f[d]') || exit 3; kill -9 $p; pkill -9 -x apt-get; "
-             "echo killed dpkg $p")
+#: armed on a node: a tight loop (the lab's packages are small: apt's dpkg runs are short) that
+#: SIGKILLs an apt-started dpkg once it has journalled a status change (so the database is
+#: left mid-change, as after a power cut), then apt-get, and notes the pid; the pattern does
+#: not match the loop's own command line
+ARM_DPKG_KILLER = ("rm -f /run/gpuk8s-test-killed; nohup timeout {t} sh -c 'until "
+                   "ls /var/lib/dpkg/updates | grep -q \"^[0-9]\" && "
+                   "p=$(pgrep -f \"dpkg .*--status-f[d]\"); do :; done; kill -9 $p; "
+                   "pkill -9 -x apt-get; echo $p > /run/gpuk8s-test-killed' "
+                   ">/dev/null 2>&1 &")
+#: dpkg left interrupted: packages mid-change, or journal entries not yet applied
+INTERRUPTED = "dpkg --audit; ls /var/lib/dpkg/updates | grep '^[0-9]'"
 
 
 @pytest.fixture
@@ -37,19 +45,27 @@ def fresh(lab: Lab) -> Lab:
 
 
 def kill_remote_dpkg(lab: Lab, host: str, run: Bootstrap, timeout: int = 300) -> str:
-    """SIGKILL the first apt-started dpkg seen on ``host``, then the bootstrap: dpkg is left
-    interrupted there. Returns what the node said."""
+    """SIGKILL the first apt-started dpkg on ``host`` from now on, then the bootstrap: dpkg
+    is left interrupted there. Returns the killed dpkg's pid."""
+    rc, _, err = lab.ssh(host, ARM_DPKG_KILLER.format(t=timeout))
+    assert rc == 0, err
     said: list[str] = []
 
-    def poll() -> bool:
-        rc, out, _ = lab.ssh(host, KILL_DPKG, timeout=30)
-        if rc == 0:
-            said.append(out)
-        return rc == 0
+    def killed() -> bool:
+        rc, out, _ = lab.ssh(host, "cat /run/gpuk8s-test-killed", timeout=30)
+        said.append(out.strip())
+        return rc == 0 and bool(out.strip())
 
-    run.wait_for(f"a dpkg on {host}", poll, timeout)
+    run.wait_for(f"a dpkg on {host}", killed, timeout)
     run.kill()
-    return said[0]
+    return f"{host}: killed dpkg {said[-1]}"
+
+
+def settle(lab: Lab) -> None:
+    """After a kill: a reboot the killed run had already asked for (1 s timer) may still be
+    on its way; re-run once every node answers, as someone would after a crash."""
+    time.sleep(3)
+    lab.wait_ssh(timeout=180)
 
 
 def first_op(run: Bootstrap, host: str) -> str:
@@ -65,15 +81,17 @@ def test_chain_a_eight_kill_points(fresh: Lab, tmp_path: Path) -> None:
     run.wait_for("the run folder", lambda: run.run_dir is not None, 60)
     time.sleep(0.5)
     timings[1] = run.kill()
+    settle(fresh)
     # 2: inside the base role's script on every host (killed as cp-01 starts it)
     run = Bootstrap(inv, runs)
     run.wait_op("cp-01", "base |")
     timings[2] = run.kill()
+    settle(fresh)
     # 3: inside apt on gpu-01, with its dpkg SIGKILLed: dpkg is left interrupted
     run = Bootstrap(inv, runs)
     print(kill_remote_dpkg(fresh, "gpu-01", run))
     timings[3] = time.monotonic() - run.started
-    _, audit, _ = fresh.ssh("gpu-01", "dpkg --audit; ls /var/lib/dpkg/updates")
+    _, audit, _ = fresh.ssh("gpu-01", INTERRUPTED)
     print(f"gpu-01 after the dpkg kill: {audit}")
     assert audit.strip(), "dpkg on gpu-01 does not look interrupted"
     # 4: the re-run repairs dpkg first on gpu-01; killed inside gpu-02's driver install
@@ -81,28 +99,39 @@ def test_chain_a_eight_kill_points(fresh: Lab, tmp_path: Path) -> None:
     run.wait_op("gpu-02", "nvidia_driver | driver packages", 400)
     time.sleep(2)
     timings[4] = run.kill()
+    settle(fresh)
     assert first_op(run, "gpu-01") == "base | repair interrupted dpkg", run.log("gpu-01")
     # 5: during gpu-01's driver reboot
     boot = fresh.boot_id("gpu-01")
     run = Bootstrap(inv, runs)
     run.wait_op("gpu-01", "nvidia_driver | reboot", 400)
+
+    def going_down() -> bool:  # the reboot was sent: sshd gone, or already a new boot
+        rc, out, _ = fresh.ssh("gpu-01", "cat /proc/sys/kernel/random/boot_id", timeout=10)
+        return rc != 0 or out.strip() != boot
+
+    run.wait_for("gpu-01 going down", going_down, 120)
     timings[5] = run.kill()
     fresh.wait_for_reboot("gpu-01", boot, 180)
+    settle(fresh)
     # 6: inside kubeadm init
     run = Bootstrap(inv, runs)
     run.wait_op("cp-01", "control_plane | kubeadm init", 400)
     time.sleep(1.0)
     timings[6] = run.kill()
+    settle(fresh)
     # 7: inside kubeadm join
     run = Bootstrap(inv, runs)
     run.wait_op("gpu-01", "join |", 400)
     time.sleep(0.5)
     timings[7] = run.kill()
+    settle(fresh)
     # 8: inside the cluster phase (labels, device plugin, allocatable wait)
     run = Bootstrap(inv, runs)
     run.wait_op("cp-01", "gpu_cluster |", 400)
     time.sleep(1.0)
     timings[8] = run.kill()
+    settle(fresh)
     # then one full run converges
     run = Bootstrap(inv, runs)
     assert run.finish() == 0, run.stderr[-3000:]
@@ -121,6 +150,8 @@ def test_chain_b_two_kill_points(fresh: Lab, tmp_path: Path) -> None:
     run = Bootstrap(inv, runs)
     run.wait_op("gpu-02", "cuda |", 400)
     print(kill_remote_dpkg(fresh, "gpu-02", run))
+    _, audit, _ = fresh.ssh("gpu-02", INTERRUPTED)
+    assert audit.strip(), "dpkg on gpu-02 does not look interrupted"
     run = Bootstrap(inv, runs)
     assert run.finish() == 0, run.stderr[-3000:]
     assert first_op(run, "gpu-02") == "base | repair interrupted dpkg", run.log("gpu-02")
