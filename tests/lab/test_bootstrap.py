@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gpuk8s import api
+from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
 
@@ -89,8 +90,7 @@ def test_bootstrap_as_sudo_user_with_password(fresh: Lab, monkeypatch: pytest.Mo
     written = "".join(p.read_text() for p in run_dir.iterdir())
     assert password not in text and password not in written
     report = json.loads((run_dir / "report.json").read_text())
-    assert {p["phase"] for p in report["phases"]} == {"node", "control-plane", "join",
-                                                      "cluster"}
+    assert [p["phase"] for p in report["phases"]] == [phase.name for phase in PHASES]
     assert stat.S_IMODE((run_dir / "report.json").stat().st_mode) == 0o600
     # the join token minted for this run never reaches the output or the run folder
     tokens = kubectl_cp(fresh, "get secrets -n kube-system -o json")
