@@ -70,7 +70,7 @@ def api_up(lab: Lab, timeout: float = 180) -> Lab:
     while time.monotonic() < deadline:
         rc, out, _ = lab.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf get "
                              "nodes --no-headers")
-        if rc == 0 and out.count(" Ready ") == 4:
+        if rc == 0 and len(out.splitlines()) == 4 and out.count(" Ready ") == 4:
             return lab
         time.sleep(2)
     raise AssertionError(f"the lab's API server or nodes did not come back: {out}")

@@ -345,7 +345,7 @@ class Kubectl:
                 rows.append([" ".join(_jp_str(v) for v in jp_eval(p.strip("{}").lstrip("."),
                                                                   obj)) or "<none>"
                              for _, p in specs])
-            sys.stdout.write(table(rows))
+            sys.stdout.write(table(rows[1:] if self.args.no_headers else rows))
         elif o in ("", "wide"):
             assert res is not None
             rows: list[list[str]] = []
@@ -356,7 +356,7 @@ class Kubectl:
                 if not rows:
                     rows.append(h)
                 rows.append(v)
-            sys.stdout.write(table(rows))
+            sys.stdout.write(table(rows[1:] if self.args.no_headers else rows))
         else:
             raise CmdError(f"error: unable to match a printer suitable for the output format "
                            f'"{o}", allowed formats are: custom-columns,custom-columns-file,'
@@ -864,6 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace")
     p.add_argument("-A", "--all-namespaces", action="store_true")
     p.add_argument("-o", "--output")
+    p.add_argument("--no-headers", action="store_true",
+                   help="when printing tables or custom-columns, print no header line")
     p.add_argument("-l", "--selector")
     p.add_argument("--field-selector")
     p.add_argument("-f", "--filename", action="append")
