@@ -56,6 +56,19 @@ DS_TOLERATIONS = [
 ]
 
 
+def _secret_string_data(res: Resource, obj: Obj) -> None:
+    """Like the real API server: a Secret's stringData is merged into data (base64) on write
+    and never stored."""
+    if res.kind != "Secret" or "stringData" not in obj:
+        return
+    import base64
+
+    data = obj.setdefault("data", {}) or {}
+    for key, value in (obj.pop("stringData") or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    obj["data"] = data
+
+
 class HTTPError(Exception):
     def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
@@ -238,6 +251,7 @@ class ApiServer:
             if "spec" in obj:
                 md["generation"] = 1
             self._defaults(res, obj)
+            _secret_string_data(res, obj)
             out = self.store.put(self.key(res), obj)
             self._after_write(res, out)
             return out
@@ -262,6 +276,7 @@ class ApiServer:
                     md["generation"] = old["metadata"].get("generation", 0) + 1
                 else:
                     md["generation"] = old["metadata"].get("generation", 1)
+            _secret_string_data(res, obj)
             out = self.store.put(self.key(res), obj)
             self._after_write(res, out)
             return out
