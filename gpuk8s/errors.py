@@ -34,6 +34,15 @@ class ConnectError(Gpuk8sError):
         super().__init__(f"{host}: {message}")
 
 
+class ConnectionLost(ConnectError):
+    """An open connection dropped under a running command (the host went down or off the
+    network). Raised by the transport; the executor names the op that was running."""
+
+    def __init__(self, host: str, cause: str) -> None:
+        self.cause = cause
+        super().__init__(host, f"connection lost: {cause}")
+
+
 class FactError(Gpuk8sError):
     """A fact probe produced output we cannot parse."""
 

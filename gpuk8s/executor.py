@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -9,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError
+from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost, Gpuk8sError
 from gpuk8s.ops import Op
 from gpuk8s.sections import split_sections
 from gpuk8s.transport import CommandResult, Redactor, Transport
@@ -109,7 +110,13 @@ class HostRunner:
                 self.log(self.redact("\n".join(op.commands)))
         timeout = max((op.timeout or 900.0) for op in todo)
         started = time.monotonic()
-        res: CommandResult = self.transport.run(build_script(todo, marker), timeout=timeout)
+        try:
+            res: CommandResult = self.transport.run(build_script(todo, marker),
+                                                    timeout=timeout)
+        except ConnectionLost as exc:
+            raise ConnectError(self.host, f"connection lost while running [{todo[0].id}] "
+                               f"(after {time.monotonic() - started:.0f}s): the host went "
+                               f"down or off the network ({exc.cause})") from None
         elapsed = time.monotonic() - started
         sections = split_sections(res.stdout, marker)
         if res.exit_code == -1 and any(code is None for _, code in sections.values()):
@@ -149,9 +156,11 @@ class HostRunner:
         started = time.monotonic()
         boot = self.transport.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
         # detach, so the exec returns before sshd goes away
-        self.transport.run("systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
-                           "systemctl reboot >/dev/null 2>&1 || (sleep 1; systemctl reboot) "
-                           ">/dev/null 2>&1 &")
+        # if it goes down sooner than asked, wait_reboot still sees the new boot id
+        with contextlib.suppress(ConnectionLost):
+            self.transport.run("systemd-run --on-active=1 --timer-property=AccuracySec=100ms "
+                               "systemctl reboot >/dev/null 2>&1 || (sleep 1; systemctl reboot) "
+                               ">/dev/null 2>&1 &")
         new = self.transport.wait_reboot(boot, self.reboot_timeout)
         self.log(f"back after {time.monotonic() - started:.1f}s (boot id {new})")
         result.results.append(OpResult(self.host, op, "changed", time.monotonic() - started))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuk8s.errors import ConnectError
+from gpuk8s.errors import ConnectError, ConnectionLost
 
 #: Exceptions that mean "the network or sshd is not there (yet)": worth a retry.
 _RETRYABLE = (socket.timeout, TimeoutError, ConnectionError, OSError, EOFError)
@@ -221,12 +221,18 @@ class SSHTransport:
         command, prefix = _wrap(self.spec)
         payload = (prefix + script).encode()
         started = time.monotonic()
+        import paramiko
+
         with self._lock:
             transport = self._client().get_transport()
             if transport is None or not transport.is_active():
                 self._conn = None
                 transport = self._client().get_transport()
-            chan = transport.open_session()
+            try:
+                chan = transport.open_session()
+            except (EOFError, OSError, paramiko.SSHException) as exc:
+                self._conn = None
+                raise ConnectionLost(self.name, repr(exc)) from None
             self.counters.execs += 1
             try:
                 chan.set_combine_stderr(True)
@@ -246,6 +252,11 @@ class SSHTransport:
                 chan.close()
                 return CommandResult(124, f"timed out after {timeout}s",
                                      time.monotonic() - started)
+            except (EOFError, OSError, paramiko.SSHException) as exc:
+                # sshd or the host went away mid-command (paramiko raises EOFError or
+                # "SSH session not active" when the transport dies under an open channel)
+                self._conn = None
+                raise ConnectionLost(self.name, repr(exc)) from None
             finally:
                 chan.close()
         out = b"".join(chunks).decode(errors="replace")

@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from gpuk8s.errors import CommandFailed, ConnectError
+from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost
 from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase
 from gpuk8s.ops import Op, change, noop
 from gpuk8s.sections import split_sections
@@ -161,3 +161,26 @@ def test_barrier_reports_every_host() -> None:
     results = run_phase(work, {h: runner(t) for h, t in hosts.items()})
     assert sorted(results) == ["a", "b", "c"] and sorted(seen) == ["a", "b", "c"]
     assert [h for h, r in results.items() if r.error] == ["b"]
+
+
+class DroppingTransport(ShellTransport):
+    """The connection dies under the first script, as paramiko reports it (EOFError inside
+    the transport, surfaced as ConnectionLost)."""
+
+    def run(self, script: str, *, timeout: float | None = None) -> CommandResult:
+        self.counters.execs += 1
+        raise ConnectionLost(self.name, "EOFError()")
+
+
+def test_connection_dropped_mid_script_names_the_op_and_spares_other_hosts() -> None:
+    lost, good = DroppingTransport("lost"), ShellTransport("good")
+    ops = (change("container_runtime | install", "+ containerd", "true"),)
+    work = {"lost": [RoleWork("container_runtime", ops)],
+            "good": [RoleWork("container_runtime", ops)]}
+    results = run_phase(work, {"lost": runner(lost), "good": runner(good)})
+    assert results["good"].error is None
+    err = results["lost"].error
+    assert isinstance(err, ConnectError)
+    assert str(err).startswith("lost: connection lost while running "
+                               "[container_runtime | install]")
+    assert "internal error" not in str(err)
