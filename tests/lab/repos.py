@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # python tests/lab/repos.py
 
 import yaml
 
-from tests.lab import debs
+from tests.lab import debs, net
 
 DEFAULT_LISTEN = "10.88.0.1:8081"
 LAYOUT_VERSION = "2"
@@ -450,25 +450,12 @@ def _pidfile() -> Path:
     return state_dir() / "repos-http.json"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie we have not reaped yet is not serving
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _running() -> dict[str, object] | None:
     try:
         info = json.loads(_pidfile().read_text())
     except (OSError, ValueError):
         return None
-    return info if _alive(int(info["pid"])) else None
+    return info if net.pid_alive(int(info["pid"])) else None
 
 
 def _probe(listen: str, timeout: float = 1.0) -> bool:
@@ -533,7 +520,7 @@ def stop_serving() -> bool:
     pid = int(info["pid"])  # type: ignore[call-overload]
     os.kill(pid, signal.SIGTERM)
     for _ in range(50):
-        if not _alive(pid):
+        if not net.pid_alive(pid):
             break
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.lab import net
 from tests.lab.lab import Lab
 from tests.lab.paths import BRIDGE, NETNS_PREFIX, VETH_PREFIX
 
@@ -159,6 +161,10 @@ def test_status_fails_on_a_dead_node_and_up_recovers_from_a_crash(lab: Lab) -> N
     nspawn = json.loads((nd / "supervisor.json").read_text())["nspawn_pid"]
     os.kill(sup, signal.SIGKILL)
     os.kill(nspawn, signal.SIGKILL)  # leaves the container orphaned, as a crash would
+    # kill() only queues the signal: wait until the kernel has really ended both processes
+    deadline = time.monotonic() + 10
+    while (net.pid_alive(sup) or net.pid_alive(nspawn)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     rows = {r.name: r.state for r in lab.status()}
     assert rows["gpu-02"] == "down" and rows["gpu-01"] == "up"
     proc = subprocess.run([sys.executable, "-m", "tests.lab", "status"], capture_output=True,
