@@ -36,7 +36,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 # Values that must be the same on every host of one cluster.
 CLUSTER_WIDE = (
     "kubernetes_version", "pod_cidr", "service_cidr", "cni", "cluster_dns_domain",
-    "control_plane_endpoint", "flannel_version", "calico_version",
+    "control_plane_endpoint", "flannel_version", "calico_version", "calico_registry",
+    "calico_block_size", "calico_mtu",
     "nvidia_device_plugin_version", "join_token_ttl", "package_cache", "package_cache_host",
 )
 
@@ -352,6 +353,27 @@ def _check_xyz(name: str, value: str) -> VarProblem | None:
     return None
 
 
+def _check_calico_block_size(name: str, value: int) -> VarProblem | None:
+    if not 20 <= value <= 32:
+        return VarProblem(name, f"{name} must be a prefix length from 20 to 32, got {value}",
+                          f"write {name}: 26 (Calico's default: 64 addresses a block)")
+    return None
+
+
+def _check_mtu(name: str, value: int) -> VarProblem | None:
+    if value != 0 and not 1280 <= value <= 9000:
+        return VarProblem(name, f"{name} must be 0 (detect) or from 1280 to 9000, got {value}",
+                          f"write {name}: 0 to let Calico detect it")
+    return None
+
+
+def _check_registry(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9._-]+)*", value):
+        return VarProblem(name, f"{name} must be a registry host (and optional path) without "
+                          f"a scheme, got {value!r}", f"write {name}: quay.io")
+    return None
+
+
 def _check_containerd_version(name: str, value: str) -> VarProblem | None:
     if value and not re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?", value):
         return VarProblem(name, f"{name} must be \"\" or a version like \"2.1.4\", got {value!r}",
@@ -483,6 +505,9 @@ _CHECKS: dict[str, Any] = {
     "nvidia_device_plugin_version": _check_xyz,
     "flannel_version": _check_xyz,
     "calico_version": _check_xyz,
+    "calico_block_size": _check_calico_block_size,
+    "calico_mtu": _check_mtu,
+    "calico_registry": _check_registry,
     "containerd_version": _check_containerd_version,
     "pod_cidr": _check_cidr,
     "service_cidr": _check_cidr,
@@ -515,6 +540,14 @@ def check_combination(values: Mapping[str, Any]) -> list[VarProblem]:
             out.append(VarProblem("service_cidr", f"pod_cidr {pod} and service_cidr {svc} "
                                   "overlap", 'use separate ranges, e.g. pod_cidr: "10.244.0.0/16" '
                                   'and service_cidr: "10.96.0.0/12"', others=("pod_cidr",)))
+    block = get("calico_block_size")
+    if get("cni") == "calico" and isinstance(pod, str) and isinstance(block, int):
+        p = parse_network(pod)
+        if p and p.version == 4 and p.prefixlen > block:
+            out.append(VarProblem("calico_block_size", f"calico_block_size /{block} is larger "
+                                  f"than pod_cidr {pod}: Calico cannot carve blocks from it",
+                                  f"write calico_block_size: {max(p.prefixlen, 20)} or widen "
+                                  "pod_cidr", others=("pod_cidr",)))
     kube = _minor(get("kubernetes_version"))
     containerd = get("containerd_version")
     if kube and kube >= (1, 36) and isinstance(containerd, str) and containerd \

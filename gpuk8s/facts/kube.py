@@ -96,7 +96,7 @@ class ClusterState:
 
 
 MANAGED_KINDS = ("namespaces,serviceaccounts,configmaps,clusterroles,clusterrolebindings,"
-                 "daemonsets,runtimeclasses")
+                 "daemonsets,deployments,runtimeclasses,customresourcedefinitions")
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:

@@ -13,7 +13,8 @@ from gpuk8s.ops import Op, change, noop, sha256
 ADMIN = "/etc/kubernetes/admin.conf"
 KUBECTL = f"kubectl --kubeconfig {ADMIN}"
 _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
-                  "clusterrolebinding", "daemonset", "runtimeclass"}
+                  "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
+                  "customresourcedefinition"}
 
 
 def stamp(manifest: str, component: str) -> tuple[str, list[str], str]:

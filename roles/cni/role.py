@@ -17,10 +17,20 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [Cluster()]
 
 
+#: the DaemonSet that shows which pod network a cluster runs
+AGENTS = {"flannel": "DaemonSet/kube-flannel/kube-flannel-ds",
+          "calico": "DaemonSet/kube-system/calico-node"}
+
+
 def plan(ctx: HostContext) -> list[Op]:
     cni = ctx.var("cni")
-    if cni == "calico":
-        raise PlanError("cni: calico is not bundled yet: gpuk8s pins every manifest in "
-                        "templates/cni/ and only flannel's is there so far; use cni: flannel")
+    cluster = ctx.facts[Cluster()]
+    running = [name for name, key in AGENTS.items() if name != cni and key in cluster.managed]
+    if running:
+        raise PlanError(
+            f"cni: the cluster runs {running[0]}, the inventory asks for {cni}. Two pod networks "
+            f"side by side break pod networking, and gpuk8s does not migrate one to the other. "
+            f"Set cni: {running[0]} again, or rebuild the cluster with the new one "
+            f"(invoke reset, then invoke bootstrap).")
     manifest = ctx.template(f"cni/{cni}.yaml.j2").decode()
-    return [apply(ctx.facts[Cluster()], f"cni | {cni}", cni, manifest)]
+    return [apply(cluster, f"cni | {cni}", cni, manifest)]

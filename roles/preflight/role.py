@@ -43,9 +43,6 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         errors.append(("arch", f"architecture {sysinfo.arch} is not supported",
                        "use an x86_64 or aarch64 host"))
     is_cp = "control_plane" in ctx.groups
-    if is_cp and ctx.var("cni") == "calico":
-        errors.append(("cni", "cni: calico is not bundled yet (only flannel's manifest is in "
-                       "templates/cni/)", "use cni: flannel"))
     min_cpus = int(ctx.var("preflight_min_cpus"))
     if is_cp and sysinfo.cpus < min_cpus:
         errors.append(("cpus", f"{sysinfo.cpus} CPU(s); a control plane needs {min_cpus}",

@@ -137,3 +137,43 @@ def test_docker_runtime_adds_docker_ce_and_keeps_cri_on() -> None:
     assert "SystemdCgroup = true" in config.diff
     service = next(op for op in ops if op.id == "container_runtime | service")
     assert "containerd docker" in service.reason
+
+
+def _cni_plan(cni: str, managed: dict[str, str]) -> list[Any]:
+    from gpuk8s.facts import HostFacts
+    from gpuk8s.facts.kube import Cluster, ClusterState
+
+    v = default_vars(cni=cni)
+    facts = fresh_facts("ubuntu2404", 0, "cp", v)
+    values = dict(facts.items())
+    values[Cluster()] = ClusterState(True, "", {}, managed)
+    ctx = HostContext("cp", "cni", v, HostFacts("cp", values), {}, ("control_plane",))
+    return load_role("cni").plan(ctx)
+
+
+def test_calico_is_applied_and_then_a_noop() -> None:
+    from gpuk8s.ops.kube import stamp
+
+    [op] = _cni_plan("calico", {})
+    assert op.id == "cni | calico" and op.changes
+    assert "apply --server-side" in op.commands[0]
+    text = render_cni("calico")
+    _, keys, digest = stamp(text, "calico")
+    assert "CustomResourceDefinition//ippools.crd.projectcalico.org" in keys
+    assert "Deployment/kube-system/calico-kube-controllers" in keys
+    [again] = _cni_plan("calico", dict.fromkeys(keys, digest))
+    assert not again.changes
+
+
+def render_cni(cni: str) -> str:
+    from gpuk8s.roles import render
+
+    return render("cni", f"cni/{cni}.yaml.j2", default_vars(cni=cni))
+
+
+def test_switching_the_pod_network_of_a_running_cluster_is_refused() -> None:
+    from gpuk8s.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"the cluster runs flannel, the inventory asks for "
+                       r"calico.*invoke reset, then invoke bootstrap"):
+        _cni_plan("calico", {"DaemonSet/kube-flannel/kube-flannel-ds": "abc"})
