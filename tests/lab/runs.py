@@ -118,3 +118,53 @@ def assert_converged_like_uninterrupted(lab: Lab, inventory: Path, runs: Path) -
     assert all(r.get("drift") == 0 for r in status.values()), status
     drivers = {status[h].get("driver") for h in ("gpu-01", "gpu-02")}
     assert len(drivers) == 1 and str(drivers.pop()).startswith("580.")
+
+
+def bootstrap_inline(inventory: Path, **kwargs: Any) -> tuple[dict[str, Any], str]:
+    """`api.bootstrap` in this process (yes=True); returns its result and the report text."""
+    import io
+
+    from gpuk8s import api
+    from gpuk8s.report import Reporter
+
+    out = io.StringIO()
+    result = api.bootstrap(inventory, yes=True, reporter=Reporter(out), **kwargs)
+    text = out.getvalue()
+    sys.stdout.write(text)
+    return result, text
+
+
+def ssh_ok(lab: Lab, node: str, cmd: str, timeout: float = 120.0) -> str:
+    """Run a command on a node; fail the test with its output when it exits non-zero."""
+    rc, out, err = lab.ssh(node, cmd, timeout=timeout)
+    assert rc == 0, f"{node}: {cmd}: rc={rc}\n{out}\n{err}"
+    return out
+
+
+def cut_inventory(lab: Lab, dest: Path, nodes: tuple[str, ...], **variables: Any) -> Path:
+    """The lab's inventory cut down to ``nodes``, with extra all.vars; written under dest."""
+    import yaml
+
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    inv["all"]["vars"].update(variables)
+    for group in inv["all"]["children"].values():
+        hosts = group.get("hosts") or {}
+        for name in list(hosts):
+            if name not in nodes:
+                del hosts[name]
+    kept = [h for g in inv["all"]["children"].values() for h in (g.get("hosts") or {})]
+    assert sorted(kept) == sorted(nodes), kept
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def restore_fresh(lab: Lab) -> Lab:
+    """The lab as booted, before any bootstrap: the "fresh" snapshot (taken now if missing)."""
+    if (lab.snapshot_dir("fresh") / "topology.yaml").exists():
+        lab.restore("fresh")
+    else:
+        lab.up(reuse=False)
+        lab.snapshot("fresh")
+    return lab

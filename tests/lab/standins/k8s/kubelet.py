@@ -93,17 +93,48 @@ def emulate_flannel(k: Kubelet, pod: Obj) -> None:
 
 
 def emulate_calico(k: Kubelet, pod: Obj) -> None:
-    """calico-node's install-cni init container writes 10-calico.conflist."""
-    conf = {"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
-        {"type": "calico", "datastore_type": "kubernetes", "nodename": k.node_name,
-         "ipam": {"type": "calico-ipam"}, "policy": {"type": "k8s"},
-         "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"}},
-        {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}}]}
-    write(f"{CNI_DIR}/10-calico.conflist", json.dumps(conf, indent=2) + "\n")
+    """calico/cni's install-cni init container: takes CNI_NETWORK_CONFIG (from the ConfigMap
+    key it names), fills in the node name, MTU and kubeconfig path, and writes CNI_CONF_NAME.
+    No config (a missing ConfigMap or key) means no CNI config: the node stays NotReady."""
+    init = next((c for c in pod["spec"].get("initContainers") or []
+                 if "calico/cni" in (c.get("image") or "")), None)
+    if init is None:
+        return
+    env = {e["name"]: e for e in init.get("env") or []}
+
+    def value(name: str) -> str | None:
+        e = env.get(name)
+        if e is None:
+            return None
+        if "value" in e:
+            return str(e["value"])
+        ref = (e.get("valueFrom") or {}).get("configMapKeyRef")
+        if ref is None:
+            return None
+        try:
+            cm = k.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/configmaps/"
+                              f"{ref['name']}")
+        except ApiError:
+            return None
+        got = (cm.get("data") or {}).get(ref["key"])
+        return None if got is None else str(got)
+
+    template = value("CNI_NETWORK_CONFIG")
+    if not template:
+        return
+    mtu = value("CNI_MTU") or "1500"
+    conf = (template.replace("__KUBERNETES_NODE_NAME__", k.node_name)
+            .replace("__CNI_MTU__", "1450" if mtu == "0" else mtu)
+            .replace("__KUBECONFIG_FILEPATH__", f"{CNI_DIR}/calico-kubeconfig"))
+    try:
+        json.loads(conf)
+    except ValueError as e:  # install-cni refuses a config that is not JSON, and so do we
+        klog("E", f"install-cni: CNI_NETWORK_CONFIG is not valid JSON: {e}", "install.go:230")
+        return
+    write(f"{CNI_DIR}/{value('CNI_CONF_NAME') or '10-calico.conflist'}", conf + "\n")
 
 
-EMULATION = (("flannel", emulate_flannel), ("calico/node", emulate_calico),
-             ("calico/cni", emulate_calico))
+EMULATION = (("flannel", emulate_flannel), ("calico/cni", emulate_calico))
 
 
 class Kubelet:
