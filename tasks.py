@@ -87,13 +87,15 @@ def status(c, inventory=INVENTORY, json=False):
 
 
 @task(help={"inventory": "inventory file", "driver": "NVIDIA driver version, e.g. 580.159.04",
+            "kubernetes": "Kubernetes patch release, e.g. 1.36.2",
             "limit": "host pattern", "serial": "nodes at a time",
             "drain_timeout": "seconds for kubectl drain", "yes": "do not ask"})
-def upgrade(c, driver, inventory=INVENTORY, limit=None, serial=1, drain_timeout=300,
-            yes=False):
-    """Upgrade the NVIDIA driver one node at a time: drain, install, reboot, verify, uncordon."""
-    _done(run("upgrade", inventory=inventory, driver=driver, limit=limit, serial=int(serial),
-              drain_timeout=int(drain_timeout), yes=yes))
+def upgrade(c, driver=None, kubernetes=None, inventory=INVENTORY, limit=None, serial=1,
+            drain_timeout=300, yes=False):
+    """Upgrade the NVIDIA driver (--driver) or Kubernetes (--kubernetes) node by node: drain,
+    upgrade, verify, uncordon; the control plane first for Kubernetes."""
+    _done(run("upgrade", inventory=inventory, driver=driver, kubernetes=kubernetes, limit=limit,
+              serial=int(serial), drain_timeout=int(drain_timeout), yes=yes))
 
 
 @task(help={"inventory": "inventory file"})

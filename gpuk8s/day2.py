@@ -358,10 +358,34 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
 
 
 # -- upgrade ----------------------------------------------------------------------------------
-def upgrade(inventory: str | Path, *, driver: str, limit: str | None = None, serial: int = 1,
-            drain_timeout: int = 300, yes: bool = False, reporter: Reporter | None = None,
+def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str | None = None,
+            limit: str | None = None, serial: int = 1, drain_timeout: int = 300,
+            yes: bool = False, reporter: Reporter | None = None,
             confirm: Callable[[str], bool] | None = None,
             opener: Opener = open_transport) -> dict[str, Any]:
+    """Upgrade the NVIDIA driver (``driver``) or Kubernetes to a patch release
+    (``kubernetes``), ``serial`` nodes at a time; see upgrade_driver and upgrade_kubernetes."""
+    if (driver is None) == (kubernetes is None):
+        raise InventoryError("say what to upgrade: --driver VERSION or --kubernetes VERSION "
+                             "(one of them)",
+                             fix="e.g. invoke upgrade --kubernetes 1.36.2, or "
+                             "invoke upgrade --driver 580.159.04")
+    kwargs: dict[str, Any] = {"limit": limit, "serial": serial, "drain_timeout": drain_timeout,
+                              "yes": yes, "reporter": reporter, "confirm": confirm,
+                              "opener": opener}
+    if kubernetes is not None:
+        from gpuk8s.kubeupgrade import upgrade_kubernetes
+
+        return upgrade_kubernetes(inventory, kubernetes, **kwargs)
+    assert driver is not None
+    return upgrade_driver(inventory, driver, **kwargs)
+
+
+def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = None,
+                   serial: int = 1, drain_timeout: int = 300, yes: bool = False,
+                   reporter: Reporter | None = None,
+                   confirm: Callable[[str], bool] | None = None,
+                   opener: Opener = open_transport) -> dict[str, Any]:
     """Move GPU nodes to NVIDIA driver ``driver`` (e.g. 580.159.04), ``serial`` nodes at a time:
     drain, install, reboot if needed, verify (nvidia-smi and allocatable GPUs), uncordon. Stops
     at the first node that fails and leaves the rest untouched."""

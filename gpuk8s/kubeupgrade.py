@@ -1,0 +1,213 @@
+"""Kubernetes patch upgrades with kubeadm (``invoke upgrade --kubernetes 1.36.2``).
+
+The order is the one kubeadm documents: the control plane first (kubeadm package, ``kubeadm
+upgrade apply``, drain, kubelet and kubectl packages, kubelet restart, uncordon), then the
+workers ``serial`` at a time (kubeadm package, ``kubeadm upgrade node``, drain, kubelet and
+kubectl, restart, uncordon). Every node is verified before the next one starts: Ready, its
+kubelet reporting the new version, and on GPU nodes allocatable nvidia.com/gpu back at the GPU
+count. The first node that fails stops the run; it stays cordoned, the rest are untouched.
+
+Only patch releases of the inventory's ``kubernetes_version`` minor: a minor upgrade also moves
+the pkgs.k8s.io repo and is not done here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import api
+from gpuk8s.day2 import Opener, _confirm, _drain, _node_name, _run, _session
+from gpuk8s.errors import ConnectError, Gpuk8sError, InventoryError
+from gpuk8s.facts.kube import Cluster
+from gpuk8s.facts.system import Packages
+from gpuk8s.ops.apt import APT
+from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.report import Reporter
+from gpuk8s.transport import open_transport
+
+CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+PACKAGES = ("kubeadm", "kubelet", "kubectl")
+
+
+def parse_target(version: str) -> str:
+    """'1.36.2' or 'v1.36.2' -> '1.36.2'; anything else is a clear error."""
+    m = re.fullmatch(r"v?(1\.\d+\.\d+)", version.strip())
+    if not m:
+        raise InventoryError(f"--kubernetes {version!r} is not a Kubernetes release",
+                             fix="give major.minor.patch, e.g. --kubernetes 1.36.2")
+    return m[1]
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _patch(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.lstrip("v").split("-")[0].split(".")[:3])
+
+
+def check_inventory(session: api.Session, target: str) -> None:
+    """The inventory must agree with the target: same minor, no pin on another version."""
+    for name in dict.fromkeys([session.first_cp, *session.scope]):
+        values = session.host(name).vars
+        minor = str(values["kubernetes_version"])
+        if minor != _minor(target):
+            raise InventoryError(
+                f"--kubernetes {target} is not a {minor} release (kubernetes_version of {name}, "
+                f"{values.origin('kubernetes_version')}); gpuk8s upgrades patch releases within "
+                "the inventory's minor (a minor upgrade also moves the pkgs.k8s.io repo, "
+                "which gpuk8s does not do yet)",
+                fix=f"pick a {minor}.x release, e.g. --kubernetes {minor}.{_patch(target)[2]}")
+        pin = str(values["kubernetes_package_version"])
+        if pin and not pin.startswith(target + "-"):
+            raise InventoryError(
+                f"{name}: kubernetes_package_version pins {pin} "
+                f"({values.origin('kubernetes_package_version')}), so the next bootstrap would "
+                f"put the packages back from {target}",
+                fix=f'write kubernetes_package_version: "" (newest {minor} patch) or '
+                f'"{target}-1.1", then run the upgrade')
+
+
+def _resolve_and_install(names: Sequence[str], target: str) -> str:
+    """Script: find the newest package version of ``target`` (refreshing the lists once),
+    unhold, install, hold again; print the kubeadm/kubelet version after."""
+    first = names[0]
+    want = " ".join(f'{n}="$v"' for n in names)
+    return (
+        f"set -e\n"
+        f"r() {{ apt-cache madison {first} 2>/dev/null | awk -v p={shlex.quote(target + '-')} "
+        "'index($3, p) == 1 {print $3; exit}'; }\n"
+        "v=$(r)\n"
+        f'if [ -z "$v" ]; then {APT} update >/dev/null; v=$(r); fi\n'
+        f'if [ -z "$v" ]; then echo "no {first} {target} in the configured repos; they offer:"; '
+        f"apt-cache madison {first} | awk '{{print \"  \" $3}}' | head -n 5; exit 3; fi\n"
+        f"apt-mark unhold {' '.join(names)} >/dev/null\n"
+        f"{APT} --allow-change-held-packages install {want}\n"
+        f"apt-mark hold {' '.join(names)} >/dev/null\n"
+        f'echo "installed {" ".join(names)} $v"\n')
+
+
+def _wait_node(session: api.Session, node: str, target: str, gpus: int, timeout: int) -> None:
+    cp = session.first_cp
+    # the API server may be restarting (the control plane's kubelet just did): wait for it
+    waits = [f"end=$(( $(date +%s) + {timeout} )); until {KUBECTL} get --raw /readyz "
+             ">/dev/null 2>&1; do [ $(date +%s) -lt $end ] || { echo 'the API server did not "
+             f"come back within {timeout}s'; exit 1; }}; sleep 1; done",
+             f"{KUBECTL} wait --for=condition=Ready node/{node} --timeout={timeout}s",
+             f"{KUBECTL} wait --for=jsonpath='{{.status.nodeInfo.kubeletVersion}}'=v{target} "
+             f"node/{node} --timeout={timeout}s"]
+    if gpus:
+        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
+                     f"={gpus} node/{node} --timeout={timeout}s")
+    _run(session, cp, " && ".join(waits), f"verify {node}", timeout=3 * timeout + 60)
+
+
+def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None = None,
+                       serial: int = 1, drain_timeout: int = 300, yes: bool = False,
+                       reporter: Reporter | None = None,
+                       confirm: Callable[[str], bool] | None = None,
+                       opener: Opener = open_transport,
+                       verify_timeout: int = 300) -> dict[str, Any]:
+    """Upgrade the cluster to Kubernetes ``version`` (a patch release of the inventory's
+    kubernetes_version): control plane first, then workers ``serial`` at a time."""
+    target = parse_target(version)
+    # --limit: only those hosts are contacted, plus the control plane (as for bootstrap)
+    session = _session(inventory, limit, "upgrade", reporter=reporter, opener=opener)
+    with closing(session):
+        rep = session.reporter
+        check_inventory(session, target)
+        cp = session.first_cp
+        server = json.loads(_run(session, cp, f"{KUBECTL} version -o json",
+                                 "cluster version"))["serverVersion"]["gitVersion"]
+        if _patch(server) > _patch(target):
+            raise Gpuk8sError(f"the cluster runs {server}, newer than {target}: kubeadm does "
+                              "not downgrade a control plane")
+        wanted = set(session.scope)
+        nodes = session.facts[cp][Cluster()].nodes
+        todo: list[str] = []
+        rep.phase(f"upgrade Kubernetes to v{target}: the control plane, then {serial} "
+                  "worker(s) at a time")
+        for h in dict.fromkeys([cp, *session.scope]):
+            name = session.cluster["nodes"][h]["name"]
+            kube = nodes.get(name)
+            pkgs = session.facts[h][Packages(*PACKAGES)]
+            running = kube.kubelet_version if kube else "not joined"
+            behind = (running != f"v{target}"
+                      or any(not pkgs.get(p) or not pkgs[p].version.startswith(target + "-")
+                             for p in PACKAGES)
+                      or (h == cp and server != f"v{target}"))
+            if kube is None:
+                behind = False  # not in the cluster: bootstrap joins it at the new version
+            if behind and h in wanted:
+                todo.append(h)
+            mark = "+" if h in todo else ("-" if behind else "=")
+            role = "control plane" if h == cp else "worker"
+            extra = "" if h in todo or not behind else " (left out by --limit)"
+            rep.print(f"  {mark} {h} ({role}): {running} -> v{target}{extra}")
+        if cp not in todo and server != f"v{target}":
+            raise Gpuk8sError(f"the control plane {cp} runs {server}; it must be upgraded "
+                              "before any worker (a kubelet may not be newer than the API "
+                              f"server): run without --limit, or with --limit {cp}")
+        if not todo:
+            rep.print("nothing to upgrade")
+            return {"upgraded": [], "remaining": []}
+        _confirm(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes, confirm)
+
+        done: list[str] = []
+        step = max(1, serial)
+        workers = [h for h in todo if h != cp]
+        batches = ([[cp]] if cp in todo else []) + [workers[i:i + step]
+                                                    for i in range(0, len(workers), step)]
+        for batch in batches:
+            try:
+                _upgrade_batch(session, batch, target, cp, drain_timeout, verify_timeout)
+            except (Gpuk8sError, ConnectError) as exc:
+                remaining = [h for h in todo if h not in done and h not in batch]
+                raise Gpuk8sError(
+                    f"upgrade stopped at {', '.join(batch)}: {exc}\n  upgraded: "
+                    f"{', '.join(done) or 'none'}; untouched: {', '.join(remaining) or 'none'}"
+                    f"; {', '.join(batch)} may be cordoned: inspect, then `kubectl uncordon`"
+                ) from None
+            done += batch
+            rep.print(f"  upgraded {', '.join(batch)} to v{target}")
+        session.runlog.write_report(upgraded=done, kubernetes=target)
+        return {"upgraded": done, "remaining": []}
+
+
+def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: str,
+                   drain_timeout: int, verify_timeout: int) -> None:
+    rep = session.reporter
+    names = {h: _node_name(session, h) for h in batch}
+    for h in batch:
+        rep.print(f"  [{h}] kubeadm {target}")
+        _run(session, h, _resolve_and_install(["kubeadm"], target), f"{h}: kubeadm {target}",
+             timeout=1800)
+        if h == cp:
+            rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
+            _run(session, h, f"kubeadm upgrade apply v{target} --yes",
+                 f"kubeadm upgrade apply v{target}", timeout=900)
+            # keep gpuk8s's copy of the kubeadm config in step with the cluster
+            _run(session, h, f"if [ -f {CONFIG} ]; then sed -i 's/^kubernetesVersion: .*/"
+                 f"kubernetesVersion: \"v{target}\"/' {CONFIG}; fi", "kubeadm config version")
+        else:
+            rep.print(f"  [{h}] kubeadm upgrade node")
+            _run(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)
+    for h in batch:
+        _drain(session, names[h], drain_timeout)
+    for h in batch:
+        rep.print(f"  [{h}] kubelet, kubectl {target}; restart kubelet")
+        _run(session, h, _resolve_and_install(["kubelet", "kubectl"], target)
+             + "systemctl daemon-reload\nsystemctl restart kubelet\n",
+             f"{h}: kubelet {target}", timeout=1800)
+    for h in batch:
+        gpus = int(session.cluster["nodes"][h]["gpus"] or 0)
+        _wait_node(session, names[h], target, gpus, verify_timeout)
+        _run(session, cp, f"{KUBECTL} uncordon {names[h]}", f"uncordon {names[h]}")
+        rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus
+                                                    else ""))
