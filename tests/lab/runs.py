@@ -168,3 +168,15 @@ def restore_fresh(lab: Lab) -> Lab:
         lab.up(reuse=False)
         lab.snapshot("fresh")
     return lab
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str]:
+    """Call a gpuk8s API function with a reporter writing to a string; (result, output)."""
+    import io
+
+    from gpuk8s.report import Reporter
+
+    out = io.StringIO()
+    result = fn(*args, reporter=Reporter(out), **kwargs)
+    sys.stdout.write(out.getvalue())
+    return result, out.getvalue()

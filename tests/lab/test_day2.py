@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
+from tests.lab.runs import call
 from tests.lab.test_bootstrap import GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
@@ -26,13 +26,6 @@ pytestmark = pytest.mark.lab
 
 def quiet() -> Reporter:
     return Reporter(io.StringIO())
-
-
-def call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, str]:
-    out = io.StringIO()
-    result = fn(*args, reporter=Reporter(out), **kwargs)
-    sys.stdout.write(out.getvalue())
-    return result, out.getvalue()
 
 
 def rows(inv: Path) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,6 @@
 # LAB STAND-IN: not the real kubeadm. Test infrastructure for gpuk8s; never shipped to users.
-"""kubeadm stand-in: version, config validate, init, join, token create/list, reset."""
+"""kubeadm stand-in: version, config validate, init, join, token create/list, upgrade
+(plan, apply, node), reset."""
 
 from __future__ import annotations
 
@@ -921,6 +922,233 @@ class Kubeadm:
         sys.stdout.write(table(rows))
 
     # -------------------------------------------------------------- reset
+    # -------------------------------------------------------------- upgrade
+    def cmd_upgrade(self) -> None:
+        sub = self.args.args[0] if self.args.args else ""
+        if sub not in ("plan", "apply", "node"):
+            raise Fail(f'unknown command "{sub}" for "kubeadm upgrade"' if sub else
+                       'missing subcommand; "upgrade" is not meant to be run on its own')
+        admin = os.path.exists(P("/etc/kubernetes/admin.conf"))
+        if sub != "node" and not admin:
+            raise Fail("couldn't create a Kubernetes client from file "
+                       '"/etc/kubernetes/admin.conf": failed to load admin kubeconfig: open '
+                       "/etc/kubernetes/admin.conf: no such file or directory")
+        if admin:
+            c = self._admin()
+        else:
+            conf = P("/etc/kubernetes/kubelet.conf")
+            if not os.path.exists(conf):
+                raise Fail("couldn't create a Kubernetes client from file "
+                           '"/etc/kubernetes/kubelet.conf": open /etc/kubernetes/kubelet.conf: '
+                           "no such file or directory")
+            c = Client(kubeconfig.load(conf))
+        from .common import yaml_load_all
+
+        if sub == "plan":
+            out("[preflight] Running pre-flight checks.")
+        out('[upgrade] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
+            '"kube-system"...')
+        out("[upgrade] Use 'kubeadm init phase upload-config kubeadm --config your-config-file' "
+            "to re-upload it.")
+        try:
+            cm = c.get("/api/v1/namespaces/kube-system/configmaps/kubeadm-config")
+        except (ApiError, Unreachable) as e:
+            raise Fail(f"error execution phase preflight: unable to fetch the kubeadm-config "
+                       f"ConfigMap: {e}") from e
+        cc = (yaml_load_all(cm["data"]["ClusterConfiguration"]) or [{}])[0]
+        cluster = cc.get("kubernetesVersion") or "v0.0.0"
+        if sub == "plan":
+            self._upgrade_plan(c, cluster)
+        elif sub == "apply":
+            self._upgrade_apply(c, cm, cc, cluster)
+        else:
+            self._upgrade_node(c, cluster)
+
+    @staticmethod
+    def _semver(v: str) -> tuple[int, int, int]:
+        try:
+            a, b, c = (int(x) for x in v.lstrip("v").split("-")[0].split(".")[:3])
+        except ValueError as e:
+            raise Fail(f'couldn\'t parse Kubernetes version "{v}"') from e
+        return a, b, c
+
+    def _cp_health(self, c: Client) -> None:
+        out("[upgrade] Running cluster health checks")
+        nodes = c.get("/api/v1/nodes").get("items") or []
+        not_ready = [n["metadata"]["name"] for n in nodes
+                     if "node-role.kubernetes.io/control-plane" in n["metadata"].get("labels", {})
+                     and not any(x["type"] == "Ready" and x["status"] == "True"
+                                 for x in n.get("status", {}).get("conditions") or [])]
+        if not_ready:
+            raise Fail("error execution phase preflight: [preflight] Some fatal errors occurred:"
+                       f"\n\t[ERROR ControlPlaneNodesReady]: there are NotReady control-planes "
+                       f"in the cluster: [{' '.join(not_ready)}]\n[preflight] If you know what "
+                       "you are doing, you can make a check non-fatal with "
+                       "`--ignore-preflight-errors=...`")
+
+    def _upgrade_plan(self, c: Client, cluster: str) -> None:
+        self._cp_health(c)
+        out("[upgrade] Fetching available versions to upgrade to")
+        target = self.args.args[1] if len(self.args.args) > 1 else self.gv
+        out(f"[upgrade/versions] Cluster version: {cluster.lstrip('v')}")
+        out(f"[upgrade/versions] kubeadm version: {self.gv}")
+        out(f"[upgrade/versions] Target version: {target}")
+        out("")
+        if self._semver(target) <= self._semver(cluster):
+            out("Awesome, you're up-to-date! Enjoy!")
+            return
+        nodes = c.get("/api/v1/nodes").get("items") or []
+        out("Components that must be upgraded manually after you have upgraded the control "
+            "plane with 'kubeadm upgrade apply':")
+        rows = [("COMPONENT", "NODE", "CURRENT", "TARGET")]
+        rows += [("kubelet", n["metadata"]["name"], n["status"]["nodeInfo"]["kubeletVersion"],
+                  target) for n in nodes]
+        self._table(rows)
+        out("\nUpgrade to the latest stable version:\n")
+        cps = [n["metadata"]["name"] for n in nodes
+               if "node-role.kubernetes.io/control-plane" in n["metadata"].get("labels", {})]
+        rows = [("COMPONENT", "NODE", "CURRENT", "TARGET")]
+        for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            rows += [(comp, cp, cluster, target) for cp in cps]
+        rows.append(("kube-proxy", "", cluster.lstrip("v"), target))
+        self._table(rows)
+        out(f"\nYou can now apply the upgrade by executing the following command:\n\n"
+            f"\tkubeadm upgrade apply {target}\n")
+
+    @staticmethod
+    def _table(rows: list[tuple[str, ...]]) -> None:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            out("   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+    def _upgrade_apply(self, c: Client, cm: Obj, cc: Obj, cluster: str) -> None:
+        if len(self.args.args) < 2:
+            raise Fail("missing version argument (ex.: kubeadm upgrade apply v1.36.2)")
+        target = self.args.args[1]
+        target = target if target.startswith("v") else "v" + target
+        out("[upgrade/preflight] Running preflight checks")
+        self._cp_health(c)
+        out(f'[upgrade/preflight] You have chosen to upgrade the cluster version to "{target}"')
+        out(f"[upgrade/versions] Cluster version: {cluster}")
+        out(f"[upgrade/versions] kubeadm version: {self.gv}")
+        new, have, mine = self._semver(target), self._semver(cluster), self._semver(self.gv)
+        mandatory, skippable = [], []
+        if new[1] > have[1] + 1:
+            mandatory.append(f'Specified version to upgrade to "{target}" is too high; kubeadm '
+                             "can upgrade only 1 minor version at a time")
+        if new[:2] > mine[:2]:
+            mandatory.append(f'Specified version to upgrade to "{target}" is at least one minor '
+                             f'release higher than the kubeadm minor release ({new[1]} > '
+                             f"{mine[1]}). Such an upgrade is not supported")
+        elif new > mine:
+            skippable.append(f'Specified version to upgrade to "{target}" is higher than the '
+                             f'kubeadm version "{self.gv}". Upgrade kubeadm first using the tool '
+                             "you used to install kubeadm")
+        if new < have:
+            skippable.append(f'Specified version to upgrade to "{target}" is equal to or lower '
+                             f'than the cluster version "{cluster}". Downgrades are not '
+                             "supported yet")
+        if mandatory or (skippable and not self.args.force):
+            errs = "\n".join(f"\t- {e}" for e in mandatory + skippable)
+            hint = "" if mandatory else "\n\nCan be bypassed if you pass the --force flag"
+            raise Fail("error execution phase preflight: the version argument is invalid due to "
+                       f"these errors:\n\n{errs}{hint}")
+        if not self.args.yes:
+            sys.stdout.write("[upgrade] Are you sure you want to proceed? [y/N]: ")
+            sys.stdout.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                raise Fail("error execution phase preflight: won't proceed; the user didn't "
+                           "answer (Y|y) in order to continue")
+        out(f'[upgrade/control-plane] Upgrading your static Pod-hosted control plane to version '
+            f'"{target}" (timeout: 5m0s)...')
+        self._upgrade_static_pods(target)
+        wait = parse_duration("5m0s")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:  # the kubelet restarts kube-apiserver at the new tag
+            with contextlib.suppress(ApiError, Unreachable, OSError, ValueError):
+                if c.get("/version").get("gitVersion") == target:
+                    break
+            time.sleep(0.5)
+        else:
+            raise Fail(f'error execution phase control-plane: couldn\'t upgrade control plane. '
+                       f'kubeadm has tried to recover everything into the earlier state. Errors '
+                       f'faced: timed out waiting for the condition: kube-apiserver did not '
+                       f'come up at "{target}"')
+        out('[apiclient] Found 1 Pods for label selector component=kube-apiserver')
+        out('[upgrade/staticpods] Component "kube-apiserver" upgraded successfully!')
+        out("[upgrade/control-plane] The control plane instance for this node was successfully "
+            "upgraded!")
+        cc["kubernetesVersion"] = target
+        cm["data"]["ClusterConfiguration"] = yaml_dump(cc)
+        c.request("PUT", "/api/v1/namespaces/kube-system/configmaps/kubeadm-config", cm)
+        out('[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in the '
+            '"kube-system" Namespace')
+        out("[upgrade/kubeconfig] The kubeconfig files for this node were successfully upgraded!")
+        out("[upgrade/kubelet-config] The kubelet configuration for this node was successfully "
+            "upgraded!")
+        with contextlib.suppress(ApiError):
+            ds = c.get("/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy")
+            for ctr in ds["spec"]["template"]["spec"]["containers"]:
+                ctr["image"] = f"registry.k8s.io/kube-proxy:{target}"
+            c.request("PUT", "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy", ds)
+        out("[addons] Applied essential addon: CoreDNS")
+        out("[addons] Applied essential addon: kube-proxy")
+        out(f'\n[upgrade] SUCCESS! A control plane node of your cluster was upgraded to '
+            f'"{target}".\n')
+        out("[upgrade] Now please proceed with upgrading the rest of the nodes by following the "
+            "right order.")
+
+    def _upgrade_static_pods(self, target: str) -> None:
+        stamp = time.strftime("%Y-%m-%d-%H-%M-%S")
+        backup = f"/etc/kubernetes/tmp/kubeadm-backup-manifests-{stamp}"
+        for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            path = f"{MANIFESTS}/{comp}.yaml"
+            text = read(path)
+            if text is None:
+                raise Fail(f"error execution phase control-plane: couldn't upgrade control plane: "
+                           f"the static Pod manifest {path} is missing")
+            from .common import yaml_load_all
+
+            pod = yaml_load_all(text)[0]
+            out(f'[upgrade/staticpods] Preparing for "{comp}" upgrade')
+            write(f"{backup}/{comp}.yaml", text, 0o600)
+            pod["spec"]["containers"][0]["image"] = f"registry.k8s.io/{comp}:{target}"
+            out(f'[upgrade/staticpods] Moving new manifest to "{path}" and backing up old '
+                f'manifest to "{backup}/{comp}.yaml"')
+            write(path, yaml_dump(pod), 0o600)
+            if comp != "kube-apiserver":
+                out(f'[upgrade/staticpods] Component "{comp}" upgraded successfully!')
+
+    def _upgrade_node(self, c: Client, cluster: str) -> None:
+        out("[upgrade/preflight] Running pre-flight checks")
+        is_cp = os.path.exists(P(f"{MANIFESTS}/kube-apiserver.yaml"))
+        if is_cp:
+            self._upgrade_static_pods(cluster)
+        else:
+            out("[upgrade/preflight] Skipping prepull. Not a control plane node.")
+            out("[upgrade/control-plane] Skipping phase. Not a control plane node.")
+            out("[upgrade/kubeconfig] Skipping phase. Not a control plane node.")
+        from .common import yaml_load_all
+
+        try:
+            kcm = c.get("/api/v1/namespaces/kube-system/configmaps/kubelet-config")
+        except ApiError as e:
+            raise Fail(f"error execution phase kubelet-config: {e}") from e
+        local = (yaml_load_all(read("/var/lib/kubelet/config.yaml") or "") or [{}])[0]
+        kc = kubelet_defaults((yaml_load_all(kcm["data"]["kubelet"]) or [{}])[0])
+        kc["containerRuntimeEndpoint"] = local.get("containerRuntimeEndpoint") or \
+            nodeinfo.CRI_SOCKET
+        backup = f"/etc/kubernetes/tmp/kubeadm-kubelet-config{os.getpid()}"
+        out(f"[upgrade] Backing up kubelet config file to {backup}/config.yaml")
+        write(f"{backup}/config.yaml", read("/var/lib/kubelet/config.yaml") or "")
+        out('[kubelet-start] Writing kubelet configuration to file "/var/lib/kubelet/config.yaml"')
+        write("/var/lib/kubelet/config.yaml", yaml_dump(kc))
+        out("[upgrade/kubelet-config] The kubelet configuration for this node was successfully "
+            "upgraded!")
+        if not is_cp:
+            out("[upgrade/addon] Skipping the addon/coredns phase. Not a control plane node.")
+            out("[upgrade/addon] Skipping the addon/kube-proxy phase. Not a control plane node.")
+
     def cmd_reset(self) -> None:
         if not self.args.force:
             sys.stdout.write("W1126 reset.go:141] [reset] WARNING: Changes made to this host by "
@@ -1033,6 +1261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-join-command", action="store_true")
     p.add_argument("--kubeconfig")
     p.add_argument("-f", "--force", action="store_true")
+    p.add_argument("-y", "--yes", action="store_true")
     p.add_argument("--v")
     p.add_argument("--cleanup-tmp-dir", action="store_true")
     return p

@@ -40,6 +40,7 @@ STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
 JOB_RUNTIME = float(os.environ.get("GPUK8S_LAB_JOB_RUNTIME", "3"))
 APISERVER_UNIT = "kube-apiserver-standin"
 APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
+APISERVER_HASHFILE = "/run/gpuk8s-lab/kube-apiserver-standin.hash"
 # Lab-only hook for host unit tests: start static pods as child processes, not systemd units.
 NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 CNI_DIR = "/etc/cni/net.d"
@@ -179,7 +180,9 @@ class Kubelet:
         self.node_name = (a.hostname_override or nodeinfo.hostname()).lower()
         self.node_ip = a.node_ip or nodeinfo.ipv4()
         self.started: dict[str, float] = {}
-        self.apiserver_hash = ""
+        # a restarted kubelet adopts the static pod it left running (as the real one finds
+        # its containers through the CRI) instead of restarting it
+        self.apiserver_hash = (read(APISERVER_HASHFILE) or "").strip()
         self.apiserver_proc: subprocess.Popen[bytes] | None = None
         self.apiserver_last_start = 0.0
         self.registered = False
@@ -350,7 +353,8 @@ class Kubelet:
                 if a.startswith("--data-dir="):
                     data_dir = a.split("=", 1)[1]
         argv.append(f"--lab-data-dir={P(data_dir)}")
-        h = hashlib.sha256(json.dumps(argv).encode()).hexdigest()
+        # a new image tag (kubeadm upgrade) restarts it, like any change of the manifest
+        h = hashlib.sha256(json.dumps([argv, ver]).encode()).hexdigest()
         running = self._apiserver_running()
         if running and h == self.apiserver_hash:
             return True
@@ -359,6 +363,7 @@ class Kubelet:
         if time.monotonic() - self.apiserver_last_start < 10 and self.apiserver_hash == h:
             return False  # back-off like CrashLoopBackOff
         self.apiserver_hash = h
+        write(APISERVER_HASHFILE, h)
         self.apiserver_last_start = time.monotonic()
         libdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         cmd = [sys.executable, "-m", "k8s.apiserver", *argv]
@@ -411,14 +416,19 @@ class Kubelet:
             if "kubernetes.io/config.mirror" in ann and p["metadata"]["name"] not in want:
                 self.client.request("DELETE", f"/api/v1/namespaces/kube-system/pods/"
                                     f"{p['metadata']['name']}")
-        have = {p["metadata"]["name"] for p in pods}
+        have = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(
+            "kubernetes.io/config.hash") for p in pods}
         for name, m in want.items():
+            h = hashlib.md5(json.dumps(m, sort_keys=True).encode()).hexdigest()
             if name in have:
-                continue
+                if have[name] == h:
+                    continue
+                # the manifest changed (kubeadm upgrade): the mirror pod follows it
+                with contextlib.suppress(ApiError):
+                    self.client.request("DELETE", f"/api/v1/namespaces/kube-system/pods/{name}")
             mirror = json.loads(json.dumps(m))
             mirror["metadata"]["name"] = name
             mirror["metadata"]["namespace"] = mirror["metadata"].get("namespace", "kube-system")
-            h = hashlib.md5(json.dumps(m, sort_keys=True).encode()).hexdigest()
             mirror["metadata"]["annotations"] = {"kubernetes.io/config.hash": h,
                                                  "kubernetes.io/config.mirror": h,
                                                  "kubernetes.io/config.source": "file"}
