@@ -1051,6 +1051,41 @@ class TestControlPlaneEndToEnd:
         assert "[ERROR FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml]" in r.stderr
         assert "[ERROR Port-10250]: Port 10250 is in use" in r.stderr
 
+    def test_upgrade_version_policy_and_apply(self, control_plane: tuple[Node, str]) -> None:
+        node, kc = control_plane
+        r = node.run("kubeadm", "upgrade", "apply", "v1.36.2", "--yes", "--kubeconfig", kc)
+        assert r.returncode == 1  # no CNI yet, so the control plane node is NotReady
+        assert "[ERROR ControlPlaneNodesReady]: there are NotReady control-planes in the " \
+            "cluster: [cp-01]" in r.stderr
+        up = lambda *a: node.run("kubeadm", "upgrade", *a, "--kubeconfig", kc,  # noqa: E731
+                                 "--ignore-preflight-errors=ControlPlaneNodesReady")
+        r = up("apply")
+        assert r.returncode == 1 and "missing version argument" in r.stderr
+        r = up("apply", "v1.36.9", "--yes")
+        assert r.returncode == 1
+        assert ('- Specified version to upgrade to "v1.36.9" is higher than the kubeadm version '
+                '"v1.36.2". Upgrade kubeadm first using the tool you used to install kubeadm'
+                in r.stderr) and "Can be bypassed if you pass the --force flag" in r.stderr
+        assert "[upgrade/versions] Cluster version: v1.36.2" in r.stdout
+        r = up("apply", "v1.36.1", "--yes")
+        assert r.returncode == 1 and "Downgrades are not supported yet" in r.stderr
+        r = up("apply", "v1.38.0", "--yes")
+        assert r.returncode == 1 and "kubeadm can upgrade only 1 minor version at a time" in \
+            r.stderr and "--force" not in r.stderr
+        r = up("apply", "v1.36.2")  # no --yes and no answer: refuses
+        assert r.returncode == 1 and "won't proceed" in r.stderr
+        assert "Awesome, you're up-to-date! Enjoy!" in up("plan").stdout
+        r = up("apply", "v1.36.2", "--yes")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert '[upgrade] SUCCESS! A control plane node of your cluster was upgraded to ' \
+            '"v1.36.2".' in r.stdout
+        backups = list((node.root / "etc/kubernetes/tmp").glob(
+            "kubeadm-backup-manifests-*/kube-apiserver.yaml"))
+        assert len(backups) == 1
+        r = node.run("kubeadm", "upgrade", "apply", "v1.36.2", "--yes",
+                     "--kubeconfig", str(node.root / "nowhere.conf"))
+        assert r.returncode == 1 and "no such file or directory" in r.stderr
+
     def test_cni_gpus_smoke_reset(self, control_plane: tuple[Node, str]) -> None:
         node, kc = control_plane
         k = lambda *a, **kw: node.run("kubectl", "--kubeconfig", kc, *a, **kw)  # noqa: E731

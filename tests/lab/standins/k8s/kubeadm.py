@@ -979,12 +979,11 @@ class Kubeadm:
                      if "node-role.kubernetes.io/control-plane" in n["metadata"].get("labels", {})
                      and not any(x["type"] == "Ready" and x["status"] == "True"
                                  for x in n.get("status", {}).get("conditions") or [])]
-        if not_ready:
-            raise Fail("error execution phase preflight: [preflight] Some fatal errors occurred:"
-                       f"\n\t[ERROR ControlPlaneNodesReady]: there are NotReady control-planes "
-                       f"in the cluster: [{' '.join(not_ready)}]\n[preflight] If you know what "
-                       "you are doing, you can make a check non-fatal with "
-                       "`--ignore-preflight-errors=...`")
+        pf = Preflight([x for arg in self.args.ignore_preflight_errors or []
+                        for x in arg.split(",")])
+        pf.check("ControlPlaneNodesReady", f"there are NotReady control-planes in the cluster: "
+                 f"[{' '.join(not_ready)}]" if not_ready else None)
+        pf.finish()
 
     def _upgrade_plan(self, c: Client, cluster: str) -> None:
         self._cp_health(c)
