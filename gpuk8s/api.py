@@ -154,15 +154,22 @@ def cluster_values(session: Session) -> None:
                            package_cache_url=package_cache_url(session.inventory))
 
 
+def _file_exists(facts: HostFacts, path: str) -> bool:
+    """Whether any Files fact gathered for the host saw ``path`` (whichever role asked)."""
+    for fact, value in facts.items():
+        if isinstance(fact, Files) and path in value:
+            return bool(value[path].exists)
+    return False
+
+
 def preflight(session: Session) -> None:
     """Run every host's checks and the cross-host ones; raise PreflightError on any error."""
     errors: dict[str, list[tuple[str, str, str]]] = {}
     warnings: dict[str, list[tuple[str, str, str]]] = {}
     role = load_role(PREFLIGHT).module
     for name in session.scope:
-        kubelet = session.facts[name].get(Files("/etc/kubernetes/kubelet.conf"))
-        session.cluster.setdefault("joined", {})[name] = bool(
-            kubelet and kubelet["/etc/kubernetes/kubelet.conf"].exists)
+        session.cluster.setdefault("joined", {})[name] = _file_exists(
+            session.facts[name], "/etc/kubernetes/kubelet.conf")
     for name in session.scope:
         errs, warns = role.check(context(session, name, PREFLIGHT))
         errors[name], warnings[name] = list(errs), list(warns)

@@ -185,6 +185,22 @@ def test_remove_live_node(cluster: Lab, inv: Path) -> None:
     assert rc == 0 and "kubelet.conf" not in out and out.split()[-1] == "0"
 
 
+def test_an_interrupted_join_is_reset_then_joined(cluster: Lab, inv: Path) -> None:
+    """What `kubeadm join` leaves when it is killed before kubelet.conf (the cluster's CA, the
+    bootstrap kubeconfig): its next preflight refuses them, so gpuk8s resets first."""
+    _, ca, _ = cluster.ssh("cp-01", "cat /etc/kubernetes/pki/ca.crt")
+    rc, _, err = cluster.ssh("gpu-03", "mkdir -p /etc/kubernetes/pki && cat > "
+                             "/etc/kubernetes/pki/ca.crt && echo 'apiVersion: v1' > "
+                             "/etc/kubernetes/bootstrap-kubelet.conf", input=ca)
+    assert rc == 0, err
+    result, text = call(day2.add_node, inv, "gpu-03", yes=True)
+    assert "after kubeadm reset: an interrupted join left /etc/kubernetes/bootstrap-kubelet" \
+        ".conf, /etc/kubernetes/pki/ca.crt" in text
+    assert rows(inv)["gpu-03"]["state"] == "Ready"
+    result, _ = call(day2.remove_node, inv, "gpu-03", yes=True)
+    assert result == {"removed": "gpu-03", "dead": False}
+
+
 def test_reset_then_bootstrap_again(cluster: Lab, inv: Path) -> None:
     with pytest.raises(Gpuk8sError, match="aborted"):
         day2.reset(inv, reporter=quiet(), confirm=lambda question: False)

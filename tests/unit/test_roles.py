@@ -177,3 +177,33 @@ def test_switching_the_pod_network_of_a_running_cluster_is_refused() -> None:
     with pytest.raises(PlanError, match=r"the cluster runs flannel, the inventory asks for "
                        r"calico.*invoke reset, then invoke bootstrap"):
         _cni_plan("calico", {"DaemonSet/kube-flannel/kube-flannel-ds": "abc"})
+
+
+def _join_plan(existing: set[str]) -> list[Any]:
+    from gpuk8s.facts import HostFacts
+    from gpuk8s.facts.system import Files, FileState
+
+    v = default_vars()
+    facts = fresh_facts("ubuntu2404", 0, "w1", v)
+    values = dict(facts.items())
+    join_files = next(f for f in values if isinstance(f, Files) and
+                      "/etc/kubernetes/kubelet.conf" in f.args)
+    values[join_files] = {p: FileState(p, p in existing) for p in join_files.args}
+    cluster = {"endpoint": "10.0.0.10:6443",
+               "nodes": {"w1": {"name": "w1", "address": "10.0.0.12"}},
+               "join": {"endpoint": "10.0.0.10:6443", "token": "abcdef.0123456789abcdef",
+                        "ca_hash": "sha256:" + "0" * 64}}
+    ctx = HostContext("w1", "join", v, HostFacts("w1", values), cluster, ("workers",))
+    return load_role("join").plan(ctx)
+
+
+def test_join_resets_what_an_interrupted_join_left_behind() -> None:
+    [clean] = _join_plan(set())
+    assert not any("kubeadm reset" in c for c in clean.commands)
+    [again] = _join_plan({"/etc/kubernetes/bootstrap-kubelet.conf",
+                          "/etc/kubernetes/pki/ca.crt"})
+    assert again.commands[0].startswith("kubeadm reset -f")
+    assert "interrupted join left /etc/kubernetes/bootstrap-kubelet.conf" in again.reason
+    assert "kubeadm join --config" in again.commands[-1]
+    [joined] = _join_plan({"/etc/kubernetes/kubelet.conf", "/etc/kubernetes/pki/ca.crt"})
+    assert not joined.changes
