@@ -14,6 +14,38 @@ from gpuk8s.ops.kube import KUBECTL, feature_gate_arg
 from gpuk8s.roles import HostContext
 
 CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+#: written right after `kubeadm init` succeeds: admin.conf alone does not prove it finished
+#: (kubeadm writes it before the control plane is up and before its post-init steps)
+MARKER = "/etc/kubernetes/gpuk8s/init-complete"
+CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
+ETCD_DATA = "/var/lib/etcd"
+SUPER_ADMIN_CONF = "/etc/kubernetes/super-admin.conf"
+INIT = (f"kubeadm config validate --config {CONFIG}",
+        f"kubeadm init --config {CONFIG} --skip-token-print",
+        f"date -u +%FT%TZ > {MARKER}")
+#: admin.conf without the marker: adopt a cluster that finished init (kubeadm-config exists);
+#: reset and init again one that did not (NotFound, or no API server and no etcd data); never
+#: reset a control plane whose API server is down but whose etcd holds data
+RECOVER = f"""\
+d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
+# super-admin.conf (system:masters): admin.conf's RBAC binding is one of init's last steps
+conf={ADMIN_CONF}; [ -f {SUPER_ADMIN_CONF} ] && conf={SUPER_ADMIN_CONF}
+if kubectl --kubeconfig "$conf" --request-timeout=10s -n kube-system get configmap \
+    kubeadm-config -o name >"$d/out" 2>"$d/err"; then
+  echo "kubeadm-config exists: kubeadm init had finished; recording it"
+elif grep -q NotFound "$d/err" || [ -z "$(ls -A {ETCD_DATA} 2>/dev/null)" ]; then
+  echo "kubeadm init did not finish ($(tail -n 1 "$d/err")): kubeadm reset, then init again"
+  kubeadm reset -f --cri-socket {CRI_SOCKET} >/dev/null
+  {INIT[0]}
+  {INIT[1]}
+else
+  echo "admin.conf exists but the API server does not answer: $(tail -n 1 "$d/err")"
+  echo "and {ETCD_DATA} holds data, so gpuk8s will not reset a control plane that may be live."
+  echo "If kubeadm init was interrupted on this host: kubeadm reset -f here, then bootstrap again."
+  exit 1
+fi
+{INIT[2]}
+"""
 ROOT_KUBECONFIG = "/root/.kube/config"
 CP_TAINT = "node-role.kubernetes.io/control-plane"
 
@@ -24,7 +56,7 @@ def user_kubeconfig(vars: Mapping[str, Any]) -> str:
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [Files("+" + CONFIG, ADMIN_CONF, user_kubeconfig(vars)), Packages("kubeadm"),
+    return [Files("+" + CONFIG, ADMIN_CONF, MARKER, user_kubeconfig(vars)), Packages("kubeadm"),
             Cluster()]
 
 
@@ -39,7 +71,7 @@ def kubeadm_config(ctx: HostContext) -> bytes:
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     user_conf = user_kubeconfig(ctx.vars)
-    states = f[Files("+" + CONFIG, ADMIN_CONF, user_conf)]
+    states = f[Files("+" + CONFIG, ADMIN_CONF, MARKER, user_conf)]
     ops: list[Op] = []
     config = kubeadm_config(ctx)
     initialised = states[ADMIN_CONF].exists
@@ -52,13 +84,17 @@ def plan(ctx: HostContext) -> list[Op]:
     else:
         ops.append(files.content(states[CONFIG], "control_plane | kubeadm config", config,
                                  mode="0600"))
-    if initialised:
+    if initialised and states[MARKER].exists:
         ops.append(noop("control_plane | kubeadm init", f"= {ADMIN_CONF} exists: initialised"))
+    elif initialised:
+        ops.append(change("control_plane | kubeadm init",
+                          f"+ finish kubeadm init: {ADMIN_CONF} exists but {MARKER} does not "
+                          "(a cluster that finished init is adopted; an interrupted init is "
+                          "reset and run again)", RECOVER, timeout=900))
     else:
         ops.append(change("control_plane | kubeadm init",
-                          f"+ kubeadm init (endpoint {ctx.cluster['endpoint']})",
-                          f"kubeadm config validate --config {CONFIG}",
-                          f"kubeadm init --config {CONFIG} --skip-token-print", timeout=900))
+                          f"+ kubeadm init (endpoint {ctx.cluster['endpoint']})", *INIT,
+                          timeout=900))
     user = ctx.vars.get("ansible_user", "root")
     if initialised and states[user_conf].exists and \
             states[user_conf].sha256 == states[ADMIN_CONF].sha256:

@@ -156,3 +156,44 @@ def test_chain_b_two_kill_points(fresh: Lab, tmp_path: Path) -> None:
     assert run.finish() == 0, run.stderr[-3000:]
     assert first_op(run, "gpu-02") == "base | repair interrupted dpkg", run.log("gpu-02")
     assert_converged_like_uninterrupted(fresh, inv, runs)
+
+
+def test_kubeadm_init_interrupted_twice_then_converges(fresh: Lab, tmp_path: Path) -> None:
+    """kubeadm init killed (1) after it wrote admin.conf but before any static pod, then
+    (2) with the control plane up but before its post-init steps (kubeadm-config, bootstrap
+    token RBAC, cluster-info): admin.conf exists both times, so only gpuk8s's init-complete
+    marker tells the cluster is not there. Each re-run resets and initialises again; a cluster
+    that did finish (marker removed by hand) is adopted, never reset."""
+    inv, runs = fresh.inventory_path, tmp_path / "runs"
+    fault = "/run/gpuk8s-lab/kubeadm-init-fault"
+    kubectl = "kubectl --kubeconfig /etc/kubernetes/super-admin.conf --request-timeout=5s"
+    for point in ("after-kubeconfig", "before-upload-config"):
+        rc, _, err = fresh.ssh("cp-01", f"mkdir -p /run/gpuk8s-lab && echo {point} > {fault}")
+        assert rc == 0, err
+        run = Bootstrap(inv, runs)
+        assert run.finish() != 0
+        assert "control_plane | kubeadm init" in run.stderr + run.stdout, run.stderr
+        _, left, _ = fresh.ssh("cp-01", "ls /etc/kubernetes /etc/kubernetes/gpuk8s; "
+                               f"{kubectl} -n kube-system get configmap kubeadm-config 2>&1")
+        print(f"after a kill at {point}:\n{left}")
+        assert "admin.conf" in left and "init-complete" not in left
+        if point == "before-upload-config":  # the API server runs, kubeadm-config is missing
+            assert 'configmaps "kubeadm-config" not found' in left
+        else:
+            static = fresh.ssh("cp-01", "ls /etc/kubernetes/manifests")[1]
+            assert "kube-apiserver.yaml" not in static, static
+    run = Bootstrap(inv, runs)
+    assert run.finish() == 0, run.stderr[-3000:]
+    log = run.log("cp-01")
+    assert "kubeadm init did not finish" in log and "kubeadm reset, then init again" in log
+    assert_converged_like_uninterrupted(fresh, inv, runs)
+    # a finished cluster whose marker is gone is adopted: same kubeadm-config, no reset
+    uid = fresh.ssh("cp-01", f"{kubectl} -n kube-system get configmap kubeadm-config "
+                    "-o jsonpath='{.metadata.uid}'")[1]
+    fresh.ssh("cp-01", "rm /etc/kubernetes/gpuk8s/init-complete")
+    run = Bootstrap(inv, runs)
+    assert run.finish() == 0, run.stderr[-3000:]
+    assert "kubeadm init had finished; recording it" in run.log("cp-01")
+    assert fresh.ssh("cp-01", f"{kubectl} -n kube-system get configmap kubeadm-config "
+                     "-o jsonpath='{.metadata.uid}'")[1] == uid
+    assert fresh.ssh("cp-01", "test -f /etc/kubernetes/gpuk8s/init-complete")[0] == 0

@@ -207,3 +207,38 @@ def test_join_resets_what_an_interrupted_join_left_behind() -> None:
     assert "kubeadm join --config" in again.commands[-1]
     [joined] = _join_plan({"/etc/kubernetes/kubelet.conf", "/etc/kubernetes/pki/ca.crt"})
     assert not joined.changes
+
+
+@pytest.mark.parametrize(("kubectl", "etcd_files", "rc", "said", "reset"), [
+    ("echo configmap/kubeadm-config", 0, 0, "kubeadm init had finished; recording it", False),
+    ('echo \'Error from server (NotFound): configmaps "kubeadm-config" not found\' >&2; exit 1',
+     3, 0, "kubeadm init did not finish", True),
+    ("echo 'The connection to the server 10.0.0.10:6443 was refused' >&2; exit 1", 0, 0,
+     "kubeadm init did not finish", True),
+    ("echo 'The connection to the server 10.0.0.10:6443 was refused' >&2; exit 1", 2, 1,
+     "will not reset a control plane that may be live", False),
+])
+def test_recovering_an_interrupted_init(tmp_path: Path, kubectl: str, etcd_files: int, rc: int,
+                                        said: str, reset: bool) -> None:
+    import subprocess
+
+    from roles.control_plane.role import ETCD_DATA, MARKER, RECOVER
+
+    bin_, etcd, calls = tmp_path / "bin", tmp_path / "etcd", tmp_path / "calls"
+    bin_.mkdir()
+    etcd.mkdir()
+    for i in range(etcd_files):
+        (etcd / f"member-{i}").write_text("x")
+    for tool, body in {"kubectl": kubectl, "kubeadm": f'echo "kubeadm $*" >> {calls}'}.items():
+        (bin_ / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / tool).chmod(0o755)
+    marker = tmp_path / "init-complete"
+    script = RECOVER.replace(ETCD_DATA, str(etcd)).replace(MARKER, str(marker))
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False,
+                          env={"PATH": f"{bin_}:/usr/bin:/bin"})
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert said in proc.stdout
+    made = calls.read_text() if calls.exists() else ""
+    assert ("kubeadm reset -f" in made) is reset
+    assert ("kubeadm init --config" in made) is reset
+    assert marker.exists() is (rc == 0)

@@ -41,6 +41,8 @@ Obj = dict[str, Any]
 STACK = "To see the stack trace of this error execute with --v=5 or higher"
 PKI = "/etc/kubernetes/pki"
 MANIFESTS = "/etc/kubernetes/manifests"
+#: lab-only: `kubeadm init` dies at the point this file names (see _fault)
+FAULT_FILE = "/run/gpuk8s-lab/kubeadm-init-fault"
 KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kubelet.conf",
                "controller-manager.conf", "scheduler.conf")
 
@@ -366,6 +368,7 @@ class Kubeadm:
             out(f'[kubeconfig] Writing "{fn}" kubeconfig file')
             self._write_client_kubeconfig(f"/etc/kubernetes/{fn}", srv, ca_pem, cn, orgs, algo)
 
+        self._fault("after-kubeconfig")
         # manifests
         out(f'[etcd] Creating static Pod manifest for local etcd in "{MANIFESTS}"')
         minor_img = k8s_version
@@ -456,8 +459,18 @@ class Kubeadm:
         for comp in ("kube-controller-manager", "kube-scheduler", "kube-apiserver"):
             out(f"[control-plane-check] {comp} is healthy after {took:.9f}s")
 
+        self._fault("before-upload-config")
         c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")))
         self._post_init(c, cfg, kc, node, ca_pem, server, endpoint)
+
+    @staticmethod
+    def _fault(point: str) -> None:
+        """Lab-only fault injection: when FAULT_FILE names this point, remove the file (one
+        shot) and die by SIGKILL, as a kubeadm killed there (Ctrl-C, a lost session) would."""
+        if (read(FAULT_FILE) or "").strip() == point:
+            os.unlink(P(FAULT_FILE))
+            sys.stdout.flush()
+            os.kill(os.getpid(), 9)
 
     def _write_client_kubeconfig(self, path: str, server: str, ca_pem: str, cn: str,
                                  orgs: list[str], algo: str) -> None:
