@@ -184,3 +184,20 @@ def test_connection_dropped_mid_script_names_the_op_and_spares_other_hosts() -> 
     assert str(err).startswith("lost: connection lost while running "
                                "[container_runtime | install]")
     assert "internal error" not in str(err)
+
+
+def test_peak_rss_is_this_programs_own_not_the_forking_parents() -> None:
+    """A child of a big process: getrusage's ru_maxrss keeps the parent's pre-exec pages,
+    peak_rss_kb (VmHWM) does not; the benchmark reads report.json's figure."""
+    import sys
+
+    ballast = bytearray(200 * 1024 * 1024)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    code = ("import resource; from gpuk8s.report import peak_rss_kb; "
+            "print(peak_rss_kb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    own, inherited = int(out[0]), int(out[1])
+    del ballast
+    assert own < 100 * 1024 < 200 * 1024 <= inherited
