@@ -18,7 +18,7 @@ from gpuk8s.executor import HostResult
 from gpuk8s.facts.kube import Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
-from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_RESET, KUBECTL
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
@@ -27,9 +27,9 @@ Opener = Callable[[ConnectSpec, Redactor], Any]
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
 #: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI
-CLEANUP = """\
+CLEANUP = f"""\
 if command -v kubeadm >/dev/null 2>&1; then
-  kubeadm reset -f --cri-socket unix:///var/run/containerd/containerd.sock
+  {KUBEADM_RESET}
 fi
 rm -rf /etc/cni/net.d/* /var/lib/cni /etc/kubernetes/gpuk8s /root/.kube/config
 for home in /home/*; do rm -f "$home/.kube/config"; done
@@ -314,7 +314,7 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
             facts = session.facts[name]
             node = session.cluster["nodes"][name]
             kube = cluster.nodes.get(node["name"])
-            pkgs = facts.get(Packages("kubeadm", "kubelet", "kubectl")) or {}
+            pkgs = facts.get(Packages(*KUBE_PACKAGES)) or {}
             nv = facts[Nvidia()]
             gpus = [d for d in facts[PciDevices()] if d.is_gpu]
             rows.append({

@@ -27,12 +27,9 @@ from gpuk8s.errors import ConnectError, Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import APT
-from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.transport import open_transport
-
-CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
-PACKAGES = ("kubeadm", "kubelet", "kubectl")
 
 
 def parse_target(version: str) -> str:
@@ -136,11 +133,11 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         for h in dict.fromkeys([cp, *session.scope]):
             name = session.cluster["nodes"][h]["name"]
             kube = nodes.get(name)
-            pkgs = session.facts[h][Packages(*PACKAGES)]
+            pkgs = session.facts[h][Packages(*KUBE_PACKAGES)]
             running = kube.kubelet_version if kube else "not joined"
             behind = (running != f"v{target}"
                       or any(not pkgs.get(p) or not pkgs[p].version.startswith(target + "-")
-                             for p in PACKAGES)
+                             for p in KUBE_PACKAGES)
                       or (h == cp and server != f"v{target}"))
             if kube is None:
                 behind = False  # not in the cluster: bootstrap joins it at the new version
@@ -193,8 +190,9 @@ def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: 
             _run(session, h, f"kubeadm upgrade apply v{target} --yes",
                  f"kubeadm upgrade apply v{target}", timeout=900)
             # keep gpuk8s's copy of the kubeadm config in step with the cluster
-            _run(session, h, f"if [ -f {CONFIG} ]; then sed -i 's/^kubernetesVersion: .*/"
-                 f"kubernetesVersion: \"v{target}\"/' {CONFIG}; fi", "kubeadm config version")
+            cfg = KUBEADM_CONFIG
+            _run(session, h, f"if [ -f {cfg} ]; then sed -i 's/^kubernetesVersion: .*/"
+                 f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
         else:
             rep.print(f"  [{h}] kubeadm upgrade node")
             _run(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)

@@ -12,6 +12,12 @@ from gpuk8s.ops import Op, change, noop, sha256
 
 ADMIN = "/etc/kubernetes/admin.conf"
 KUBECTL = f"kubectl --kubeconfig {ADMIN}"
+#: the Kubernetes packages gpuk8s installs and holds (the Packages fact's key: keep the order)
+KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
+#: gpuk8s's kubeadm InitConfiguration/ClusterConfiguration on the control plane
+KUBEADM_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+#: kubeadm reset without a prompt, on containerd's CRI (the Docker runtime uses it too)
+KUBEADM_RESET = "kubeadm reset -f --cri-socket unix:///var/run/containerd/containerd.sock"
 _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
                   "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
                   "customresourcedefinition"}

@@ -10,14 +10,13 @@ from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster
 from gpuk8s.facts.system import Files, Packages
 from gpuk8s.ops import Op, change, files, noop, warn
-from gpuk8s.ops.kube import KUBECTL, feature_gate_arg
+from gpuk8s.ops.kube import KUBEADM_CONFIG, KUBEADM_RESET, KUBECTL, feature_gate_arg
 from gpuk8s.roles import HostContext
 
-CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+CONFIG = KUBEADM_CONFIG
 #: written right after `kubeadm init` succeeds: admin.conf alone does not prove it finished
 #: (kubeadm writes it before the control plane is up and before its post-init steps)
 MARKER = "/etc/kubernetes/gpuk8s/init-complete"
-CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 ETCD_DATA = "/var/lib/etcd"
 SUPER_ADMIN_CONF = "/etc/kubernetes/super-admin.conf"
 INIT = (f"kubeadm config validate --config {CONFIG}",
@@ -35,7 +34,7 @@ if kubectl --kubeconfig "$conf" --request-timeout=10s -n kube-system get configm
   echo "kubeadm-config exists: kubeadm init had finished; recording it"
 elif grep -q NotFound "$d/err" || [ -z "$(ls -A {ETCD_DATA} 2>/dev/null)" ]; then
   echo "kubeadm init did not finish ($(tail -n 1 "$d/err")): kubeadm reset, then init again"
-  kubeadm reset -f --cri-socket {CRI_SOCKET} >/dev/null
+  {KUBEADM_RESET} >/dev/null
   {INIT[0]}
   {INIT[1]}
 else

@@ -8,6 +8,7 @@ from typing import Any
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, write_file
+from gpuk8s.ops.kube import KUBEADM_RESET
 from gpuk8s.roles import HostContext
 
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
@@ -15,7 +16,6 @@ JOIN_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-join.yaml"
 #: what a `kubeadm join` that was interrupted before it wrote kubelet.conf leaves behind; the
 #: next join's preflight refuses them (FileAvailable--...), so they are reset first
 LEFTOVERS = ("/etc/kubernetes/bootstrap-kubelet.conf", "/etc/kubernetes/pki/ca.crt")
-RESET = "kubeadm reset -f --cri-socket unix:///var/run/containerd/containerd.sock"
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
@@ -27,7 +27,7 @@ def plan(ctx: HostContext) -> list[Op]:
     if states[KUBELET_CONF].exists:
         return [noop("join | kubeadm join", f"= {KUBELET_CONF} exists: joined")]
     left = [path for path in LEFTOVERS if states[path].exists]
-    reset = [f"{RESET} >/dev/null"] if left else []
+    reset = [f"{KUBEADM_RESET} >/dev/null"] if left else []
     after = f" (after kubeadm reset: an interrupted join left {', '.join(left)})" if left else ""
     endpoint = ctx.cluster["endpoint"]
     join = ctx.cluster.get("join")

@@ -9,12 +9,13 @@ from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
+from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.roles import HostContext
 from gpuk8s.variables import render_value
 
 LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
-PACKAGES = ("kubeadm", "kubelet", "kubectl")
+PACKAGES = KUBE_PACKAGES
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
