@@ -26,7 +26,7 @@ from gpuk8s.day2 import Opener, _confirm, _drain, _node_name, _run, _session
 from gpuk8s.errors import ConnectError, Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
-from gpuk8s.ops.apt import APT
+from gpuk8s.ops.apt import APT, RESOLVE_HELPERS
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.transport import open_transport
@@ -72,16 +72,14 @@ def check_inventory(session: api.Session, target: str) -> None:
 
 
 def _resolve_and_install(names: Sequence[str], target: str) -> str:
-    """Script: find the newest package version of ``target`` (refreshing the lists once),
-    unhold, install, hold again; print the kubeadm/kubelet version after."""
+    """Script: find the newest package version of ``target`` with apt's resolver helper
+    (refreshing the lists once), unhold, install, hold again; say what was installed."""
     first = names[0]
     want = " ".join(f'{n}="$v"' for n in names)
+    resolve = f"v=$(r {first} {shlex.quote(target + '-')})"
     return (
-        f"set -e\n"
-        f"r() {{ apt-cache madison {first} 2>/dev/null | awk -v p={shlex.quote(target + '-')} "
-        "'index($3, p) == 1 {print $3; exit}'; }\n"
-        "v=$(r)\n"
-        f'if [ -z "$v" ]; then {APT} update >/dev/null; v=$(r); fi\n'
+        f"set -e\n{RESOLVE_HELPERS}{resolve}\n"
+        f'if [ -z "$v" ]; then {APT} update >/dev/null; {resolve}; fi\n'
         f'if [ -z "$v" ]; then echo "no {first} {target} in the configured repos; they offer:"; '
         f"apt-cache madison {first} | awk '{{print \"  \" $3}}' | head -n 5; exit 3; fi\n"
         f"apt-mark unhold {' '.join(names)} >/dev/null\n"

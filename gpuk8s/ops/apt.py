@@ -85,7 +85,7 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
 
 #: shell helpers: r NAME PREFIX -> newest version of NAME starting with PREFIX;
 #: d NAME VERSION -> "dep=VERSION" for each dependency of NAME=VERSION pinned with (= VERSION)
-_HELPERS = (
+RESOLVE_HELPERS = (
     "r() { apt-cache madison \"$1\" 2>/dev/null | "
     "awk -v p=\"$2\" 'index($3, p) == 1 {print $3; exit}'; }\n"
     "d() { apt-cache show \"$1=$2\" 2>/dev/null | sed -n 's/^Depends: //p' | tr ',' '\\n' | "
@@ -95,7 +95,7 @@ _HELPERS = (
 def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
     """Resolve version prefixes on the host (refreshing stale package lists once), then one
     apt-get install of everything."""
-    lines = [_HELPERS]
+    lines = [RESOLVE_HELPERS]
     pinned = {n: p for n, p in missing.items() if p}
     var = {n: f"v{i}" for i, n in enumerate(pinned)}
     if pinned:
