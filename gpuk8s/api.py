@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuk8s.errors import (
     ConnectError,
+    ConnectionLost,
     Gpuk8sError,
     HostsFailed,
     InventoryError,
@@ -121,10 +122,11 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         if isinstance(value, HostFacts):
             session.facts[name] = value
         else:
-            if isinstance(value, Gpuk8sError):
+            err: Gpuk8sError
+            if isinstance(value, ConnectionLost):  # the host went away (a reboot?)
+                err = ConnectError(name, f"connection lost during the fact probe: {value.cause}")
+            elif isinstance(value, Gpuk8sError):
                 err = value
-            elif isinstance(value, (OSError, EOFError)):  # the host went away (a reboot?)
-                err = ConnectError(name, f"connection lost during the fact probe: {value!r}")
             else:
                 err = Gpuk8sError(f"{name}: fact probe failed: {value!r}")
             failed[name] = HostResult(name, error=err)

@@ -201,3 +201,23 @@ def test_peak_rss_is_this_programs_own_not_the_forking_parents() -> None:
     own, inherited = int(out[0]), int(out[1])
     del ballast
     assert own < 100 * 1024 < 200 * 1024 <= inherited
+
+
+def test_a_host_lost_during_the_fact_probe_is_named_as_such() -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from gpuk8s import api
+    from gpuk8s.errors import PhaseFailed
+    from tests.unit.scenarios import default_vars
+
+    session = SimpleNamespace(
+        host=lambda name: SimpleNamespace(vars=default_vars()),
+        transports={"lost": DroppingTransport("lost")},
+        runlog=SimpleNamespace(mark=lambda what: None), facts={})
+    with pytest.raises(PhaseFailed) as err:
+        api.gather(session, ["lost"])  # type: ignore[arg-type]
+    error = err.value.results["lost"].error
+    assert isinstance(error, ConnectError) and not isinstance(error, ConnectionLost)
+    assert str(error) == "lost: connection lost during the fact probe: EOFError()"
