@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s import api
-from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError, InventoryError, PhaseFailed
+from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError, PhaseFailed
 from gpuk8s.executor import HostResult
 from gpuk8s.facts.kube import Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
@@ -406,29 +406,50 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
             rep.print("nothing to upgrade")
             return {"upgraded": [], "remaining": []}
         _confirm(f"upgrade {len(todo)} node(s)? [y/N] ", yes, confirm)
-    done: list[str] = []
-    for i in range(0, len(todo), max(1, serial)):
-        batch = todo[i:i + max(1, serial)]
+
+    def one_batch(batch: Sequence[str]) -> Reporter:
         session = _session(inventory, ",".join(batch), "upgrade", reporter=reporter,
                            opener=opener, sets=[f"nvidia_driver_version={driver}"])
         with closing(session):
             names = [_node_name(session, h) for h in batch]
-            try:
-                for node in names:
-                    _drain(session, node, drain_timeout)
-                api.converge(session, yes=True)
-                for node in names:
-                    _run(session, session.first_cp, f"{KUBECTL} uncordon {node}",
-                         f"uncordon {node}")
-            except (Gpuk8sError, ConnectError) as exc:
-                remaining = [h for h in todo if h not in done and h not in batch]
-                raise Gpuk8sError(
-                    f"upgrade stopped at {', '.join(batch)}: {exc}\n  upgraded: "
-                    f"{', '.join(done) or 'none'}; untouched: {', '.join(remaining) or 'none'}"
-                    f"; {', '.join(batch)} stays cordoned for inspection") from None
-        done += batch
-        session.reporter.print(f"  upgraded {', '.join(batch)} to {driver}")
+            for node in names:
+                _drain(session, node, drain_timeout)
+            api.converge(session, yes=True)
+            for node in names:
+                _run(session, session.first_cp, f"{KUBECTL} uncordon {node}",
+                     f"uncordon {node}")
+        return session.reporter
+
+    done = run_batches(todo, chunks(todo, serial), one_batch, to=driver,
+                       left="stays cordoned for inspection")
     return {"upgraded": done, "remaining": []}
+
+
+def chunks(hosts: Sequence[str], serial: int) -> list[list[str]]:
+    """``hosts`` in batches of ``serial`` (at least 1)."""
+    step = max(1, serial)
+    return [list(hosts[i:i + step]) for i in range(0, len(hosts), step)]
+
+
+def run_batches(todo: Sequence[str], batches: Sequence[Sequence[str]],
+                one_batch: Callable[[Sequence[str]], Reporter], *, to: str,
+                left: str) -> list[str]:
+    """Upgrade batch after batch (``one_batch`` returns the reporter it used). The first
+    failure stops the run with one error naming what was upgraded, what was not touched, and
+    the state the failed batch is ``left`` in. Returns the upgraded hosts, in order."""
+    done: list[str] = []
+    for batch in batches:
+        try:
+            rep = one_batch(batch)
+        except Gpuk8sError as exc:
+            remaining = [h for h in todo if h not in done and h not in batch]
+            raise Gpuk8sError(
+                f"upgrade stopped at {', '.join(batch)}: {exc}\n  upgraded: "
+                f"{', '.join(done) or 'none'}; untouched: {', '.join(remaining) or 'none'}"
+                f"; {', '.join(batch)} {left}") from None
+        done += batch
+        rep.print(f"  upgraded {', '.join(batch)} to {to}")
+    return done
 
 
 # -- kubeconfig -------------------------------------------------------------------------------

@@ -22,8 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s import api
-from gpuk8s.day2 import Opener, _confirm, _drain, _node_name, _run, _session
-from gpuk8s.errors import ConnectError, Gpuk8sError, InventoryError
+from gpuk8s.day2 import (
+    Opener,
+    _confirm,
+    _drain,
+    _node_name,
+    _run,
+    _session,
+    chunks,
+    run_batches,
+)
+from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import APT, RESOLVE_HELPERS
@@ -154,23 +163,15 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
             return {"upgraded": [], "remaining": []}
         _confirm(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes, confirm)
 
-        done: list[str] = []
-        step = max(1, serial)
-        workers = [h for h in todo if h != cp]
-        batches = ([[cp]] if cp in todo else []) + [workers[i:i + step]
-                                                    for i in range(0, len(workers), step)]
-        for batch in batches:
-            try:
-                _upgrade_batch(session, batch, target, cp, drain_timeout, verify_timeout)
-            except (Gpuk8sError, ConnectError) as exc:
-                remaining = [h for h in todo if h not in done and h not in batch]
-                raise Gpuk8sError(
-                    f"upgrade stopped at {', '.join(batch)}: {exc}\n  upgraded: "
-                    f"{', '.join(done) or 'none'}; untouched: {', '.join(remaining) or 'none'}"
-                    f"; {', '.join(batch)} may be cordoned: inspect, then `kubectl uncordon`"
-                ) from None
-            done += batch
-            rep.print(f"  upgraded {', '.join(batch)} to v{target}")
+        batches = ([[cp]] if cp in todo else []) + chunks([h for h in todo if h != cp],
+                                                           serial)
+
+        def one_batch(batch: Sequence[str]) -> Reporter:
+            _upgrade_batch(session, batch, target, cp, drain_timeout, verify_timeout)
+            return rep
+
+        done = run_batches(todo, batches, one_batch, to=f"v{target}",
+                           left="may be cordoned: inspect, then `kubectl uncordon`")
         session.runlog.write_report(upgraded=done, kubernetes=target)
         return {"upgraded": done, "remaining": []}
 
