@@ -7,10 +7,13 @@ again only the hosts a phase changed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
 import re
+import secrets
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +21,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gpuk8s.errors import (
     ConnectError,
@@ -34,7 +39,7 @@ from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.inventory import Host, Inventory, load_inventory
-from gpuk8s.ops import Op
+from gpuk8s.ops import Op, q
 from gpuk8s.ops.apt import with_lock_timeout
 from gpuk8s.playbook import (
     ALL_ROLES,
@@ -97,6 +102,12 @@ def connect_spec(host: Host, env: Mapping[str, str] | None = None) -> ConnectSpe
 
 
 # -- facts ------------------------------------------------------------------------------------
+def role_vars(host: Host) -> Mapping[str, Any]:
+    """What roles read of a host: its merged variables, plus the login user (``ansible_user``,
+    which gets the admin kubeconfig on a control plane)."""
+    return collections.ChainMap({"ansible_user": host.user}, dict(host.vars))
+
+
 def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     """Every fact any role needs on a host with these vars, each once."""
     seen: dict[Fact[Any], None] = {}
@@ -110,7 +121,7 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
     """One probe per host, all hosts in parallel; raise PhaseFailed if any probe fails."""
 
     def one(name: str) -> HostFacts:
-        requests = fact_requests(session.host(name).vars)
+        requests = fact_requests(role_vars(session.host(name)))
         script, marker = build_probe(requests)
         result = session.transports[name].run(script, timeout=120)
         return parse_probe(name, result.stdout, requests, marker)
@@ -136,7 +147,8 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
 
 def context(session: Session, host: str, role: str) -> HostContext:
     h = session.host(host)
-    return HostContext(host, role, h.vars, session.facts[host], session.cluster, h.groups)
+    return HostContext(host, role, role_vars(h), session.facts[host], session.cluster,
+                       h.groups)
 
 
 # -- cluster-wide values -----------------------------------------------------------------------
@@ -231,7 +243,7 @@ def mint_join(session: Session) -> None:
     cp = session.first_cp
     ttl = session.host(cp).vars["join_token_ttl"]
     result = session.transports[cp].run(
-        f"kubeadm token create --ttl {ttl} --print-join-command 2>&1", timeout=120)
+        f"kubeadm token create --ttl {q(str(ttl))} --print-join-command 2>&1", timeout=120)
     match = _JOIN_RE.search(result.stdout)
     if result.exit_code != 0 or not match:
         raise PhaseFailed("join", {cp: HostResult(cp, error=Gpuk8sError(
@@ -242,8 +254,74 @@ def mint_join(session: Session) -> None:
                                "ca_hash": match.group(3)}
 
 
+#: what a kubeadm admin.conf user may hold: client certificate and key, inline. Anything
+#: else (an exec or auth-provider plugin, a token file, paths) would be run or read on the
+#: admin machine by the operator's next kubectl, on the control plane's say-so.
+_KUBECONFIG_USER_KEYS = {"client-certificate-data", "client-key-data"}
+_KUBECONFIG_CLUSTER_KEYS = {"server", "certificate-authority-data", "tls-server-name"}
+
+
+def check_admin_conf(text: str, host: str) -> None:
+    """Refuse a kubeconfig from ``host`` that is not plain kubeadm admin.conf material."""
+    def bad(why: str) -> Gpuk8sError:
+        return Gpuk8sError(f"{host}: {ADMIN_CONF} is refused: {why}; it is not what kubeadm "
+                           "writes, so it is not saved on this machine. Check the control "
+                           f"plane (kubeadm init phase kubeconfig admin rewrites it)")
+    try:
+        conf = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise bad("it is not YAML") from None
+    if not isinstance(conf, dict) or conf.get("kind") != "Config":
+        raise bad("it is not a kubeconfig (kind: Config)")
+    for entry in conf.get("users") or []:
+        user = entry.get("user") if isinstance(entry, dict) else None
+        extra = sorted(set(user or {}) - _KUBECONFIG_USER_KEYS) if isinstance(user, dict) \
+            else ["(not a mapping)"]
+        if extra:
+            raise bad(f"user {entry.get('name') if isinstance(entry, dict) else entry!r} has "
+                      f"{', '.join(extra)} (only client-certificate-data and client-key-data "
+                      "are accepted)")
+    clusters = conf.get("clusters") or []
+    if not clusters:
+        raise bad("it names no cluster")
+    for entry in clusters:
+        cluster = entry.get("cluster") if isinstance(entry, dict) else None
+        if not isinstance(cluster, dict):
+            raise bad("a cluster entry is not a mapping")
+        extra = sorted(set(cluster) - _KUBECONFIG_CLUSTER_KEYS)
+        if extra:
+            raise bad(f"a cluster has {', '.join(extra)}")
+        if not str(cluster.get("server", "")).startswith("https://"):
+            raise bad(f"the server {cluster.get('server')!r} is not an https:// URL")
+
+
+def write_private(dest: Path, data: str) -> None:
+    """Write ``data`` to ``dest`` readable by this user only, atomically, never through a
+    symlink, in a folder no one else can write to."""
+    folder = dest.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise Gpuk8sError(
+            f"{folder} is refused for secrets: it is "
+            + ("a symlink" if stat.S_ISLNK(st.st_mode) else
+               f"owned by uid {st.st_uid}" if st.st_uid != os.getuid() else
+               f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+            + f"; make it your own with mode 0700 (chmod 0700 {folder})")
+    tmp = folder / f".{dest.name}.{secrets.token_hex(6)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def fetch_admin_conf(session: Session) -> Path | None:
-    """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine."""
+    """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine,
+    once it is checked to be plain kubeadm material (see check_admin_conf)."""
     cp = session.first_cp
     result = session.transports[cp].run(f"cat {ADMIN_CONF}")
     if result.exit_code != 0:
@@ -253,15 +331,9 @@ def fetch_admin_conf(session: Session) -> Path | None:
         key, _, value = line.strip().partition(":")
         if key.endswith("-data") and value.strip():
             session.redact.add(value.strip())
+    check_admin_conf(data, cp)
     dest = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
-    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if dest.exists() and dest.read_text() == data:
-        os.chmod(dest, 0o600)
-        return dest
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data)
-    os.chmod(dest, 0o600)
+    write_private(dest, data)
     return dest
 
 
@@ -443,8 +515,9 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         try:
             preflight(session)
         except PreflightError as exc:
-            if not check:
-                raise
+            unnamed = any(p[0] == "hostname" for ps in exc.problems.values() for p in ps)
+            if not check or unnamed:
+                raise  # a host that cannot be named cannot be planned for either
             blocked = exc  # plan anyway: show what a fixed host would get
         planned_total = 0
         if not check and not yes:

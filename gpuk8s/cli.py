@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from gpuk8s import api, day2, gpucheck
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
+from gpuk8s.report import untrusted
 
 #: command name -> the one function it calls
 COMMANDS: dict[str, Callable[..., object]] = {
@@ -25,23 +26,29 @@ COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
 
 def run(command: str, **kwargs: object) -> int:
     """Call one api/day2 function; print a Gpuk8sError as one clear message; return an exit
-    code (1 error, 2 a phase failed, 3 preflight problems, 130 interrupted)."""
+    code (1 error, 2 a phase failed, 3 preflight problems, 130 interrupted). An error's text
+    may quote a node's output, so it is printed through report.untrusted."""
     try:
         COMMANDS[command](**kwargs)
     except PreflightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(exc)
         return 3
     except PhaseFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     except Gpuk8sError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     except KeyboardInterrupt:
         print("interrupted: the hosts keep what was applied; run again to converge",
               file=sys.stderr)
         return 130
     return 0
+
+
+def _error(exc: Gpuk8sError) -> None:
+    """One error on stderr: plain text (print, not Rich), control characters escaped."""
+    print(f"error: {untrusted(exc)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,18 +21,21 @@ from gpuk8s.facts.system import Packages, PciDevices
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_RESET, KUBECTL
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
+from gpuk8s.sinks import node_arg
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
 Opener = Callable[[ConnectSpec, Redactor], Any]
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
-#: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI
+#: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI.
+#: Users' kubeconfigs are found without following symlinks (find -P): a user's ~/.kube that
+#: points elsewhere never makes root delete a file outside /home/<user>/.kube/
 CLEANUP = f"""\
 if command -v kubeadm >/dev/null 2>&1; then
   {KUBEADM_RESET}
 fi
 rm -rf /etc/cni/net.d/* /var/lib/cni /etc/kubernetes/gpuk8s /root/.kube/config
-for home in /home/*; do rm -f "$home/.kube/config"; done
+find /home -mindepth 3 -maxdepth 3 -path '/home/*/.kube/config' -type f -delete
 for link in cni0 flannel.1 vxlan.calico tunl0; do
   if ip link show "$link" >/dev/null 2>&1; then ip link delete "$link"; fi
 done
@@ -76,7 +79,7 @@ def _drain(session: api.Session, node: str, timeout: int) -> None:
     cp = session.first_cp
     session.reporter.print(f"  [{cp}] drain {node} (timeout {timeout}s)")
     try:
-        _run(session, cp, f"{KUBECTL} drain {node} --ignore-daemonsets "
+        _run(session, cp, f"{KUBECTL} drain {node_arg(node)} --ignore-daemonsets "
              f"--delete-emptydir-data --timeout={timeout}s", f"drain {node}",
              timeout=timeout + 60)
     except CommandFailed as exc:
@@ -178,7 +181,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         cluster = session.facts[session.first_cp][Cluster()]
         if node in cluster.nodes:
             _drain(session, node, drain_timeout)
-            _run(session, session.first_cp, f"{KUBECTL} delete node {node}",
+            _run(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
                  f"delete node {node}")
         _run(session, host, CLEANUP, "kubeadm reset and cleanup")
         if purge:
@@ -236,7 +239,7 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
         if node in cluster.nodes:
             if not dead:
                 _drain(session, node, drain_timeout)
-            _run(session, session.first_cp, f"{KUBECTL} delete node {node}",
+            _run(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
                  f"delete node {node}")
         else:
             rep.print(f"  = node {node} is not in the cluster")
@@ -351,9 +354,11 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
                                                                         else "")
         alloc = r.get("allocatable_gpu")
         state = r["state"] + (" (cordoned)" if r.get("cordoned") else "")
-        table.add_row(r["host"], r["role"], state, r.get("kubelet", ""), r.get("containerd", ""),
-                      r.get("driver", ""), r.get("cuda", ""), gpus,
-                      "" if alloc is None else str(alloc), str(r.get("drift", "")))
+        table.add_row(rep.cell(r["host"]), rep.cell(r["role"]), rep.cell(state),
+                      rep.cell(r.get("kubelet", "")), rep.cell(r.get("containerd", "")),
+                      rep.cell(r.get("driver", "")), rep.cell(r.get("cuda", "")),
+                      rep.cell(gpus), "" if alloc is None else str(alloc),
+                      str(r.get("drift", "")))
     rep.console.print(table)
 
 
@@ -416,7 +421,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
                 _drain(session, node, drain_timeout)
             api.converge(session, yes=True)
             for node in names:
-                _run(session, session.first_cp, f"{KUBECTL} uncordon {node}",
+                _run(session, session.first_cp, f"{KUBECTL} uncordon {node_arg(node)}",
                      f"uncordon {node}")
         return session.reporter
 

@@ -59,16 +59,29 @@ fi
 """
 
 
+#: the check's "SMI-GPUS <count>" line (gpuk8s's own echo; a node may print anything)
+_SMI_GPUS = re.compile(r"SMI-GPUS (\d{1,6})\s*")
+
+
 def parse_check(output: str, exit_code: int, pci_gpus: int) -> dict[str, Any]:
-    """Judge the check's output: every PCI GPU seen by nvidia-smi and computed right on."""
+    """Judge the check's output: every PCI GPU seen by nvidia-smi and computed right on.
+
+    The output comes from the node, so it is not trusted to be well formed: a malformed
+    ``SMI-GPUS`` line fails the host's check with an error naming the line, never raises."""
     lines = output.splitlines()
-    smi = next((int(x.split()[1]) for x in lines if x.startswith("SMI-GPUS ")), 0)
+    smi_line = next((x for x in lines if x.startswith("SMI-GPUS")), None)
+    count = _SMI_GPUS.fullmatch(smi_line) if smi_line is not None else None
+    smi = int(count.group(1)) if count else 0
     runner = next((x.split(" ", 1)[1] for x in lines if x.startswith("RUNNER ")), "")
     gpus = [x for x in lines if re.match(r"(OK|FAIL) GPU \d+ ", x)]
     ok = (exit_code == 0 and smi == pci_gpus and len(gpus) == pci_gpus
           and all(x.startswith("OK") for x in gpus))
+    error = "" if ok else "\n".join(lines[-5:])
+    if smi_line is not None and count is None:
+        ok = False
+        error = f"malformed nvidia-smi count line from the check: {smi_line[:200]!r}"
     return {"pci_gpus": pci_gpus, "nvidia_smi_gpus": smi, "runner": runner, "results": gpus,
-            "ok": ok, "error": "" if ok else "\n".join(lines[-5:])}
+            "ok": ok, "error": error}
 
 
 def verify_local(inventory: str | Path, *, limit: str | None = None,
@@ -100,13 +113,18 @@ def verify_local(inventory: str | Path, *, limit: str | None = None,
 
 
 def _print(rep: Reporter, rows: list[dict[str, Any]]) -> None:
+    """The table; every value but the counts comes from the node, so each cell is a
+    :meth:`Reporter.cell` (plain text, control characters escaped), never markup."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="node GPU check", title_justify="left")
     for col in ("host", "PCI GPUs", "nvidia-smi", "driver", "computation", "result"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["host"], str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]), r["driver"],
-                      r["runner"] + "\n" + "\n".join(r["results"]),
-                      "[green]ok[/green]" if r["ok"] else f"[red]FAILED[/red]\n{r['error']}")
+        result = Text("ok", style="green") if r["ok"] else \
+            Text.assemble(("FAILED", "red"), "\n", rep.cell(r["error"]))
+        table.add_row(rep.cell(r["host"]), str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]),
+                      rep.cell(r["driver"]),
+                      rep.cell(r["runner"] + "\n" + "\n".join(r["results"])), result)
     rep.console.print(table)

@@ -38,6 +38,7 @@ from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import APT, RESOLVE_HELPERS
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
+from gpuk8s.sinks import node_arg
 from gpuk8s.transport import open_transport
 
 
@@ -99,16 +100,17 @@ def _resolve_and_install(names: Sequence[str], target: str) -> str:
 
 def _wait_node(session: api.Session, node: str, target: str, gpus: int, timeout: int) -> None:
     cp = session.first_cp
+    ref = node_arg(node, "node/")
     # the API server may be restarting (the control plane's kubelet just did): wait for it
     waits = [f"end=$(( $(date +%s) + {timeout} )); until {KUBECTL} get --raw /readyz "
              ">/dev/null 2>&1; do [ $(date +%s) -lt $end ] || { echo 'the API server did not "
              f"come back within {timeout}s'; exit 1; }}; sleep 1; done",
-             f"{KUBECTL} wait --for=condition=Ready node/{node} --timeout={timeout}s",
+             f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s",
              f"{KUBECTL} wait --for=jsonpath='{{.status.nodeInfo.kubeletVersion}}'=v{target} "
-             f"node/{node} --timeout={timeout}s"]
+             f"{ref} --timeout={timeout}s"]
     if gpus:
         waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
-                     f"={gpus} node/{node} --timeout={timeout}s")
+                     f"={gpus} {ref} --timeout={timeout}s")
     _run(session, cp, " && ".join(waits), f"verify {node}", timeout=3 * timeout + 60)
 
 
@@ -205,6 +207,6 @@ def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: 
     for h in batch:
         gpus = int(session.cluster["nodes"][h]["gpus"] or 0)
         _wait_node(session, names[h], target, gpus, verify_timeout)
-        _run(session, cp, f"{KUBECTL} uncordon {names[h]}", f"uncordon {names[h]}")
+        _run(session, cp, f"{KUBECTL} uncordon {node_arg(names[h])}", f"uncordon {names[h]}")
         rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus
                                                     else ""))

@@ -1,10 +1,15 @@
 """What a run shows and keeps: the plan, live per-host progress, the run folder (per-host logs
-and a JSON report) and the final table. Everything passes through the redactor first."""
+and a JSON report) and the final table. Everything passes through the redactor first.
+
+Text from nodes and inventories is untrusted: it goes through :func:`untrusted` (control
+characters shown escaped) and reaches Rich only as plain text (:func:`untrusted_text`, a
+``Text``, or ``markup=False``), never as markup; only gpuk8s's own literals carry markup."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sys
 import threading
@@ -18,10 +23,37 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from gpuk8s.executor import HostResult
 from gpuk8s.ops import Op
 from gpuk8s.transport import Redactor
+
+#: C0 and C1 control characters (and DEL) except \n and \t; Unicode line/paragraph separators
+#: and bidirectional overrides/isolates, which reorder or split what the terminal shows
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def untrusted(text: object) -> str:
+    """``text`` (from a node or an inventory) made safe to print or log: every C0/C1 control
+    character except newline and tab (and DEL, the Unicode line/paragraph separators and
+    bidi overrides) is shown as a visible Python-style escape, ``\\x1b`` (the four characters
+    backslash, x, 1, b) or ``\\u202e``; a CRLF line end becomes a plain newline. The result
+    is still plain text: give it to Rich as a ``Text`` (:func:`untrusted_text`) or with
+    ``markup=False``, never inside a markup string. Backslashes are left as they are, so a
+    node that prints the four characters ``\\x1b`` looks the same as one that prints ESC."""
+    return _UNSAFE.sub(_escaped, str(text).replace("\r\n", "\n"))
+
+
+def untrusted_text(text: object, style: str = "") -> Text:
+    """:func:`untrusted` as a Rich ``Text`` (never parsed as markup or emoji codes): for table
+    cells, titles, and lines that mix gpuk8s's own styling with node text."""
+    return Text(untrusted(text), style=style)
 
 
 def peak_rss_kb() -> int:
@@ -82,7 +114,7 @@ class RunLog:
         path = self.path / f"{host}.log"
 
         def write(text: str) -> None:
-            line = self.redact(text)
+            line = untrusted(self.redact(text))
             with self._lock, open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                                   "a", encoding="utf-8") as fh:
                 fh.write(f"{datetime.now(UTC).strftime('%H:%M:%S')} {line}\n")
@@ -126,11 +158,18 @@ class _HostLine:
 
 
 class Reporter:
-    """Terminal output. A live per-host table on a TTY; plain lines otherwise."""
+    """Terminal output. A live per-host table on a TTY; plain lines otherwise.
+
+    Every method here takes node- or inventory-derived text and shows it redacted and through
+    :func:`untrusted`, as plain text. Code that builds its own Rich tables passes such text as
+    :meth:`cell` (or :func:`untrusted_text`), never as a ``str`` cell, which Rich would parse
+    as markup."""
 
     def __init__(self, stream: TextIO | None = None, *, redact: Redactor | None = None,
                  verbose: bool = False) -> None:
-        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+        # emoji=False: ":name:" in a node's text stays text even where markup is off
+        self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True,
+                               emoji=False)
         self.redact = redact or Redactor()
         self.verbose = verbose
         self._live: Live | None = None
@@ -141,11 +180,20 @@ class Reporter:
     def tty(self) -> bool:
         return self.console.is_terminal
 
+    def safe(self, text: object) -> str:
+        """``text`` redacted, then :func:`untrusted`: plain text for ``markup=False`` output."""
+        return untrusted(self.redact(str(text)))
+
+    def cell(self, text: object, style: str = "") -> Text:
+        """``text`` redacted and :func:`untrusted`, as a ``Text`` (a table cell, a title)."""
+        return Text(self.safe(text), style=style)
+
     def print(self, text: str = "", style: str | None = None) -> None:
-        self.console.print(self.redact(text), style=style, markup=False)
+        """One line (or several) of plain text; never markup, even in gpuk8s's own text."""
+        self.console.print(self.safe(text), style=style, markup=False)
 
     def phase(self, title: str) -> None:
-        self.console.print(f"\n[bold]== {self.redact(title)}[/bold]")
+        self.console.print(Text.assemble("\n", (f"== {self.safe(title)}", "bold")))
 
     def plan(self, ops_by_host: Mapping[str, Sequence[Op]], *, show_all: bool,
              diff: bool) -> int:
@@ -157,14 +205,15 @@ class Reporter:
             shown = [op for op in ops if show_all or op.changes or op.warning]
             if not shown:
                 continue
-            self.console.print(f"  [bold]{host}[/bold]: {len(changes)} change(s)")
+            self.console.print(Text.assemble("  ", self.cell(host, "bold"),
+                                             f": {len(changes)} change(s)"))
             for op in shown:
                 style = {"+": "yellow", "=": "dim", "!": "magenta"}[op.symbol]
                 reason = op.reason if op.reason[:1] in "+=~-!" else f"{op.symbol} {op.reason}"
-                self.console.print(f"    {self.redact(reason)}  [dim]({op.id})[/dim]",
-                                   style=style, markup=True, highlight=False)
+                self.console.print(Text.assemble("    ", self.cell(reason), "  ",
+                                                 self.cell(f"({op.id})", "dim"), style=style))
                 if diff and op.diff and not op.secret:
-                    for line in self.redact(op.diff).splitlines():
+                    for line in self.safe(op.diff).splitlines():
                         color = "green" if line.startswith("+") else \
                             "red" if line.startswith("-") else "dim"
                         self.console.print(f"      {line}", style=color, markup=False)
@@ -184,21 +233,22 @@ class Reporter:
             self._live = None
 
     def event(self, host: str, kind: str, text: str) -> None:
-        text = self.redact(text)
+        text = self.safe(text)
         with self._lock:
             line = self._hosts.setdefault(host, _HostLine())
             if kind in ("op", "handler", "reboot"):
                 line.status, line.current = ("rebooting" if kind == "reboot" else "running"), text
                 line.changed += 1
             elif kind == "fail":
-                line.status, line.current = "failed", text.splitlines()[0]
+                line.status, line.current = "failed", (text.splitlines() or [""])[0]
             elif kind == "done" and line.status != "failed":
                 line.status, line.current = "done", ""
             if self._live:
                 self._live.update(self._table())
             elif kind in ("op", "handler", "reboot", "fail"):
                 label = {"op": "->", "handler": "=>", "reboot": "reboot", "fail": "FAILED"}[kind]
-                self.console.print(f"  [{host}] {label} {text.splitlines()[0]}", markup=False,
+                self.console.print(f"  [{self.safe(host)}] {label} "
+                                   f"{(text.splitlines() or [''])[0]}", markup=False,
                                    highlight=False)
 
     def _table(self) -> Table:
@@ -206,8 +256,8 @@ class Reporter:
         for host, line in self._hosts.items():
             style = {"failed": "red", "done": "green", "rebooting": "magenta"}.get(
                 line.status, "yellow")
-            table.add_row(host, f"[{style}]{line.status}[/{style}]",
-                          f"{time.monotonic() - line.started:5.1f}s", line.current)
+            table.add_row(self.cell(host), Text(line.status, style=style),
+                          f"{time.monotonic() - line.started:5.1f}s", Text(line.current))
         return table
 
     # -- tables ------------------------------------------------------------------------------
@@ -216,19 +266,21 @@ class Reporter:
         for host, items in problems.items():
             if not items:
                 continue
-            table = Table(title=f"{title}: {host}", title_justify="left", title_style=style)
+            table = Table(title=self.cell(f"{title}: {host}"), title_justify="left",
+                          title_style=style)
             table.add_column("check")
             table.add_column("problem")
             table.add_column("fix")
             for name, message, fix in items:
-                table.add_row(name, self.redact(message), self.redact(fix))
+                table.add_row(self.cell(name), self.cell(message), self.cell(fix))
             self.console.print(table)
 
     def warnings(self, warnings: Mapping[str, Sequence[tuple[str, str, str]]]) -> None:
         for host, items in warnings.items():
             for name, message, _fix in items:
-                self.console.print(f"  ! {host}: {self.redact(message)} [dim]({name})[/dim]",
-                                   style="magenta", highlight=False)
+                self.console.print(Text.assemble(
+                    "  ! ", self.cell(host), ": ", self.cell(message), " ",
+                    self.cell(f"({name})", "dim"), style="magenta"))
 
     def summary(self, totals: Mapping[str, Mapping[str, Any]], elapsed: float,
                 failed: Mapping[str, Mapping[str, str]] | None = None) -> None:
@@ -239,15 +291,17 @@ class Reporter:
             table.add_column(col, justify="left" if col in ("host", "status") else "right")
         for host, t in totals.items():
             n = t["failed"]
-            row = [host, str(t["changed"]), str(t["ok"]), f"[red]{n}[/red]" if n else "0",
-                   f"{t['time']:.1f}s"]
+            row: list[Text | str] = [self.cell(host), str(t["changed"]), str(t["ok"]),
+                                     Text(str(n), style="red") if n else "0",
+                                     f"{t['time']:.1f}s"]
             if failed:
                 status = failed.get(host, {}).get("status", "ok")
-                row.append(f"[red]{status}[/red]" if host in failed else status)
+                row.append(self.cell(status, "red" if host in failed else ""))
             table.add_row(*row)
         self.console.print(table)
         for host, info in failed.items():
-            cause = self.redact(info["cause"]).splitlines()
-            self.console.print(f"  {host} {info['status']}: {cause[0] if cause else ''}",
+            cause = self.safe(info["cause"]).splitlines()
+            self.console.print(f"  {self.safe(host)} {self.safe(info['status'])}: "
+                               f"{cause[0] if cause else ''}",
                                style="red", markup=False, highlight=False)
-        self.console.print(f"wall time {elapsed:.2f}s")
+        self.console.print(f"wall time {elapsed:.2f}s", markup=False)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
+import jinja2.sandbox
 import yaml
 
 from gpuk8s.errors import InventoryError, PlanError
@@ -253,8 +255,13 @@ def check_value(spec: VarSpec, value: Any, raw: str | None = None) -> tuple[Any,
                                      f"{_show(value)}", fix)
         return value, None
     if has_jinja(value):
+        if not is_rendered(spec.name):
+            return value, VarProblem(
+                spec.name, f"{spec.name} holds a placeholder ({{{{ or {{%), but gpuk8s expands "
+                "placeholders only in the *_url variables; this value would be used as written",
+                f"write the value itself, e.g. {spec.name}: {_show(spec.default)}")
         problem = _check_jinja_syntax(spec.name, value)
-        if problem or not spec.name.endswith("_url"):
+        if problem:
             return value, problem
     check = _CHECKS.get(spec.name)
     if check is None and spec.name.endswith("_url"):
@@ -445,20 +452,55 @@ def _check_endpoint(name: str, value: str) -> VarProblem | None:
     return None
 
 
-def _check_url(name: str, value: str, *, allow_empty: bool = False) -> VarProblem | None:
-    if (allow_empty and value == "") or value.lstrip().startswith(("{{", "{%")):
-        return None  # empty where allowed, or scheme and host come from a placeholder
-    plain = _JINJA_EXPR.sub("x", value)
-    parts = urllib.parse.urlsplit(plain) if " " not in plain else None
+#: what a URL may hold besides letters and digits: no quote, backslash, semicolon, brace,
+#: space or control character, so it cannot end an apt.conf string or a sources.list field
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#@!$&()*+,=%-]+")
+_URL_IPV6_HOST = re.compile(r"^[a-z]+://([^/@]*@)?\[[0-9A-Fa-f:.]+\]")
+
+
+def _check_url(name: str, value: str, *, allow_empty: bool = False,
+               rendered: bool = False) -> VarProblem | None:
+    if allow_empty and value == "":
+        return None
+    example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
+    fix = f'write {name}: "{example}"' + (' or ""' if allow_empty else "")
+    plain = value if rendered else _JINJA_EXPR.sub("x", value)
+    if value.lstrip().startswith(("{{", "{%")) and not rendered:
+        return None  # scheme and host come from a placeholder: checked once rendered
+    bare = _URL_IPV6_HOST.sub(lambda m: m[0].replace("[", "").replace("]", ""), plain)
+    if not _URL_CHARS.fullmatch(bare):
+        bad = sorted({c for c in bare if not _URL_CHARS.fullmatch(c)})
+        shown = ", ".join(repr(c) for c in bad) or "nothing"
+        return VarProblem(name, f"{name} holds characters a URL may not ({shown}): {value!r}",
+                          fix + "; percent-encode such characters (%20 for a space)")
+    parts = urllib.parse.urlsplit(plain)
     try:
-        bad_port = parts is not None and parts.port == 0
+        bad_port = parts.port == 0
     except ValueError:  # not a number, or out of 0-65535
         bad_port = True
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
-        example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
-        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}",
-                          f'write {name}: "{example}"' + (' or ""' if allow_empty else ""))
+    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}", fix)
     return None
+
+
+def _check_fingerprint(name: str, value: str) -> VarProblem | None:
+    text = value.replace(" ", "")
+    text = text[2:] if text.lower().startswith("0x") else text
+    if value and not re.fullmatch(r"[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64}", text):
+        return VarProblem(name, f"{name} must be a full OpenPGP key fingerprint (40 hex digits, "
+                          f"or 64 for a v6 key) or \"\", got {value!r}",
+                          f"write {name}: the fingerprint `gpg --show-keys KEYFILE` prints "
+                          "(a short key id is not enough)")
+    return None
+
+
+#: each repo's key URL and the fingerprint that pins it
+KEY_PINS = {
+    "kubernetes_repo_key_url": "kubernetes_repo_key_fingerprint",
+    "docker_repo_key_url": "docker_repo_key_fingerprint",
+    "nvidia_cuda_repo_key_url": "nvidia_cuda_repo_key_fingerprint",
+    "nvidia_container_toolkit_repo_key_url": "nvidia_container_toolkit_repo_key_fingerprint",
+}
 
 
 def _check_duration(name: str, value: str) -> VarProblem | None:
@@ -492,6 +534,10 @@ def _check_sysctls(name: str, value: dict[Any, Any]) -> VarProblem | None:
         if isinstance(val, (dict, list)) or val is None:
             return VarProblem(name, f"{name}: {key} must be a number or string, got {_show(val)}",
                               f"write {key}: 1", subkey=key)
+        if not isinstance(val, bool) and not re.fullmatch(r"[0-9A-Za-z_.:/ -]+", str(val)):
+            return VarProblem(name, f"{name}: {key} value {_show(val)} holds characters no "
+                              "sysctl value needs", f'write {key}: "4096 87380 6291456" (numbers, '
+                              "words, spaces, '.', ':', '/', '-')", subkey=key)
     return None
 
 
@@ -518,6 +564,7 @@ _CHECKS: dict[str, Any] = {
     "cluster_dns_domain": _check_dns_domain,
     "preflight_ignore": _check_str_list,
     "base_sysctls": _check_sysctls,
+    **dict.fromkeys(KEY_PINS.values(), _check_fingerprint),
 }
 
 
@@ -576,6 +623,14 @@ def check_combination(values: Mapping[str, Any]) -> list[VarProblem]:
             "nvidia_driver_version", f"nvidia_driver_version {drv} is not on branch {branch} "
             "(nvidia_driver_branch)", f'write nvidia_driver_version: "{branch}.x.y-1" or ""',
             others=("nvidia_driver_branch",)))
+    for url_var, pin_var in KEY_PINS.items():
+        url, pin = get(url_var), get(pin_var)
+        if isinstance(url, str) and url.startswith("http://") and pin == "":
+            out.append(VarProblem(
+                pin_var, f"{url_var} is plain http and {pin_var} is empty: anyone on the path "
+                "could hand the nodes their own signing key",
+                f"write {pin_var}: the key's fingerprint, or use an https:// key URL",
+                others=(url_var,)))
     cuda = _minor(get("cuda_version"))
     if cuda and cuda[0] >= 13 and get("cuda_toolkit_enabled") is True \
             and isinstance(branch, str) and re.fullmatch(r"\d{3}", branch) and int(branch) < 580:
@@ -704,40 +759,84 @@ def defaults_layer(specs: Mapping[str, VarSpec]) -> VarLayer:
 
 # --------------------------------------------------------------------------- rendering
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                          autoescape=False)
+#: Inventory strings are the operator's, but they travel (shared group_vars, --set from CI):
+#: a sandbox keeps a placeholder from reaching Python objects on the admin machine
+_ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+_ENV.globals.clear()  # lipsum, range, cycler...: a placeholder names variables, nothing else
 
 
-def render_value(value: Any, context: Mapping[str, Any], *, name: str | None = None) -> Any:
-    """Render Jinja placeholders in strings (recursing into lists and mappings).
+def is_rendered(name: str) -> bool:
+    """Whether gpuk8s expands placeholders in the variable ``name`` (only the URLs)."""
+    return name.endswith("_url")
 
-    Values of ``context`` may hold placeholders too; they are rendered until stable.
-    Raises PlanError naming the variable on an undefined name or a syntax error.
+
+def render_value(value: Any, context: Mapping[str, Any], *, name: str | None = None,
+                 data: Mapping[str, Any] | None = None) -> Any:
+    """Render Jinja placeholders in strings (recursing into lists and mappings), once.
+
+    A placeholder may name a variable of ``context`` whose own value holds placeholders: that
+    value is rendered first (once, with loops refused). ``data`` holds values that came from a
+    host (``os_id``): they are inserted as plain text and never rendered, so a node's output
+    cannot become a template. Raises PlanError naming the variable on an undefined name, a
+    syntax error or a loop.
     """
-    if isinstance(value, str):
-        return _render_str(value, context, name)
-    if isinstance(value, list):
-        return [render_value(v, context, name=name) for v in value]
-    if isinstance(value, tuple):
-        return tuple(render_value(v, context, name=name) for v in value)
-    if isinstance(value, Mapping):
-        return {k: render_value(v, context, name=name) for k, v in value.items()}
-    return value
+    return _Renderer(context, data or {}, name).value(value, ())
 
 
-def _render_str(text: str, context: Mapping[str, Any], name: str | None) -> str:
-    label = f"{name}: " if name else ""
-    ctx = dict(context)
-    for _ in range(10):
+class _Renderer:
+    def __init__(self, context: Mapping[str, Any], data: Mapping[str, Any],
+                 name: str | None) -> None:
+        self.context, self.data, self.name = context, data, name
+        self.done: dict[str, Any] = {}
+
+    def value(self, value: Any, stack: tuple[str, ...]) -> Any:
+        if isinstance(value, str):
+            return self.text(value, stack)
+        if isinstance(value, list):
+            return [self.value(v, stack) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.value(v, stack) for v in value)
+        if isinstance(value, Mapping):
+            return {k: self.value(v, stack) for k, v in value.items()}
+        return value
+
+    def variable(self, key: str, stack: tuple[str, ...]) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if key not in self.done:
+            if key in stack:
+                label = f"{self.name}: " if self.name else ""
+                raise PlanError(f"{label}placeholders refer to each other in a loop: "
+                                + " -> ".join((*stack, key)))
+            self.done[key] = self.value(self.context[key], (*stack, key))
+        return self.done[key]
+
+    def text(self, text: str, stack: tuple[str, ...]) -> str:
         if not _JINJA_MARK.search(text):
             return text
+        label = f"{self.name}: " if self.name else ""
         try:
-            out = _ENV.from_string(text).render(ctx)
+            template = _ENV.from_string(text)
+            names = jinja2.meta.find_undeclared_variables(_ENV.parse(text))
+            known = {n: self.variable(n, stack) for n in names
+                     if n in self.data or n in self.context}
+            return template.render(known)
         except jinja2.UndefinedError as exc:
             raise PlanError(f"{label}{exc.message} in {text!r}") from None
+        except jinja2.sandbox.SecurityError as exc:
+            raise PlanError(f"{label}{text!r} reaches outside the template sandbox ({exc}); "
+                            "placeholders may only name variables") from None
         except jinja2.TemplateError as exc:
             raise PlanError(f"{label}cannot render {text!r}: {exc}") from None
-        if out == text:
-            return out
-        text = out
-    raise PlanError(f"{label}placeholders in {text!r} refer to each other in a loop")
+
+
+def render_url(vars: Mapping[str, Any], name: str, **data: str) -> str:
+    """The URL variable ``name`` rendered (host facts in ``data`` as plain text), then
+    checked like any URL the inventory gives; PlanError names the variable otherwise."""
+    url = render_value(vars[name], vars, name=name, data=data)
+    problem = _check_url(name, url, rendered=True)
+    if problem:
+        raise PlanError(f"{problem.message} once its placeholders are filled in"
+                        f"\n  fix: {problem.fix}")
+    return str(url)

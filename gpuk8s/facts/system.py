@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,19 @@ NVIDIA_MODELS: dict[str, str] = {
 NVSWITCH_IDS = {"0x22a3", "0x1af1", "0x2901"}
 
 
+#: os-release(5): ID, VERSION_ID and VERSION_CODENAME hold only 0-9, a-z, ".", "_" and "-"
+_OS_RELEASE_ID = re.compile(r"[a-z0-9._-]*")
+OS_RELEASE_IDS = ("ID", "VERSION_ID", "VERSION_CODENAME")
+#: what an identifier that breaks that rule reads as: no OS has it, so preflight refuses it
+INVALID = "?"
+
+
 class OsRelease(Fact[dict[str, str]]):
-    """/etc/os-release as a dict: ``{"ID": "ubuntu", "VERSION_ID": "24.04", ...}``."""
+    """/etc/os-release as a dict: ``{"ID": "ubuntu", "VERSION_ID": "24.04", ...}``.
+
+    ``ID``, ``VERSION_ID`` and ``VERSION_CODENAME`` go into URLs and package choices, so a
+    value outside os-release(5)'s character set is replaced by ``"?"`` here, at parse time
+    (the text as found is kept under ``"<KEY>_AS_FOUND"`` for messages)."""
 
     def command(self) -> str:
         return "cat /etc/os-release 2>/dev/null || true"
@@ -39,8 +51,15 @@ class OsRelease(Fact[dict[str, str]]):
         for line in output.splitlines():
             key, sep, value = line.partition("=")
             if sep and key.strip() and not key.startswith("#"):
-                parts = shlex.split(value) if value else [""]
+                try:
+                    parts = shlex.split(value) if value else [""]
+                except ValueError:  # unbalanced quotes: keep the raw text
+                    parts = [value]
                 result[key.strip()] = parts[0] if parts else ""
+        for key in OS_RELEASE_IDS:
+            if key in result and not _OS_RELEASE_ID.fullmatch(result[key]):
+                result[f"{key}_AS_FOUND"] = result[key]
+                result[key] = INVALID
         return result
 
 

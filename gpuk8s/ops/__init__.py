@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import shlex
 from dataclasses import dataclass, field
+
+from gpuk8s.sinks import shell
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def q(value: str) -> str:
-    return shlex.quote(value)
+#: the shell sink's one helper (gpuk8s.sinks.shell), under the short name ops use
+q = shell
 
 
 def write_file(dest: str, data: bytes, mode: str = "0644", owner: str = "root") -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import replace
 
 from gpuk8s.facts.system import FileState, PackageState
-from gpuk8s.ops import Op, change, noop, q, write_file
+from gpuk8s.ops import Op, change, noop, q, sha256, write_file
 
 APT = ("DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
        "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
@@ -30,25 +31,106 @@ def source_line(url: str, suite: str, components: str, keyring: str) -> str:
     return f"deb [signed-by={keyring}] {url}{tail}\n"
 
 
+def keyring_fingerprints(data: bytes) -> list[str]:
+    """Fingerprints (upper-case hex) of the primary keys in a binary OpenPGP keyring, as
+    ``gpg --show-keys`` prints them: v4 keys by SHA-1, v6 keys by SHA-256 (RFC 9580 5.5.4).
+    Subkeys are not listed. Unparseable data gives what was read before it."""
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        head = data[i]
+        if not head & 0x80:
+            break
+        if head & 0x40:  # new format: tag in the low 6 bits, then a 1, 2 or 5 byte length
+            tag = head & 0x3F
+            if i + 1 >= len(data):
+                break
+            first = data[i + 1]
+            if first < 192:
+                length, start = first, i + 2
+            elif first < 224:
+                if i + 2 >= len(data):
+                    break
+                length, start = ((first - 192) << 8) + data[i + 2] + 192, i + 3
+            elif first == 255:
+                length, start = int.from_bytes(data[i + 2:i + 6], "big"), i + 6
+            else:
+                break  # partial lengths never occur in key packets
+        else:  # old format: tag in bits 5-2, length type in bits 1-0
+            tag, kind = (head >> 2) & 0x0F, head & 0x03
+            if kind == 3:
+                break
+            size = (1, 2, 4)[kind]
+            length, start = int.from_bytes(data[i + 1:i + 1 + size], "big"), i + 1 + size
+        body = data[start:start + length]
+        if len(body) < length:
+            break
+        if tag == 6 and body:
+            if body[0] == 4:
+                out.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body,
+                                        usedforsecurity=False).hexdigest().upper())
+            elif body[0] == 6:
+                out.append(hashlib.sha256(b"\x9b" + len(body).to_bytes(4, "big") + body)
+                           .hexdigest().upper())
+        i = start + length
+    return out
+
+
+def normalize_fingerprint(value: str) -> str:
+    """``"DE15 B144 ..."`` or ``"0xde15b144..."`` -> ``"DE15B144..."``."""
+    text = value.replace(" ", "").upper()
+    return text[2:] if text.startswith("0X") else text
+
+
+def _fetch_key(key_url: str, keyring: str, fingerprint: str, variable: str) -> str:
+    """Fetch the key into a scratch keyring, check its fingerprint, then install it: a key
+    that is not the expected one never reaches /etc/apt/keyrings."""
+    proto = "=https" if key_url.startswith("https://") else "=http,https"
+    fetch = (f"curl -fsSL --retry 3 --proto {proto} --proto-redir {proto} {q(key_url)} "
+             '| gpg --dearmor --yes -o "$t/keyring"')
+    check = ""
+    if fingerprint:
+        check = (
+            '\ngot=$(GNUPGHOME="$t" gpg --batch --show-keys --with-colons "$t/keyring" 2>/dev/null '
+            "| awk -F: '$1==\"pub\"{p=1;next} $1==\"fpr\"&&p{print $10;p=0}' | tr '\\n' ' ' "
+            "| sed 's/ $//')\n"
+            f'if [ "$got" != {q(fingerprint)} ]; then echo "the key at "{q(key_url)}'
+            '" has fingerprint ${got:-none}, expected "'
+            f'{q(fingerprint)}" ({variable}); refusing it" >&2; exit 1; fi')
+    return (f"mkdir -p -m 0755 /etc/apt/keyrings && (t=$(mktemp -d) && trap 'rm -rf \"$t\"' "
+            f"EXIT && chmod 0700 \"$t\"\n{fetch}{check}\n"
+            f'install -m 0644 "$t/keyring" {q(keyring)})')
+
+
 def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, url: str,
-         suite: str, components: str, key_url: str) -> Op:
+         suite: str, components: str, key_url: str, fingerprint: str = "",
+         fingerprint_var: str = "") -> Op:
     """Ensure the apt source ``name`` with its signing key, and refresh its package index.
 
-    No-op when: the .list file names this URL and key URL and the keyring file exists.
+    ``fingerprint`` (from ``fingerprint_var``) pins the key: a fetched key with another
+    fingerprint is refused before apt sees it, and a keyring on the node whose keys are not
+    exactly that one is fetched again (``key_state`` must carry the keyring's content).
+
+    No-op when: the .list file names this URL and key URL and the keyring exists (holding
+    exactly the pinned key, when one is pinned).
     """
     keyring = key_state.path
+    want = normalize_fingerprint(fingerprint)
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
                                                                        keyring)
     data = text.encode()
-    from gpuk8s.ops import sha256
-
-    if list_state.exists and key_state.exists and list_state.sha256 == sha256(data):
-        return noop(op_id, f"= apt source {name} -> {url}")
-    fetch = (f"mkdir -p -m 0755 /etc/apt/keyrings && curl -fsSL --retry 3 {q(key_url)} "
-             f"| gpg --dearmor --yes -o {q(keyring)} && chmod 0644 {q(keyring)}")
+    have = keyring_fingerprints(key_state.content) if key_state.content is not None else None
+    key_ok = key_state.exists and (not want or have == [want])
+    if list_state.exists and key_ok and list_state.sha256 == sha256(data):
+        pinned = f" (key {want[-16:]})" if want else ""
+        return noop(op_id, f"= apt source {name} -> {url}{pinned}")
+    reason = f"+ apt source {name} -> {url}"
+    if key_state.exists and not key_ok:
+        held = ", ".join(h[-16:] for h in have or []) or "no key"
+        reason += f" (the keyring holds {held}, not the pinned {want[-16:]}: fetch it again)"
     update = (f"{APT} update -o Dir::Etc::sourcelist={q(list_state.path)} "
               "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")
-    return change(op_id, f"+ apt source {name} -> {url}", fetch,
+    return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
                   write_file(list_state.path, data), update)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 
 from gpuk8s.facts.kube import MANAGED_KINDS, ClusterState
-from gpuk8s.ops import Op, change, noop, sha256
+from gpuk8s.ops import Op, change, noop, q, sha256
+from gpuk8s.sinks import node_arg
 
 ADMIN = "/etc/kubernetes/admin.conf"
 KUBECTL = f"kubectl --kubeconfig {ADMIN}"
@@ -66,8 +67,9 @@ def labels(cluster: ClusterState, op_id: str, node: str, wanted: Mapping[str, st
     if have and not missing:
         return noop(op_id, f"= {node} labelled")
     pairs = " ".join(f"{k}={v}" for k, v in sorted(missing.items()))
+    words = " ".join(q(f"{k}={v}") for k, v in sorted(missing.items()))
     return change(op_id, f"+ label {node}: {pairs}",
-                  f"{KUBECTL} label node {node} {pairs} --overwrite")
+                  f"{KUBECTL} label node {node_arg(node)} {words} --overwrite")
 
 
 def feature_gate_arg(gates: Mapping[str, Any]) -> str:

@@ -7,9 +7,10 @@ from typing import Any
 
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import DpkgHealth, Files, KernelModules, Packages, Sysctls, System
-from gpuk8s.ops import Op, change, files, noop, warn
+from gpuk8s.ops import Op, change, files, noop, q, warn
 from gpuk8s.ops.apt import packages
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import apt_conf_string, url_has_secret
 
 MODULES = ("overlay", "br_netfilter")
 MODULES_FILE = "/etc/modules-load.d/k8s.conf"
@@ -48,8 +49,11 @@ def plan(ctx: HostContext) -> list[Op]:
     # with package_cache on, every node's apt (the cache host's too) goes through the cache
     proxy = ctx.cluster.get("package_cache_url") or ctx.var("apt_proxy")
     if proxy:
+        # a proxy with a password in it is for root's eyes only
         ops.append(files.content(file_states[PROXY_FILE], "base | apt proxy",
-                                 f'Acquire::http::Proxy "{proxy}";\n'.encode()))
+                                 f"Acquire::http::Proxy {apt_conf_string(proxy, 'apt_proxy')};"
+                                 "\n".encode(), mode="0600" if url_has_secret(proxy) else "0644",
+                                 secret=url_has_secret(proxy)))
     elif file_states[PROXY_FILE].exists:
         ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))
     ops.append(packages(f[Packages(*BASE_PACKAGES)], "base | packages",
@@ -89,11 +93,13 @@ def plan(ctx: HostContext) -> list[Op]:
     body = "".join(f"{k} = {v}\n" for k, v in wanted.items())
     ops.append(files.content(file_states[SYSCTL_FILE], "base | sysctls persisted",
                              ("# managed by gpuk8s\n" + body).encode()))
-    stale = {k: v for k, v in applicable.items() if current.get(k) != v}
+    # the kernel separates the numbers of a multi-value sysctl with tabs: compare the words
+    stale = {k: v for k, v in applicable.items()
+             if current.get(k, "").split() != v.split()}
     if stale:
         ops.append(change("base | sysctls applied", "+ sysctl " + " ".join(
             f"{k}={v}" for k, v in stale.items()),
-            *(f"sysctl -q -w {k}={v}" for k, v in stale.items())))
+            *(f"sysctl -q -w {q(f'{k}={v}')}" for k, v in stale.items())))
     else:
         ops.append(noop("base | sysctls applied", "= sysctls already set"))
     return ops

@@ -13,7 +13,7 @@ from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_value
+from gpuk8s.variables import render_url
 
 CONFIG = "/etc/containerd/config.toml"
 LIST = "/etc/apt/sources.list.d/docker.list"
@@ -24,8 +24,8 @@ PACKAGES = ("containerd.io", "docker-ce", "docker-ce-cli")
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), Containerd(), Packages(*PACKAGES), Files(LIST, KEYRING, "+" + CONFIG),
-            Services("containerd", "docker")]
+    return [OsRelease(), Containerd(), Packages(*PACKAGES),
+            Files(LIST, "+" + KEYRING, "+" + CONFIG), Services("containerd", "docker")]
 
 
 def sandbox_image(vars: Mapping[str, Any]) -> str:
@@ -36,12 +36,14 @@ def sandbox_image(vars: Mapping[str, Any]) -> str:
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     os_ = f[OsRelease()]
-    context = {**ctx.vars, "os_id": os_.get("ID", "debian")}
-    states = f[Files(LIST, KEYRING, "+" + CONFIG)]
+    os_id = os_.get("ID", "debian")
+    states = f[Files(LIST, "+" + KEYRING, "+" + CONFIG)]
     ops = [repo(states[LIST], states[KEYRING], "container_runtime | docker apt repo",
-                name="docker", url=render_value(ctx.var("docker_repo_url"), context),
+                name="docker", url=render_url(ctx.vars, "docker_repo_url", os_id=os_id),
                 suite=os_.get("VERSION_CODENAME", ""), components="stable",
-                key_url=render_value(ctx.var("docker_repo_key_url"), context))]
+                key_url=render_url(ctx.vars, "docker_repo_key_url", os_id=os_id),
+                fingerprint=ctx.var("docker_repo_key_fingerprint"),
+                fingerprint_var="docker_repo_key_fingerprint")]
     wanted = {"containerd.io": ctx.var("containerd_version")}
     if ctx.var("container_runtime") == "docker":
         wanted |= {"docker-ce": "", "docker-ce-cli": ""}

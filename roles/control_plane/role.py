@@ -9,9 +9,10 @@ from typing import Any
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster
 from gpuk8s.facts.system import Files, Packages
-from gpuk8s.ops import Op, change, files, noop, warn
+from gpuk8s.ops import Op, change, files, noop, q, warn
 from gpuk8s.ops.kube import KUBEADM_CONFIG, KUBEADM_RESET, KUBECTL, feature_gate_arg
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import unix_user
 
 CONFIG = KUBEADM_CONFIG
 #: written right after `kubeadm init` succeeds: admin.conf alone does not prove it finished
@@ -50,7 +51,7 @@ CP_TAINT = "node-role.kubernetes.io/control-plane"
 
 
 def user_kubeconfig(vars: Mapping[str, Any]) -> str:
-    user = vars.get("ansible_user", "root")
+    user = unix_user(vars.get("ansible_user", "root"))
     return ROOT_KUBECONFIG if user == "root" else f"/home/{user}/.kube/config"
 
 
@@ -94,15 +95,15 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(change("control_plane | kubeadm init",
                           f"+ kubeadm init (endpoint {ctx.cluster['endpoint']})", *INIT,
                           timeout=900))
-    user = ctx.vars.get("ansible_user", "root")
+    user = unix_user(ctx.vars.get("ansible_user", "root"))
     if initialised and states[user_conf].exists and \
             states[user_conf].sha256 == states[ADMIN_CONF].sha256:
         ops.append(noop("control_plane | admin kubeconfig", f"= {user_conf} is admin.conf"))
     else:
         ops.append(change("control_plane | admin kubeconfig",
                           f"+ {user_conf} for {user} (0600)",
-                          f"install -D -m 0600 -o {user} -g \"$(id -gn {user})\" "
-                          f"{ADMIN_CONF} {user_conf}"))
+                          f"install -D -m 0600 -o {q(user)} -g \"$(id -gn {q(user)})\" "
+                          f"{ADMIN_CONF} {q(user_conf)}"))
     if ctx.var("control_plane_schedulable"):
         node = ctx.facts[Cluster()].nodes.get(ctx.cluster["nodes"][ctx.host]["name"])
         if node is None or any(t.startswith(CP_TAINT + ":") for t in node.taints):

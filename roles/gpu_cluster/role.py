@@ -12,6 +12,7 @@ from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.kube import KUBECTL, apply, labels
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import node_arg
 
 GPU_PATH = "'{.status.allocatable.nvidia\\.com/gpu}'"
 
@@ -34,7 +35,8 @@ def plan(ctx: HostContext) -> list[Op]:
     if waiting:
         ops.append(change("gpu_cluster | nodes Ready", f"+ wait for {', '.join(waiting)} Ready",
                           f"{KUBECTL} wait --for=condition=Ready "
-                          + " ".join(f"node/{n}" for n in waiting) + f" --timeout={timeout}s",
+                          + " ".join(node_arg(n, "node/") for n in waiting)
+                          + f" --timeout={timeout}s",
                           timeout=timeout + 30))
     else:
         ops.append(noop("gpu_cluster | nodes Ready", f"= {len(nodes)} nodes Ready"))
@@ -62,9 +64,9 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(change(op_id, f"+ wait until {node['name']} offers {node['gpus']} GPU(s) "
                           f"(now {got if got is not None else 'none'})",
                           f"{KUBECTL} wait --for=jsonpath={GPU_PATH}={node['gpus']} "
-                          f"node/{node['name']} --timeout={gpu_timeout}s || "
-                          f"{{ echo \"{node['name']}: allocatable nvidia.com/gpu is "
-                          f"$({KUBECTL} get node {node['name']} -o "
+                          f"{node_arg(node['name'], 'node/')} --timeout={gpu_timeout}s || "
+                          f"{{ echo {node_arg(node['name'])}\": allocatable nvidia.com/gpu is "
+                          f"$({KUBECTL} get node {node_arg(node['name'])} -o "
                           f"jsonpath={GPU_PATH}), expected "
                           f"{node['gpus']}\" >&2; exit 1; }}", timeout=gpu_timeout + 30))
     return ops

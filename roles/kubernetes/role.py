@@ -11,7 +11,7 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_value
+from gpuk8s.variables import render_url
 
 LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
@@ -19,7 +19,7 @@ PACKAGES = KUBE_PACKAGES
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [Packages(*PACKAGES), Files(LIST, KEYRING), Services("kubelet")]
+    return [Packages(*PACKAGES), Files(LIST, "+" + KEYRING), Services("kubelet")]
 
 
 def version_prefix(vars: Mapping[str, Any]) -> str:
@@ -28,11 +28,13 @@ def version_prefix(vars: Mapping[str, Any]) -> str:
 
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
-    states = f[Files(LIST, KEYRING)]
+    states = f[Files(LIST, "+" + KEYRING)]
     ops = [repo(states[LIST], states[KEYRING], "kubernetes | pkgs.k8s.io repo",
-                name="kubernetes", url=render_value(ctx.var("kubernetes_repo_url"), ctx.vars),
+                name="kubernetes", url=render_url(ctx.vars, "kubernetes_repo_url"),
                 suite="/", components="",
-                key_url=render_value(ctx.var("kubernetes_repo_key_url"), ctx.vars))]
+                key_url=render_url(ctx.vars, "kubernetes_repo_key_url"),
+                fingerprint=ctx.var("kubernetes_repo_key_fingerprint"),
+                fingerprint_var="kubernetes_repo_key_fingerprint")]
     prefix = version_prefix(ctx.vars)
     ops.append(packages(f[Packages(*PACKAGES)], "kubernetes | packages",
                         dict.fromkeys(PACKAGES, prefix), hold=True))

@@ -12,7 +12,7 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_value
+from gpuk8s.variables import render_url
 
 LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -22,20 +22,21 @@ PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [PciDevices(), Containerd(), Packages(*PACKAGES), Files(LIST, KEYRING, DROP_IN)]
+    return [PciDevices(), Containerd(), Packages(*PACKAGES), Files(LIST, "+" + KEYRING, DROP_IN)]
 
 
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     if not any(d.is_gpu for d in f[PciDevices()]):
         return []
-    states = f[Files(LIST, KEYRING, DROP_IN)]
+    states = f[Files(LIST, "+" + KEYRING, DROP_IN)]
     ops = [repo(states[LIST], states[KEYRING], "nvidia_container_toolkit | apt repo",
                 name="nvidia-container-toolkit",
-                url=render_value(ctx.var("nvidia_container_toolkit_repo_url"), ctx.vars),
+                url=render_url(ctx.vars, "nvidia_container_toolkit_repo_url"),
                 suite="/", components="",
-                key_url=render_value(ctx.var("nvidia_container_toolkit_repo_key_url"),
-                                     ctx.vars))]
+                key_url=render_url(ctx.vars, "nvidia_container_toolkit_repo_key_url"),
+                fingerprint=ctx.var("nvidia_container_toolkit_repo_key_fingerprint"),
+                fingerprint_var="nvidia_container_toolkit_repo_key_fingerprint")]
     version = f"{ctx.var('nvidia_container_toolkit_version')}-"
     pkg_op = packages(f[Packages(*PACKAGES)], "nvidia_container_toolkit | packages",
                       dict.fromkeys(PACKAGES, version), hold=True)

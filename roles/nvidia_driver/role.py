@@ -21,7 +21,7 @@ from gpuk8s.facts.system import (
 from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_value
+from gpuk8s.variables import render_url
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
@@ -66,7 +66,7 @@ def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: An
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [OsRelease(), System(), PciDevices(), Nvidia(), GpuTopology(),
             KernelModules("nouveau"),
-            Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING),
+            Files("+" + BLACKLIST, CUDA_LIST, "+" + CUDA_KEYRING),
             Packages(*driver_package_names(vars)),
             Services("nvidia-fabricmanager")]
 
@@ -81,11 +81,15 @@ def driver_package_names(vars: Mapping[str, Any]) -> list[str]:
 def cuda_repo_op(ctx: HostContext, op_id: str) -> Op:
     """The NVIDIA CUDA apt repo (drivers, CUDA toolkit, Fabric Manager)."""
     os_ = ctx.facts[OsRelease()]
-    states = ctx.facts[Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING)]
-    context = {**ctx.vars, "nvidia_cuda_distro": cuda_distro(os_)}
+    states = ctx.facts[Files("+" + BLACKLIST, CUDA_LIST, "+" + CUDA_KEYRING)]
+    distro = cuda_distro(os_)
     return repo(states[CUDA_LIST], states[CUDA_KEYRING], op_id, name="cuda",
-                url=render_value(ctx.var("nvidia_cuda_repo_url"), context), suite="/",
-                components="", key_url=render_value(ctx.var("nvidia_cuda_repo_key_url"), context))
+                url=render_url(ctx.vars, "nvidia_cuda_repo_url", nvidia_cuda_distro=distro),
+                suite="/", components="",
+                key_url=render_url(ctx.vars, "nvidia_cuda_repo_key_url",
+                                   nvidia_cuda_distro=distro),
+                fingerprint=ctx.var("nvidia_cuda_repo_key_fingerprint"),
+                fingerprint_var="nvidia_cuda_repo_key_fingerprint")
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -103,7 +107,7 @@ def plan(ctx: HostContext) -> list[Op]:
     if preinstalled is not None:
         return preinstalled
     ops: list[Op] = []
-    states = f[Files("+" + BLACKLIST, CUDA_LIST, CUDA_KEYRING)]
+    states = f[Files("+" + BLACKLIST, CUDA_LIST, "+" + CUDA_KEYRING)]
     nouveau_loaded = bool(f[KernelModules("nouveau")].get("nouveau"))
     ops.append(files.content(states[BLACKLIST], "nvidia_driver | blacklist nouveau",
                              b"blacklist nouveau\noptions nouveau modeset=0\n",

@@ -24,6 +24,7 @@ from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, files, noop, q
 from gpuk8s.ops.apt import APT, packages
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import apt_conf_string, url_has_secret
 
 PORT = 3142
 CONF = "/etc/apt-cacher-ng/zz-gpuk8s.conf"
@@ -45,7 +46,7 @@ def config(vars: Mapping[str, Any]) -> bytes:
     """acng reads every *.conf of /etc/apt-cacher-ng in order; this one comes last."""
     lines = ["# managed by gpuk8s (package_cache): the cluster's apt cache",
              f"Port: {PORT}"]
-    if vars["apt_proxy"]:
+    if vars["apt_proxy"]:  # a URL without spaces or control characters (checked on load)
         lines.append(f"Proxy: {vars['apt_proxy']}")
     # log every transfer as it happens (bytes fetched from upstream are counted from this log)
     lines.append("UnbufferLogs: 1")
@@ -53,9 +54,16 @@ def config(vars: Mapping[str, Any]) -> bytes:
 
 
 def _through(op: Op, proxy: str) -> Op:
-    """The same apt op, fetching through ``proxy`` ("" = directly), whatever apt.conf.d says."""
-    opt = f"{APT} -o Acquire::http::Proxy={q(proxy)}"
-    return replace(op, commands=tuple(c.replace(APT, opt) for c in op.commands))
+    """The same apt op, fetching through ``proxy`` ("" = directly), whatever apt.conf.d says.
+    The setting travels in a 0600 scratch file (``apt-get -c``), never on argv, where every
+    user of the node could read a proxy password with ps."""
+    # apt's keyword for "no proxy at all"
+    conf = f"Acquire::http::Proxy {apt_conf_string(proxy or 'DIRECT', 'apt_proxy')};"
+    setup = (f"(c=$(mktemp) && trap 'rm -f \"$c\"' EXIT && printf '%s\\n' {q(conf)} "
+             '> "$c"\n')
+    return replace(op, commands=tuple(
+        setup + c.replace(APT, f'{APT} -c "$c"') + "\n)" if APT in c else c
+        for c in op.commands), secret=op.secret or url_has_secret(proxy))
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -64,8 +72,11 @@ def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     ops = [_through(packages(f[Packages(UNIT)], "package_cache | apt-cacher-ng",
                              {UNIT: ""}), ctx.var("apt_proxy"))]
+    secret = url_has_secret(ctx.var("apt_proxy"))  # then for apt-cacher-ng's eyes only
     ops.append(files.content(f[Files("+" + CONF)][CONF], "package_cache | config",
-                             config(ctx.vars), notify=("restart apt-cacher-ng",)))
+                             config(ctx.vars), notify=("restart apt-cacher-ng",),
+                             owner=UNIT if secret else "root", mode="0600" if secret else "0644",
+                             secret=secret))
     unit = f[Services(UNIT)][UNIT]
     if unit.active == "active" and unit.enabled == "enabled":
         ops.append(noop("package_cache | service", f"= {UNIT} running on port {PORT}"))

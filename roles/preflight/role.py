@@ -7,14 +7,17 @@ from typing import Any
 
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
-from gpuk8s.facts.system import KernelModules, OsRelease, PciDevices, System
+from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
 from gpuk8s.ops import Op
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import node_name_problem
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 
+#: checks whose failure makes a run unsafe, not just unwise: preflight_ignore cannot lift them
+NEVER_IGNORED = {"hostname"}
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
 
@@ -36,9 +39,20 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     errors: list[Problem] = []
     warnings: list[Problem] = []
     os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
-    if (os_id, os_ver) not in SUPPORTED_OS:
+    invalid = [k for k in OS_RELEASE_IDS if f"{k}_AS_FOUND" in os_]
+    if invalid:
+        errors.append(("os", "unsupported OS: /etc/os-release " + ", ".join(
+            f"{k}={os_[f'{k}_AS_FOUND']!r}" for k in invalid) + " is not an os-release "
+            "identifier (only a-z, 0-9, '.', '_' and '-')",
+            "use Ubuntu 22.04, Ubuntu 24.04 or Debian 12 with an unmodified /etc/os-release"))
+    elif (os_id, os_ver) not in SUPPORTED_OS:
         errors.append(("os", f"{os_.get('PRETTY_NAME', os_id + ' ' + os_ver)} is not supported",
                        "use Ubuntu 22.04, Ubuntu 24.04 or Debian 12"))
+    bad_name = node_name_problem(sysinfo.hostname.lower())
+    if bad_name:
+        errors.append(("hostname", f"hostname {sysinfo.hostname!r} cannot be a Kubernetes node "
+                       f"name: {bad_name}", "set a valid hostname on the node "
+                       "(hostnamectl set-hostname gpu-01); the kubelet registers under it"))
     if sysinfo.arch not in ("x86_64", "aarch64"):
         errors.append(("arch", f"architecture {sysinfo.arch} is not supported",
                        "use an x86_64 or aarch64 host"))
@@ -86,7 +100,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
-    ignore = set(ctx.var("preflight_ignore"))
+    ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
     warnings += [p for p in errors if p[0] in ignore]
     errors = [p for p in errors if p[0] not in ignore]
     return errors, warnings

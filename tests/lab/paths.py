@@ -18,6 +18,15 @@ REPO_PORT = 8081
 PROXY_URL = f"http://{HOST_IP}:{PROXY_PORT}"
 REPO_URL = f"http://{HOST_IP}:{REPO_PORT}"
 IPTABLES_COMMENT = "gk8s-lab"
+#: the lab repos' signing key (tests/lab/keys/, LAB ONLY), pinned by the lab inventory
+LAB_KEY_FINGERPRINT = "4DB64E86A138065762E9BAA291D795CA270F06CD"
+
+
+def key_pins() -> dict[str, str]:
+    """The inventory variables that pin every lab repo's key to the lab key."""
+    return {name: LAB_KEY_FINGERPRINT for name in (
+        "kubernetes_repo_key_fingerprint", "nvidia_cuda_repo_key_fingerprint",
+        "nvidia_container_toolkit_repo_key_fingerprint", "docker_repo_key_fingerprint")}
 
 
 def state_dir() -> Path:

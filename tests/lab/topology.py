@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from .paths import HOST_IP, REPO_URL, LabError, node_ip, state_dir
+from .paths import HOST_IP, REPO_URL, LabError, key_pins, node_ip, state_dir
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 
@@ -177,6 +177,8 @@ def inventory_vars(*, become_user: bool = False) -> dict[str, Any]:
             f"{REPO_URL}/nvidia.github.io/libnvidia-container/gpgkey",
         "docker_repo_url": docker,
         "docker_repo_key_url": docker + "/gpg",
+        # the lab's URLs are plain http: the lab key's fingerprint pins every repo
+        **key_pins(),
         "apt_proxy": f"http://{HOST_IP}:3142",
     })
     return v

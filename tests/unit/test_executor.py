@@ -213,7 +213,7 @@ def test_a_host_lost_during_the_fact_probe_is_named_as_such() -> None:
     from tests.unit.scenarios import default_vars
 
     session = SimpleNamespace(
-        host=lambda name: SimpleNamespace(vars=default_vars()),
+        host=lambda name: SimpleNamespace(vars=default_vars(), user="root"),
         transports={"lost": DroppingTransport("lost")},
         runlog=SimpleNamespace(mark=lambda what: None), facts={})
     with pytest.raises(PhaseFailed) as err:

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gpuk8s.gpucheck import check_script
+from gpuk8s.gpucheck import check_script, parse_check
 
 
 def test_script_is_valid_sh_and_carries_the_cuda_source() -> None:
@@ -39,3 +39,12 @@ def test_without_nvidia_smi_the_check_finds_no_gpu(tmp_path: Path) -> None:
         assert proc.returncode == 3, out
         assert lines == ["SMI-GPUS 0", "no CUDA compiler (nvcc) and no PyTorch with CUDA: "
                          "cannot run a computation"]
+
+
+def test_parse_check_reads_a_good_run_and_a_missing_gpu() -> None:
+    out = "SMI-GPUS 2\nRUNNER nvcc 12.8\nOK GPU 0 H100: ok\nOK GPU 1 H100: ok\n"
+    row = parse_check(out, 0, 2)
+    assert row["ok"] and row["nvidia_smi_gpus"] == 2 and row["runner"] == "nvcc 12.8"
+    assert row["error"] == "" and len(row["results"]) == 2
+    row = parse_check(out.replace("SMI-GPUS 2", "SMI-GPUS 1"), 0, 2)
+    assert not row["ok"] and row["nvidia_smi_gpus"] == 1 and "OK GPU 1" in row["error"]

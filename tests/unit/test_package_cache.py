@@ -65,10 +65,11 @@ def test_fresh_cache_host_installs_through_apt_proxy_then_configures_and_starts(
     assert [op.id for op in ops] == ["package_cache | apt-cacher-ng", "package_cache | config",
                                      "package_cache | service"]
     install = " ".join(ops[0].commands)
-    assert " install " in install and install.rstrip("; }").endswith("apt-cacher-ng")
+    assert " install " in install and install.rstrip("; }\n)").endswith("apt-cacher-ng")
     # the install ignores whatever proxy apt.conf.d names (it may be this very cache)
-    assert all(f"-o Acquire::http::Proxy={PROXY}" in c for c in ops[0].commands
-               if "apt-get" in c)
+    # through a 0600 scratch config (apt-get -c), never on argv where ps shows it
+    assert all(f"'Acquire::http::Proxy \"{PROXY}\";' > \"$c\"" in c and '-c "$c"' in c
+               and PROXY not in c.split("\n", 1)[1] for c in ops[0].commands if "apt-get" in c)
     assert ops[1].notify == ("restart apt-cacher-ng",)
     assert f"Proxy: {PROXY}\n" in (ops[1].diff or "") and "Port: 3142" in (ops[1].diff or "")
     assert "systemctl enable --now apt-cacher-ng" in ops[2].commands
@@ -81,7 +82,8 @@ def test_fresh_cache_host_installs_through_apt_proxy_then_configures_and_starts(
 def test_without_apt_proxy_the_cache_fetches_directly() -> None:
     vars = default_vars(package_cache=True)
     ops, _ = cache_plan(fresh_facts("debian12", 0, "cp-01", vars), vars)
-    assert all("-o Acquire::http::Proxy='' " in c for c in ops[0].commands if "apt-get" in c)
+    assert all("'Acquire::http::Proxy \"DIRECT\";'" in c for c in ops[0].commands
+               if "apt-get" in c)
     assert "Proxy:" not in (ops[1].diff or "")
 
 

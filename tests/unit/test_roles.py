@@ -82,7 +82,7 @@ def test_kubeadm_config_carries_feature_gates_and_cidrs() -> None:
                 if op["id"] == "control_plane | kubeadm config")
     assert "kind: InitConfiguration" in diff and "apiVersion: kubeadm.k8s.io/v1beta4" in diff
     assert "value: \"DynamicResourceAllocation=true\"" in diff
-    assert "  DynamicResourceAllocation: true" in diff
+    assert '  "DynamicResourceAllocation": true' in diff
     assert 'podSubnet: "10.244.0.0/16"' in diff and "cgroupDriver: systemd" in diff
 
 

@@ -1,0 +1,99 @@
+"""One helper per sink: every value from an inventory, a workload or a node passes through the
+helper of the place it lands in, and nowhere else is such a value formatted by hand.
+
+- :func:`shell`: a word in a POSIX shell command (quoted, never interpreted).
+- :func:`node_name` / :func:`node_arg`: a Kubernetes node name (validated as the DNS-1123
+  subdomain the kubelet requires anyway, then quoted; a name can never be an option).
+- :func:`manifest_scalar`: a scalar in a YAML manifest (emitted as JSON, which YAML reads as the
+  same scalar; a newline or ``---`` stays inside the string).
+- :func:`apt_conf_string`: a quoted string in an apt.conf file (apt has no escape for ``"``,
+  so a value that holds one, or any control character, is refused).
+
+Each validating helper raises :class:`UnsafeValue`, a :class:`Gpuk8sError` whose message names
+the value, the sink and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from gpuk8s.errors import Gpuk8sError
+
+#: RFC 1123 subdomain as Kubernetes checks node names (IsDNS1123Subdomain): at most 253
+#: characters of lower-case labels joined by dots.
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class UnsafeValue(Gpuk8sError):
+    """A value that cannot be used safely where it was going."""
+
+
+def shell(value: str) -> str:
+    """``value`` as one shell word."""
+    return shlex.quote(value)
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid Kubernetes node name, or None when it is."""
+    if not name:
+        return "it is empty"
+    if len(name) > 253:
+        return f"it is {len(name)} characters long (at most 253)"
+    if not _DNS1123_SUBDOMAIN.fullmatch(name):
+        return ("it is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit)")
+    return None
+
+
+def node_name(name: str) -> str:
+    """``name`` itself, once checked to be a valid Kubernetes node name."""
+    problem = node_name_problem(name)
+    if problem:
+        raise UnsafeValue(f"node name {name!r} is refused: {problem}; give the host a valid "
+                          "hostname (hostnamectl set-hostname gpu-01)")
+    return name
+
+
+def node_arg(name: str, prefix: str = "") -> str:
+    """A validated node name as one shell word, e.g. ``node_arg(n, "node/")``."""
+    return shell(prefix + node_name(name))
+
+
+def unix_user(name: str) -> str:
+    """``name`` itself, once checked to be a portable POSIX user name (useradd's rule)."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", name):
+        raise UnsafeValue(f"user name {name!r} is refused: a login name is lower-case letters, "
+                          "digits, '_' and '-', at most 32, not starting with a digit or '-'; "
+                          "fix ansible_user in the inventory")
+    return name
+
+
+def manifest_scalar(value: Any) -> str:
+    """A string, number, boolean or null as a YAML scalar (JSON syntax)."""
+    if not isinstance(value, (str, int, float, bool)) and value is not None:
+        raise UnsafeValue(f"{value!r} is not a scalar and cannot be written as one in a manifest")
+    return json.dumps(value)
+
+
+def apt_conf_string(value: str, what: str) -> str:
+    """``value`` as a double-quoted apt.conf string; ``what`` names it in the error."""
+    if '"' in value or _CONTROL.search(value):
+        raise UnsafeValue(f"{what} {value!r} cannot be written to apt.conf: it holds a double "
+                          "quote or a control character, which apt cannot escape; "
+                          "remove them (percent-encode them in a URL)")
+    return f'"{value}"'
+
+
+def url_has_secret(url: str) -> bool:
+    """Whether ``url`` carries a password (``http://user:pass@host``)."""
+    userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+    return ":" in userinfo
+
+
+def has_control(value: str) -> bool:
+    """Whether ``value`` holds a C0 or C1 control character (newline and tab included)."""
+    return bool(_CONTROL.search(value))
