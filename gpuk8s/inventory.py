@@ -41,6 +41,16 @@ from gpuk8s.variables import (
 
 BECOME_PASSWORD_ENV = "GPUK8S_BECOME_PASSWORD"
 
+#: The sudo password and its Ansible aliases: never accepted from --set (argv is public).
+_PASSWORD_KEYS = frozenset({"ansible_become_password", "ansible_become_pass",
+                            "ansible_sudo_pass"})
+
+
+def _has_line_break(password: str) -> bool:
+    """sudo -S reads a password up to the first line break; the rest would reach root's sh."""
+    return "\n" in password or "\r" in password
+
+
 CONTROL_PLANE = "control_plane"
 WORKERS = "workers"
 
@@ -1093,6 +1103,14 @@ class _Builder:
                     continue
                 items.append((key, value, True))
         for key, value, is_text in items:
+            if key in _PASSWORD_KEYS:  # the value is never shown, nor kept
+                self.problem(f"{key} cannot be given with --set: a password on the command line "
+                             "is visible to every user of this machine (ps) and stays in the "
+                             "shell history", line=None, path="--set",
+                             fix="put ansible_become_password in host_vars/<host>.yaml or "
+                             f"group_vars, export {BECOME_PASSWORD_ENV}, or pass "
+                             "--ask-become-pass to be prompted")
+                continue
             if is_text and not key.startswith("ansible_"):
                 value = parse_override_value(self.specs.get(key), value)
                 is_text = False
@@ -1280,6 +1298,10 @@ class _Builder:
             if not isinstance(value, str):
                 bad = ("ansible_become_password must be text (value not shown)",
                        "quote it, or leave it out and set GPUK8S_BECOME_PASSWORD")
+            elif _has_line_break(value):
+                bad = ("ansible_become_password contains a line break (value not shown): sudo "
+                       "reads a password only up to the first one",
+                       "write it on one line, in quotes (a YAML `|` block adds a newline)")
             else:
                 value = Secret(value)
         else:
@@ -1443,7 +1465,14 @@ class _Builder:
         become = conn.get("ansible_become", user != "root")
         password = conn.get("ansible_become_password")
         if password is None and become and self.env.get(BECOME_PASSWORD_ENV):
-            password = Secret(self.env[BECOME_PASSWORD_ENV])
+            if _has_line_break(self.env[BECOME_PASSWORD_ENV]):
+                self.problem(f"{BECOME_PASSWORD_ENV} contains a line break (value not shown): "
+                             "sudo reads a password only up to the first one", line=None,
+                             path="environment",
+                             fix=f'export {BECOME_PASSWORD_ENV}="..." with the password on one '
+                             "line")
+            else:
+                password = Secret(self.env[BECOME_PASSWORD_ENV])
         ssh = _Ssh()
         for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
             if conn.get(key):

@@ -398,3 +398,10 @@ def test_role_vars_carry_the_login_user() -> None:
     from gpuk8s.inventory import Host
     host = Host("cp-01", "10.0.0.10", user="ubuntu")
     assert api.role_vars(host)["ansible_user"] == "ubuntu"
+
+
+def test_url_passwords_are_redacted_wherever_they_appear() -> None:
+    from gpuk8s.transport import Redactor
+    text = 'Acquire::http::Proxy "http://user:s3cret@proxy.lan:3128"; see https://a.b/c'
+    assert Redactor()(text) == ('Acquire::http::Proxy "http://user:<redacted>@proxy.lan:3128"; '
+                                "see https://a.b/c")
