@@ -8,6 +8,12 @@ applied with ``kubectl apply --server-side`` on the first control plane, sent in
 the script (never on a command line). Deploy then waits for the workload's own readiness
 (Deployments available, Jobs complete, claims bound) and prints one table of its pods; a pod the
 scheduler cannot place is reported with the scheduler's FailedScheduling message.
+
+Values never add YAML: templates emit every value with ``| tojson`` (one JSON scalar, which YAML
+reads as the same value), control characters are refused in every value and key, and RULES check
+the values that name things (namespace, claim, NFS path, clients, options). The manifest is
+applied as cluster-admin, so render() also refuses any object whose kind the workload does not
+create (KINDS) and any namespaced object outside ``values.namespace``.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ from typing import Any
 import jinja2
 import yaml
 from rich.table import Table
+from rich.text import Text
 
 from gpuk8s.api import Session, open_session
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.inventory import load_inventory
-from gpuk8s.report import Reporter
+from gpuk8s.ops import q
+from gpuk8s.report import Reporter, untrusted
 from gpuk8s.roles import project_root
 from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
 
@@ -43,6 +51,43 @@ KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=20s
 #: namespaced kinds a workload may create (undeploy deletes these by label)
 NS_KINDS = "deployments,jobs,services,configmaps,secrets,persistentvolumeclaims"
 _SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+#: per workload, the (apiVersion, kind) of every object its templates legitimately render; any
+#: other object is refused before anything is applied (objects are applied as cluster-admin).
+#: Every namespaced kind here is one undeploy deletes (NS_KINDS, plus TFJobs for distributed-tf).
+KINDS: dict[str, frozenset[tuple[str, str]]] = {
+    "storage": frozenset({("v1", "PersistentVolume"), ("v1", "PersistentVolumeClaim")}),
+    # the Secret is the notebook token deploy adds (never a template)
+    "jupyter": frozenset({("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("v1", "Service"),
+                          ("v1", "Secret")}),
+    "tensorflow-job": frozenset({("v1", "ConfigMap"), ("batch/v1", "Job")}),
+    "distributed-tf": frozenset({("v1", "ConfigMap"), ("v1", "Service"), ("batch/v1", "Job"),
+                                 ("kubeflow.org/v1", "TFJob")}),
+    "tensorboard": frozenset({("apps/v1", "Deployment"), ("v1", "Service")}),
+    "eval": frozenset({("v1", "ConfigMap"), ("batch/v1", "Job")}),
+    "verify": frozenset({("batch/v1", "Job")}),
+}
+#: kinds in KINDS without a namespace; every other object must be in values.namespace
+CLUSTER_SCOPED = frozenset({"PersistentVolume"})
+#: control characters, and the characters YAML 1.1 also reads as line breaks (NEL, LS, PS)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+#: an NFS export path: absolute, made of plain path characters only (no whitespace, quotes,
+#: $, `, ;, |, &, parentheses, globs...), so it means the same in a shell, in /etc/exports and
+#: in exportfs -v ("/" only for an existing server's NFSv4 root; gpuk8s never exports it)
+_NFS_PATH = re.compile(r"/|(/[A-Za-z0-9._+-]+)+")
+#: one /etc/exports client: *, an IPv4 address (/prefix or /netmask), an IPv6 address
+#: (/prefix), an @netgroup, or a host name with * and ? wildcards
+_EXPORT_CLIENT = re.compile(
+    r"\*"
+    r"|[0-9]{1,3}(\.[0-9]{1,3}){3}(/[0-9]{1,2}|/[0-9]{1,3}(\.[0-9]{1,3}){3})?"
+    r"|[0-9A-Fa-f]{0,4}(:[0-9A-Fa-f]{0,4}){2,7}(/[0-9]{1,3})?"
+    r"|@[A-Za-z0-9_][A-Za-z0-9_.-]*"
+    r"|[A-Za-z0-9*?]([A-Za-z0-9*?.-]*[A-Za-z0-9*?])?")
+#: one export option: a word, optionally =value (anonuid=1000, sec=krb5p:sys, fsid=1)
+_EXPORT_OPTION = re.compile(r"[a-z][a-z_]*(=[A-Za-z0-9_.:/@+-]+)?")
+#: the uid/gid nfsd maps squashed requests to when the options do not say (nobody/nogroup)
+NFS_ANON_ID = 65534
 _TF_GPU = re.compile(r"PhysicalDevice\(name='/physical_device:GPU:(\d+)'")
 _SMI_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", re.M)
 
@@ -80,13 +125,14 @@ def defaults(name: str) -> dict[str, Any]:
 
 
 def _typed(path: str, default: Any, value: Any, origin: str) -> Any:
-    """Check an override against the default's type (YAML-typed, as Helm's --set)."""
+    """Check an override against the default's type (YAML-typed, as Helm's --set), then its
+    text: no control characters anywhere, and the checks of RULES for the keys it has."""
     def bad(what: str) -> WorkloadError:
         return WorkloadError(f"{origin}: {path} expects {what}, got {value!r}")
 
     if default is None or (value is None and isinstance(default, int)):
-        return value
-    if isinstance(default, bool):
+        pass
+    elif isinstance(default, bool):
         if not isinstance(value, bool):
             raise bad("true or false")
     elif isinstance(default, int):
@@ -94,7 +140,7 @@ def _typed(path: str, default: Any, value: Any, origin: str) -> Any:
             raise bad("an integer")
     elif isinstance(default, str):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+            value = str(value)
         if not isinstance(value, str):
             raise bad("a string")
     elif isinstance(default, list):
@@ -102,16 +148,120 @@ def _typed(path: str, default: Any, value: Any, origin: str) -> Any:
             raise bad("a list")
     elif isinstance(default, dict) and not isinstance(value, dict):
         raise bad("a mapping")
+    _check_text(path, value, origin)
+    rule = RULES.get(path)
+    if rule is not None and isinstance(value, str):
+        problem = rule(value)
+        if problem:
+            raise WorkloadError(f"{origin}: {path} {value!r} is refused: {problem}")
     return value
 
 
+def _check_text(path: str, value: Any, origin: str) -> None:
+    """Refuse a control character or line break in any string of ``value`` (keys included):
+    in a manifest it could end the YAML document and start new objects."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(f"{path}.{k}", k, origin)
+            _check_text(f"{path}.{k}", v, origin)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(f"{path}[{i}]", v, origin)
+    elif isinstance(value, str):
+        m = _CONTROL.search(value)
+        if m:
+            raise WorkloadError(
+                f"{origin}: {path} holds a newline or control character ({m.group()!r} at "
+                f"position {m.start()}) in {_shown(value)}; workload values must be single-line "
+                "text without control characters: remove it (put a multi-line script in "
+                "your image, or run it with command=[sh, -c, 'a; b'])")
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """``value`` escaped (repr), cut to about ``limit`` characters."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} " \
+        "characters)"
+
+
+def _namespace_problem(value: str) -> str | None:
+    if not _DNS1123_LABEL.fullmatch(value):
+        return ("a namespace must be a DNS-1123 label: at most 63 lower-case letters, digits "
+                "and '-', starting and ending with a letter or digit (e.g. ml or team-a)")
+    if value.startswith("kube-"):
+        return ("kube-* namespaces belong to Kubernetes itself; use a namespace of your own, "
+                "e.g. --set namespace=ml")
+    return None
+
+
+def _object_name_problem(value: str) -> str | None:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
+        return ("a Kubernetes object name must be a DNS-1123 subdomain: lower-case letters, "
+                "digits, '-' and '.', starting and ending with a letter or digit "
+                "(e.g. gpuk8s-shared)")
+    return None
+
+
+def _nfs_path_problem(value: str) -> str | None:
+    parts = value.split("/")[1:]
+    if not _NFS_PATH.fullmatch(value) or any(p in (".", "..") for p in parts):
+        return ("an NFS export path must be an absolute path of letters, digits and . _ + - "
+                "(no whitespace, quotes, shell characters, '.' or '..' parts, trailing "
+                "'/'), e.g. /srv/gpuk8s")
+    return None
+
+
+def _nfs_server_problem(value: str) -> str | None:
+    if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]*", value):
+        return 'nfs.server must be "" (export from the first control plane) or a host name ' \
+            "or IP address, e.g. 10.0.0.5 or nas.lab.example"
+    return None
+
+
+def export_clients_problem(value: str) -> str | None:
+    """Why ``value`` (space- or comma-separated) is not a list of /etc/exports clients."""
+    for client in re.split(r"[\s,]+", value.strip()) if value.strip() else []:
+        if not _EXPORT_CLIENT.fullmatch(client):
+            return (f"{client!r} is not an NFS client: give host names (* and ? wildcards "
+                    "allowed), IP addresses, CIDRs like 10.88.0.0/24 or @netgroups, "
+                    'separated by spaces or commas; "" = the cluster nodes\' addresses')
+    return None
+
+
+def _export_options_problem(value: str) -> str | None:
+    options = value.split(",")
+    if not all(_EXPORT_OPTION.fullmatch(o) for o in options):
+        return ("export options must be comma-separated words, each optionally =value, "
+                "e.g. rw,sync,no_subtree_check,root_squash")
+    for o in options:
+        key, _, arg = o.partition("=")
+        if key in ("anonuid", "anongid") and not arg.isdigit():
+            return f"{key} must be a number, e.g. {key}={NFS_ANON_ID}"
+    return None
+
+
+#: value checks by key, beyond the type: run on every --set / --values override (naming its
+#: origin) and on the merged values
+RULES: dict[str, Callable[[str], str | None]] = {
+    "namespace": _namespace_problem,
+    "storage.claimName": _object_name_problem,
+    "tokenSecret": _object_name_problem,
+    "storageClassName": lambda v: _object_name_problem(v) if v else None,
+    "nfs.server": _nfs_server_problem,
+    "nfs.path": _nfs_path_problem,
+    "nfs.exportClients": export_clients_problem,
+    "nfs.exportOptions": _export_options_problem,
+}
+
+
 def _assign(tree: dict[str, Any], base: Mapping[str, Any] | None, keys: Sequence[str],
-            value: Any, origin: str) -> None:
+            value: Any, origin: str, prefix: Sequence[str] = ()) -> None:
     """Set tree[k1][k2]... = value; keys must exist in the defaults unless the mapping they go
-    under is empty in the defaults (free-form, like nodeSelector)."""
+    under is empty in the defaults (free-form, like nodeSelector). ``prefix``: the keys of
+    ``tree`` itself (error messages and RULES use the full path)."""
     node, ref = tree, base
     for i, key in enumerate(keys):
-        path = ".".join(keys[: i + 1])
+        path = ".".join([*prefix, *keys[: i + 1]])
+        _check_text(path, key, origin)
         known = ref is None or not ref or key in ref
         if not known:
             assert ref is not None
@@ -122,16 +272,16 @@ def _assign(tree: dict[str, Any], base: Mapping[str, Any] | None, keys: Sequence
             if isinstance(value, dict) and isinstance(node.get(key), dict):
                 sub = default if isinstance(default, dict) else None
                 for k, v in value.items():
-                    _assign(node[key], sub, [str(k)], v, f"{origin} ({path})")
+                    _assign(node[key], sub, [str(k)], v, origin, path.split("."))
                 return
-            node[key] = _typed(path, default, value, origin) if ref else value
+            node[key] = _typed(path, default if ref else None, value, origin)
             return
         if key not in node:
             node[key] = {}
         if not isinstance(node[key], dict):
             raise WorkloadError(f"{origin}: {path} is {node[key]!r} "
                                 f"({type(node[key]).__name__}), not a mapping: cannot set "
-                                f"{'.'.join(keys)}")
+                                f"{'.'.join([*prefix, *keys])}")
         node = node[key]
         ref = default if isinstance(default, dict) else None
 
@@ -150,6 +300,20 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def check_values(values: Mapping[str, Any], origin: str = "values") -> None:
+    """RULES and the text check on merged values (the defaults included)."""
+    for path, rule in RULES.items():
+        node: Any = values
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if isinstance(node, str):
+            problem = rule(node)
+            if problem:
+                raise WorkloadError(f"{origin}: {path} {node!r} is refused: {problem}")
+    for key, value in values.items():
+        _check_text(str(key), value, origin)
+
+
 def load_values(name: str, values_files: Iterable[str | Path] = (),
                 sets: Iterable[str] = ()) -> dict[str, Any]:
     """Defaults, then each --values file, then each --set, checked against the defaults."""
@@ -161,7 +325,10 @@ def load_values(name: str, values_files: Iterable[str | Path] = (),
             _assign(values, base, [str(key)], value, f"values file {path}")
     for expr in sets:
         keys, value = parse_set(expr)
-        _assign(values, base, keys, value, f"--set {expr}")
+        # a control character is refused below; the message shows the value once, escaped
+        origin = f"--set {'.'.join(keys)}=..." if _CONTROL.search(expr) else f"--set {expr}"
+        _assign(values, base, keys, value, origin)
+    check_values(values, f"workload {name} values")
     return values
 
 
@@ -230,7 +397,39 @@ def render(name: str, values: Mapping[str, Any], **extra: Any) -> list[dict[str,
         docs += [stamp(_prune(d), name) for d in loaded]
     if not docs:
         raise WorkloadError(f"workload {name} rendered no objects")
+    check_objects(name, docs, values["namespace"])
     return docs
+
+
+def check_objects(name: str, docs: Sequence[Mapping[str, Any]], namespace: str) -> None:
+    """Refuse any object workload ``name`` does not legitimately create (KINDS), and any
+    namespaced object outside ``namespace``: the manifest is applied with admin.conf."""
+    problem = _namespace_problem(namespace)
+    if problem:
+        raise WorkloadError(f"workload {name}: namespace {namespace!r} is refused: {problem}")
+    allowed = KINDS.get(name, frozenset())
+    for doc in docs:
+        api, kind = doc.get("apiVersion"), doc.get("kind")
+        meta: Mapping[str, Any] = doc.get("metadata") or {}
+        what = f"{kind}/{meta.get('name')} ({api})"
+        if (api, kind) not in allowed:
+            kinds = ", ".join(f"{k} ({a})" for a, k in sorted(allowed, key=lambda x: x[1]))
+            raise WorkloadError(
+                f"workload {name}: refused to apply {what}: {name} only creates "
+                f"{kinds or 'nothing'}. A template or a value added this object: check "
+                f"templates/workloads/{name}/ and the values you passed")
+        if kind in CLUSTER_SCOPED:
+            ref = (doc.get("spec") or {}).get("claimRef") or {}
+            if ref and ref.get("namespace") != namespace:
+                raise WorkloadError(
+                    f"workload {name}: refused to apply {what}: it is reserved for a claim in "
+                    f"namespace {ref.get('namespace')!r}, not the workload's namespace "
+                    f"{namespace!r} (values.namespace)")
+        elif meta.get("namespace") != namespace:
+            raise WorkloadError(
+                f"workload {name}: refused to apply {what}: its namespace is "
+                f"{meta.get('namespace')!r}, not the workload's namespace {namespace!r}; every "
+                "object of a workload goes in values.namespace (--set namespace=NAME)")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -462,26 +661,70 @@ def wait(remote: Remote, namespace: str, selector: str, timeout: float,
 
 
 def pod_table(reporter: Reporter, title: str, result: WaitResult) -> None:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=reporter.cell(title), title_justify="left")
     for col in ("pod", "node", "phase", "GPUs", "detail"):
         table.add_column(col)
     for row in sorted(result.pods, key=lambda r: r.name):
         style = {"Running": "green", "Succeeded": "green", "Failed": "red"}.get(row.phase,
                                                                                "yellow")
-        table.add_row(row.name, row.node or "-", f"[{style}]{row.phase}[/{style}]",
-                      str(row.gpus), reporter.redact(row.detail))
+        table.add_row(reporter.cell(row.name), reporter.cell(row.node or "-"),
+                      reporter.cell(row.phase, style), str(row.gpus), reporter.cell(row.detail))
     reporter.console.print(table)
     for key, state in result.objects.items():
         reporter.print(f"  {key}: {state}")
 
 
 # -- storage (NFS) ------------------------------------------------------------------------------
-def nfs_server_script(values: Mapping[str, Any]) -> str:
-    """Idempotent: nfs-kernel-server installed, the export folder and /etc/exports.d entry
-    present, exportfs applied. Exit 3 with a message when the kernel has no NFS server."""
+def export_line(values: Mapping[str, Any], node_addresses: Sequence[str] = ()) -> str:
+    """The /etc/exports.d line: nfs.path to nfs.exportClients, or, when that is "" (the
+    default), to each cluster node's address, every client with nfs.exportOptions."""
     nfs = values["nfs"]
-    path = shlex.quote(nfs["path"])
-    line = f"{nfs['path']} {nfs['exportClients']}({nfs['exportOptions']})"
+    for key in ("path", "exportClients", "exportOptions"):
+        problem = RULES[f"nfs.{key}"](nfs[key])
+        if problem:
+            raise WorkloadError(f"nfs.{key} {nfs[key]!r} is refused: {problem}")
+    if nfs["path"] == "/":
+        raise WorkloadError("nfs.path '/' is refused for gpuk8s' own export (it would share "
+                            "the control plane's whole file system); use a folder of its own, "
+                            "e.g. --set nfs.path=/srv/gpuk8s")
+    clients = re.split(r"[\s,]+", nfs["exportClients"].strip())
+    if not nfs["exportClients"].strip():
+        clients = list(dict.fromkeys(node_addresses))
+        for address in clients:
+            if export_clients_problem(address):
+                raise WorkloadError(
+                    f"the NFS export goes to the cluster nodes' addresses by default, but "
+                    f"{address!r} (an inventory address) cannot be an /etc/exports client; "
+                    "name the clients yourself, e.g. --set nfs.exportClients=10.88.0.0/24")
+        if not clients:
+            raise WorkloadError("no node addresses to export the NFS volume to; name the "
+                                "clients, e.g. --set nfs.exportClients=10.88.0.0/24")
+    return " ".join([nfs["path"], *(f"{c}({nfs['exportOptions']})" for c in clients)])
+
+
+def _anon_ids(options: str) -> tuple[int, int]:
+    found = dict(o.partition("=")[::2] for o in options.split(","))
+    return (int(found.get("anonuid") or NFS_ANON_ID), int(found.get("anongid") or NFS_ANON_ID))
+
+
+def nfs_server_script(values: Mapping[str, Any], node_addresses: Sequence[str] = ()) -> str:
+    """Idempotent: nfs-kernel-server installed, the export folder and /etc/exports.d entry
+    present, exportfs applied. Exit 3 with a message when the kernel has no NFS server.
+
+    ``node_addresses``: the export's clients when nfs.exportClients is "" (the default)."""
+    nfs = values["nfs"]
+    line = export_line(values, node_addresses)
+    path = q(nfs["path"])
+    dirs = " ".join(f"{path}/{d}" for d in ("data", "checkpoints", "logs"))
+    # Who writes: the TensorFlow and Jupyter images run as root (uid 0), and with root_squash
+    # (the default) nfsd maps a pod's root to anonuid:anongid (65534 = nobody:nogroup unless
+    # nfs.exportOptions says otherwise). So the three folders belong to that uid:gid, mode
+    # 2770 (setgid: new entries keep the group): the pods' squashed root can write there,
+    # other users on the server cannot read or write, and nobody on a client is root on the
+    # share. A pod running as another uid needs that gid as a supplemental group. The export's
+    # top folder stays root's. (The lab mounts no NFS; its nodes' kernel has no nfsd.)
+    uid, gid = _anon_ids(nfs["exportOptions"])
+    missing = q(f"{nfs['path']} not in exportfs -v")
     return f"""set -e
 if ! grep -qw nfsd /proc/filesystems && ! modprobe nfsd 2>/dev/null; then
   echo "gpuk8s: this host's kernel has no NFS server (nfsd is neither in /proc/filesystems nor \
@@ -492,17 +735,22 @@ if ! dpkg-query -W -f '${{Status}}' nfs-kernel-server 2>/dev/null | grep -q 'ok 
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nfs-kernel-server
   echo "changed: installed nfs-kernel-server"
 fi
-mkdir -p {path}/data {path}/checkpoints {path}/logs
-chmod 0777 {path}/data {path}/checkpoints {path}/logs
+mkdir -p {dirs}
+for d in {dirs}; do
+  if [ "$(stat -c %u:%g:%a "$d")" != "{uid}:{gid}:2770" ]; then
+    chown {uid}:{gid} "$d" && chmod 2770 "$d"
+    echo "changed: $d owned by {uid}:{gid}, mode 2770"
+  fi
+done
 mkdir -p /etc/exports.d
-want={shlex.quote(line)}
+want={q(line)}
 if [ "$(cat /etc/exports.d/gpuk8s.exports 2>/dev/null)" != "$want" ]; then
   printf '%s\\n' "$want" > /etc/exports.d/gpuk8s.exports
   echo "changed: /etc/exports.d/gpuk8s.exports"
 fi
 systemctl enable --now nfs-server >/dev/null 2>&1 || systemctl enable --now nfs-kernel-server
 exportfs -ra
-exportfs -v | grep -q "^{nfs['path']}" || {{ echo "{nfs['path']} not in exportfs -v"; exit 4; }}
+exportfs -v | awk '{{print $1}}' | grep -qxF -- {path} || {{ echo {missing}; exit 4; }}
 """
 
 
@@ -519,7 +767,8 @@ def _setup_nfs(session: Session, values: Mapping[str, Any]) -> str:
     """Export from the first control plane, clients everywhere; return the server address."""
     cp = session.first_cp
     rep = session.reporter
-    result = Remote(session).run(nfs_server_script(values), timeout=600)
+    nodes = [session.host(h).address for h in dict.fromkeys([cp, *session.scope])]
+    result = Remote(session).run(nfs_server_script(values, nodes), timeout=600)
     if not result.ok:
         raise WorkloadError(f"{cp}: NFS export failed (exit {result.exit_code}):\n"
                             + session.redact(result.stdout.strip()[-800:]))
@@ -658,6 +907,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
             token, secret = _notebook_token(remote, values, found.get("token"))
             if secret:
                 docs.append(stamp(secret, name))
+        check_objects(name, docs, ns)
         selector = f"{LABEL}={name}"
         if any(d["kind"] in ("Job", "TFJob") for d in docs):
             # a Job's pod template is immutable: running it again means a new Job
@@ -715,7 +965,8 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
     if show_secret:
         # the one deliberate appearance of the token: on the terminal only, never in the run
         # folder (its logs and report.json go through the redactor)
-        console.print(f"  {name}: {url}?token={token}", markup=False, highlight=False)
+        console.print(untrusted(f"  {name}: {url}?token={token}"), markup=False,
+                      highlight=False)
         console.print("  (the token is shown this once; it is kept in the Secret "
                       f"{svc['metadata'].get('namespace')}/jupyter-token)", style="dim",
                       markup=False)
@@ -857,12 +1108,14 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
             table.add_column(col)
         for c in checks.values():
             models = sorted(set(c.smi))
-            table.add_row(c.node, str(c.expected),
+            table.add_row(rep.cell(c.node), str(c.expected),
                           "-" if c.allocatable is None else str(c.allocatable),
-                          f"{len(c.smi)}" + (f" ({', '.join(models)})" if models else ""),
+                          rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models
+                                                      else "")),
                           "-" if c.tf is None else str(c.tf),
-                          "[green]ok[/green]" if c.ok else
-                          f"[red]FAIL[/red] {rep.redact(c.problem or 'counts differ')}")
+                          Text("ok", style="green") if c.ok else
+                          Text.assemble(("FAIL", "red"), " ",
+                                        rep.cell(c.problem or "counts differ")))
         rep.console.print(table)
         summary = {"nodes": {c.node: {"expected": c.expected, "allocatable": c.allocatable,
                                       "nvidia_smi": len(c.smi), "models": c.smi,

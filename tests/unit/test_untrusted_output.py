@@ -175,3 +175,18 @@ def test_gpu_check_table_prints_node_text_literally() -> None:
                  "\\x1b[2J[/x] oops", "FAILED", "'SMI-GPUS x'"):
         assert text in out, text
     json.dumps(row)  # the row still goes to report.json as is
+
+
+def test_status_and_pod_tables_print_cluster_text_literally() -> None:
+    from gpuk8s.day2 import _print_status
+    from gpuk8s.workloads import PodRow, WaitResult, pod_table
+    rep, buf = _reporter()
+    _print_status(rep, [{"host": "gpu-01", "role": "worker", "state": "Ready",
+                         "kubelet": f"v1.36[/x]{CLEAR}", "containerd": "2.1[bold]",
+                         "driver": "580", "cuda": "", "gpus": 1, "gpu_model": "H100",
+                         "allocatable_gpu": 1, "drift": ""}], False)
+    pod_table(rep, "pods [/x]", WaitResult(True, [PodRow("p[/x]", "n", f"Fail[/x]{CLEAR}", 1,
+                                                          "[red]boom")], [], {}))
+    out = _clean(buf.getvalue())
+    assert "v1.36[/x]\\x1b[2J" in out and "2.1[bold]" in out
+    assert "pods [/x]" in out and "p[/x]" in out and "[red]boom" in out

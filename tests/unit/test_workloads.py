@@ -251,6 +251,11 @@ def test_values_precedence(tmp_path: Path) -> None:
     ("storage.enabled=maybe", "storage.enabled expects true or false"),
     ("service=3", "service expects a mapping"),
     ("a..b=1", "expected key.sub=value"),
+    ("namespace=kube-system", "namespace 'kube-system' is refused: kube-* namespaces"),
+    ("namespace=ML", "namespace 'ML' is refused: a namespace must be a DNS-1123 label"),
+    ("storage.claimName=my_claim", "storage.claimName 'my_claim' is refused: a Kubernetes "
+                                   "object name must be a DNS-1123 subdomain"),
+    ("tokenSecret=a/b", "tokenSecret 'a/b' is refused"),
 ])
 def test_bad_set_is_a_clear_error(expr: str, message: str) -> None:
     with pytest.raises(w.WorkloadError) as exc:
@@ -266,6 +271,10 @@ def test_bad_values_file(tmp_path: Path) -> None:
         w.load_values("jupyter", [bad])
     bad.write_text("servce: {type: ClusterIP}\n")
     with pytest.raises(w.WorkloadError, match=r"values file .*bad.yaml: unknown value 'servce'"):
+        w.load_values("jupyter", [bad])
+    bad.write_text("service: {nodeport: 30999}\n")   # nested keys are named in full
+    with pytest.raises(w.WorkloadError,
+                       match=r"values file .*bad.yaml: unknown value 'service.nodeport'"):
         w.load_values("jupyter", [bad])
     with pytest.raises(w.WorkloadError, match="cannot read values file"):
         w.load_values("jupyter", [tmp_path / "missing.yaml"])
