@@ -55,9 +55,14 @@ def user_kubeconfig(vars: Mapping[str, Any]) -> str:
     return ROOT_KUBECONFIG if user == "root" else f"/home/{user}/.kube/config"
 
 
+def _kubeconfig_files(vars: Mapping[str, Any]) -> Files:
+    user_conf = user_kubeconfig(vars)
+    return Files("+" + CONFIG, ADMIN_CONF, MARKER, ROOT_KUBECONFIG,
+                 *([user_conf] if user_conf != ROOT_KUBECONFIG else []))
+
+
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [Files("+" + CONFIG, ADMIN_CONF, MARKER, user_kubeconfig(vars)), Packages("kubeadm"),
-            Cluster()]
+    return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster()]
 
 
 def kubeadm_config(ctx: HostContext) -> bytes:
@@ -70,8 +75,7 @@ def kubeadm_config(ctx: HostContext) -> bytes:
 
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
-    user_conf = user_kubeconfig(ctx.vars)
-    states = f[Files("+" + CONFIG, ADMIN_CONF, MARKER, user_conf)]
+    states = f[_kubeconfig_files(ctx.vars)]
     ops: list[Op] = []
     config = kubeadm_config(ctx)
     initialised = states[ADMIN_CONF].exists
@@ -95,15 +99,17 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(change("control_plane | kubeadm init",
                           f"+ kubeadm init (endpoint {ctx.cluster['endpoint']})", *INIT,
                           timeout=900))
+    # root gets kubectl on the control plane, and so does the login user when it is not root
     user = unix_user(ctx.vars.get("ansible_user", "root"))
-    if initialised and states[user_conf].exists and \
-            states[user_conf].sha256 == states[ADMIN_CONF].sha256:
-        ops.append(noop("control_plane | admin kubeconfig", f"= {user_conf} is admin.conf"))
-    else:
-        ops.append(change("control_plane | admin kubeconfig",
-                          f"+ {user_conf} for {user} (0600)",
-                          f"install -D -m 0600 -o {q(user)} -g \"$(id -gn {q(user)})\" "
-                          f"{ADMIN_CONF} {q(user_conf)}"))
+    for who, path in {"root": ROOT_KUBECONFIG, user: user_kubeconfig(ctx.vars)}.items():
+        op_id = "control_plane | admin kubeconfig" + (f" for {who}" if who != "root" else "")
+        if initialised and states[path].exists and \
+                states[path].sha256 == states[ADMIN_CONF].sha256:
+            ops.append(noop(op_id, f"= {path} is admin.conf"))
+        else:
+            ops.append(change(op_id, f"+ {path} for {who} (0600)",
+                              f"install -D -m 0600 -o {q(who)} -g \"$(id -gn {q(who)})\" "
+                              f"{ADMIN_CONF} {q(path)}"))
     if ctx.var("control_plane_schedulable"):
         node = ctx.facts[Cluster()].nodes.get(ctx.cluster["nodes"][ctx.host]["name"])
         if node is None or any(t.startswith(CP_TAINT + ":") for t in node.taints):

@@ -385,10 +385,11 @@ def test_kubeadm_init_token_lives_join_token_ttl() -> None:
 def test_the_sudo_user_gets_the_admin_kubeconfig() -> None:
     vars = default_vars(ansible_user="ubuntu")
     facts = fresh_facts("debian12", 0, "node", vars)
-    op = next(o for o in _plan("control_plane", vars, facts)
-              if o.id == "control_plane | admin kubeconfig")
+    ops = {o.id: o for o in _plan("control_plane", vars, facts)}
+    op = ops["control_plane | admin kubeconfig for ubuntu"]
     assert op.reason == "+ /home/ubuntu/.kube/config for ubuntu (0600)"
     assert "install -D -m 0600 -o ubuntu" in op.commands[0]
+    assert ops["control_plane | admin kubeconfig"].reason == "+ /root/.kube/config for root (0600)"
     for bad in ("ubuntu;id", "Ubuntu", "-o", "a b"):
         with pytest.raises(UnsafeValue, match="user name"):
             unix_user(bad)
