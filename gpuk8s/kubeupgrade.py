@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -38,7 +37,7 @@ from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import APT, RESOLVE_HELPERS
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
-from gpuk8s.sinks import node_arg
+from gpuk8s.sinks import node_arg, shell
 from gpuk8s.transport import open_transport
 
 
@@ -86,7 +85,7 @@ def _resolve_and_install(names: Sequence[str], target: str) -> str:
     (refreshing the lists once), unhold, install, hold again; say what was installed."""
     first = names[0]
     want = " ".join(f'{n}="$v"' for n in names)
-    resolve = f"v=$(r {first} {shlex.quote(target + '-')})"
+    resolve = f"v=$(r {first} {shell(target + '-')})"
     return (
         f"set -e\n{RESOLVE_HELPERS}{resolve}\n"
         f'if [ -z "$v" ]; then {APT} update >/dev/null; {resolve}; fi\n'

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import socket
 import subprocess
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuk8s.errors import ConnectError, ConnectionLost
+from gpuk8s.sinks import shell
 
 #: Exceptions that mean "the network or sshd is not there (yet)": worth a retry.
 _RETRYABLE = (socket.timeout, TimeoutError, ConnectionError, OSError, EOFError)
@@ -365,8 +365,8 @@ class _HostKeyPolicy:
             f"HOST KEY CHANGED for {self.label}: the server presented a {key.get_name()} key "
             f"that does not match {', '.join(self.known.files)}. This may be an attack or a "
             "reinstalled host; if you reinstalled it, remove the old key with "
-            f"`ssh-keygen -R {shlex.quote(_known_name(self.host, self.port))} -f "
-            f"{shlex.quote(self.known.record_file)}` "
+            f"`ssh-keygen -R {shell(_known_name(self.host, self.port))} -f "
+            f"{shell(self.known.record_file)}` "
             "and connect again.")
 
     def missing_host_key(self, client: Any, name: str, key: Any) -> None:

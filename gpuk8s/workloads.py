@@ -22,7 +22,6 @@ import base64
 import json
 import re
 import secrets
-import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import q
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.roles import project_root
+from gpuk8s.sinks import shell
 from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
 
 WORKLOADS = ("storage", "jupyter", "tensorflow-job", "distributed-tf", "tensorboard", "eval")
@@ -569,8 +569,8 @@ def _cond(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
 def snapshot(remote: Remote, namespace: str, selector: str,
              unschedulable_since: dict[str, float], pending_grace: float) -> WaitResult:
     """One look at the workload's objects, pods and Warning events."""
-    ns = shlex.quote(namespace)
-    sel = shlex.quote(selector)
+    ns = shell(namespace)
+    sel = shell(selector)
     res = remote.probe({
         "objects": f"$k get deployments,jobs,persistentvolumeclaims,services,pods -n {ns} "
                    f"-l {sel} -o json",
@@ -802,16 +802,16 @@ def _prechecks(remote: Remote, name: str, values: Mapping[str, Any]) -> dict[str
     ns = values["namespace"]
     checks: dict[str, str] = {}
     if name != "storage" and values["storage"]["enabled"]:
-        claim = shlex.quote(values["storage"]["claimName"])
-        checks["pvc"] = (f"$k get persistentvolumeclaim {claim} -n {shlex.quote(ns)} "
+        claim = shell(values["storage"]["claimName"])
+        checks["pvc"] = (f"$k get persistentvolumeclaim {claim} -n {shell(ns)} "
                          "-o jsonpath='{.status.phase}'")
     if name == "storage" and values["storageClassName"]:
-        checks["sc"] = f"$k get storageclass {shlex.quote(values['storageClassName'])} -o name"
+        checks["sc"] = f"$k get storageclass {shell(values['storageClassName'])} -o name"
     if name == "distributed-tf" and values["tfjob"]:
         checks["crd"] = "$k get customresourcedefinition tfjobs.kubeflow.org -o name"
     if name == "jupyter":
-        checks["token"] = (f"$k get secret {shlex.quote(values['tokenSecret'])} -n "
-                           f"{shlex.quote(ns)} -o jsonpath='{{.data.token}}'")
+        checks["token"] = (f"$k get secret {shell(values['tokenSecret'])} -n "
+                           f"{shell(ns)} -o jsonpath='{{.data.token}}'")
     if not checks:
         return {}
     res = remote.probe(checks)
@@ -867,7 +867,7 @@ def _namespace_doc(namespace: str) -> dict[str, Any]:
 
 
 def _delete_script(namespace: str, selector: str, kinds: str, wait_s: int) -> str:
-    ns, sel = shlex.quote(namespace), shlex.quote(selector)
+    ns, sel = shell(namespace), shell(selector)
     return (f'k="{KUBECTL}"\n'
             f"$k delete {kinds} -n {ns} -l {sel} --ignore-not-found --wait=false\n"
             f"i=0; while [ $i -lt {wait_s} ]; do\n"
@@ -996,15 +996,15 @@ def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = 
             kinds += ",tfjobs.kubeflow.org" if has_crd else ""
         res = remote.run(_delete_script(ns, selector, kinds, timeout), timeout=timeout + 60)
         if name == "storage" and res.ok:
-            res = remote.run(f"{KUBECTL} delete persistentvolumes -l {shlex.quote(selector)} "
+            res = remote.run(f"{KUBECTL} delete persistentvolumes -l {shell(selector)} "
                              "--ignore-not-found", timeout=120)
         for line in res.stdout.splitlines():
             rep.print(f"  {line}", style="dim")
         if not res.ok:
             raise WorkloadError(f"undeploy {name} failed: "
                                 + session.redact(res.stdout.strip()[-500:]))
-        left = remote.probe({"left": f"$k get {kinds},pods -n {shlex.quote(ns)} -l "
-                                     f"{shlex.quote(selector)} -o name"})["left"][1].strip()
+        left = remote.probe({"left": f"$k get {kinds},pods -n {shell(ns)} -l "
+                                     f"{shell(selector)} -o name"})["left"][1].strip()
         if left:
             raise WorkloadError(f"undeploy {name}: still present: {left}")
         deleted = sum(1 for ln in res.stdout.splitlines() if ln.rstrip().endswith("deleted")
@@ -1081,7 +1081,7 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
             result = wait(remote, ns, f"{selector},gpuk8s.io/verify-stage={stage}",
                           float(values["timeout"]), pending_grace)
             pods = {p.labels.get("gpuk8s.io/verify-node", ""): p for p in result.pods}
-            logs = remote.probe({p.name: f"$k logs {shlex.quote(p.name)} -n {shlex.quote(ns)}"
+            logs = remote.probe({p.name: f"$k logs {shell(p.name)} -n {shell(ns)}"
                                  for p in result.pods if p.phase in ("Succeeded", "Failed")})
             for n in todo:
                 check, pod = checks[n["name"]], pods.get(n["name"])

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuk8s.facts import Fact
+from gpuk8s.sinks import shell
 
 # PCI ids of NVIDIA parts we name; anything else with vendor 0x10de is still a GPU by class.
 NVIDIA_MODELS: dict[str, str] = {
@@ -219,7 +220,7 @@ class Files(Fact[dict[str, FileState]]):
         lines = []
         for arg in self.args:
             path = arg.lstrip("+")
-            q = shlex.quote(path)
+            q = shell(path)
             lines.append(
                 f"if [ -e {q} ]; then echo \"F {path} $(stat -c '%a %U' {q}) "
                 f"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
@@ -283,7 +284,7 @@ class Packages(Fact[dict[str, PackageState]]):
     """Installed Debian packages among the args (absent ones missing), with hold state."""
 
     def command(self) -> str:
-        names = " ".join(shlex.quote(a) for a in self.args)
+        names = " ".join(shell(a) for a in self.args)
         return ("dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev} ${Status}\\n' "
                 f"{names} 2>/dev/null; true")
 
