@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import base, net, node
-from .paths import LabError, cache_dir, run, state_dir
+from .paths import LAB_KEY_FINGERPRINT, LabError, cache_dir, run, state_dir
 from .topology import NodeSpec, Topology, write_inventory
 
 T = TypeVar("T")
@@ -64,6 +64,11 @@ def sshd_ready(ip: str, timeout: float = 1.0) -> bool:
     except OSError:
         return False
 
+
+
+def snapshot_inputs() -> str:
+    """What a snapshot's nodes were built from: the base image and the lab signing key."""
+    return f"base {base.base_key()}\nlab-key {LAB_KEY_FINGERPRINT}\n"
 
 class Lab:
     """Booted Debian 12 system containers on one bridge, reachable over real SSH."""
@@ -408,9 +413,17 @@ class Lab:
     # ------------------------------------------------------------ snapshots
 
     def snapshot_dir(self, name: str) -> Path:
+        """Where snapshot ``name`` lives. A snapshot taken from other inputs (another base
+        image, another lab signing key: its nodes would trust the old key) is stale: it is
+        removed here, so callers see none and take a new one."""
         if not name or "/" in name or name.startswith("."):
             raise LabError(f"bad snapshot name {name!r}")
-        return self.state / "snapshots" / name
+        path = self.state / "snapshots" / name
+        stamp = path / "inputs"
+        if path.is_dir() and (not stamp.is_file() or stamp.read_text() != snapshot_inputs()):
+            print(f"lab: snapshot {name!r} was taken from other inputs: removed", flush=True)
+            shutil.rmtree(path)
+        return path
 
     def snapshot(self, name: str) -> Path:
         """Power the nodes off, copy every overlay upper dir, boot them again."""
@@ -430,6 +443,7 @@ class Lab:
             run(["cp", "-a", "--reflink=auto", node.upper_dir(s.name), tmp / "nodes" / s.name])
         (tmp / "topology.yaml").write_text(topo.to_yaml())
         (tmp / "base-key").write_text(base.base_key() + "\n")
+        (tmp / "inputs").write_text(snapshot_inputs())
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
