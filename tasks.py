@@ -107,12 +107,13 @@ def kubeconfig(c, inventory=INVENTORY):
 @task(help={"name": "workload: storage, jupyter, tensorflow-job, distributed-tf, tensorboard, "
                     "eval", "inventory": "inventory file",
             "values": "values file (repeatable)", "set": "key.sub=value (repeatable)",
-            "timeout": "seconds to wait for the workload's pods"},
+            "timeout": "seconds to wait for the workload's pods",
+            "render": "print the manifests deploy would apply; contact no host"},
       iterable=["values", "set"])
-def deploy(c, name, inventory=INVENTORY, values=None, set=None, timeout=600):
+def deploy(c, name, inventory=INVENTORY, values=None, set=None, timeout=600, render=False):
     """Deploy a workload (invoke deploy jupyter); waits for its pods and prints them."""
     _done(run("deploy", inventory=inventory, name=name, values_files=values or [],
-              sets=set or [], timeout=float(timeout)))
+              sets=set or [], timeout=float(timeout), render_only=render))
 
 
 @task(help={"name": "workload name", "inventory": "inventory file",

@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--set", action="append", default=[], dest="sets")
         if name == "deploy":
             p.add_argument("--timeout", type=float, default=600)
+            p.add_argument("--render", action="store_true", dest="render_only",
+                           help="print the manifests deploy would apply; contact no host")
     args = vars(parser.parse_args(argv))
     command = args.pop("command").replace("-", "_")
     return run(command, **args)

@@ -22,6 +22,7 @@ import base64
 import json
 import re
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -329,6 +330,14 @@ def load_values(name: str, values_files: Iterable[str | Path] = (),
         origin = f"--set {'.'.join(keys)}=..." if _CONTROL.search(expr) else f"--set {expr}"
         _assign(values, base, keys, value, origin)
     check_values(values, f"workload {name} values")
+    if name == "distributed-tf" and values.get("ps"):
+        raise WorkloadError(
+            f"distributed-tf: ps={values['ps']} is refused: parameter-server training "
+            "(ParameterServerStrategy) needs a ClusterCoordinator loop that Keras 3, the Keras "
+            "of TensorFlow 2.16 and later (the images run 2.21), no longer drives from "
+            "model.fit; gpuk8s trains synchronously with MultiWorkerMirroredStrategy instead. "
+            "Use --set workers=N (each worker gets gpusPerWorker GPUs), or run your own "
+            "image and script with --set image=... --set command=[...]")
     return values
 
 
@@ -876,13 +885,38 @@ def _delete_script(namespace: str, selector: str, kinds: str, wait_s: int) -> st
             f'echo "still present after {wait_s}s: $left"; exit 1\n')
 
 
+def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
+                     sets: Sequence[str] = ()) -> str:
+    """The manifests ``deploy`` would apply (after values files and --set), as YAML documents,
+    as ``helm template`` shows them. No host is contacted: the inventory is only read, for the
+    control plane's address that the storage workload's NFS volume names. Jupyter's token
+    Secret is made at deploy time and is not shown."""
+    values = load_values(name, values_files, sets)
+    extra: dict[str, Any] = {}
+    if name == "storage" and not values["nfs"]["server"] and not values["storageClassName"]:
+        inv = load_inventory(inventory)
+        cp = _control_plane(inventory)
+        extra["nfs_server"] = next(h.address for h in inv.control_planes if h.name == cp)
+    docs = render(name, values, **extra)
+    head = f"# gpuk8s deploy {name} --render: what deploy would apply (no host was contacted)\n"
+    if name == "jupyter":
+        head += "# (plus Secret jupyter-token, made at deploy time)\n"
+    return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs])
+
+
 def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
            sets: Sequence[str] = (), reporter: Reporter | None = None,
            timeout: float = 600, pending_grace: float = 20,
-           show_secret: bool | None = None,
+           show_secret: bool | None = None, render_only: bool = False,
            opener: Callable[[ConnectSpec, Redactor], Any] = open_transport) -> dict[str, Any]:
     """Render, apply and wait for one workload; print its pods; raise WorkloadError when it is
-    not ready (unschedulable pods are named with the scheduler's reason)."""
+    not ready (unschedulable pods are named with the scheduler's reason). With ``render_only``
+    (``--render``) print the manifests deploy would apply and contact no host."""
+    if render_only:
+        sys.stdout.write(render_manifests(inventory, name, values_files=values_files,
+                                          sets=sets))
+        sys.stdout.flush()
+        return {"workload": name, "rendered": True}
     values = load_values(name, values_files, sets)
     render(name, values)   # fail on a bad value before any host is contacted
     needs_all = name == "storage" and not values["nfs"]["server"] and \

@@ -30,8 +30,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
                                                  "command=[python3, /app/train.py]",
                                                  "extraEnv.WANDB_MODE=offline"]),
     "distributed-tf-default": ("distributed-tf", []),
-    "distributed-tf-ps": ("distributed-tf", ["workers=3", "ps=2"]),
-    "distributed-tf-tfjob": ("distributed-tf", ["tfjob=true", "ps=1"]),
+    "distributed-tf-three": ("distributed-tf", ["workers=3"]),
+    "distributed-tf-tfjob": ("distributed-tf", ["tfjob=true"]),
     "tensorboard-default": ("tensorboard", []),
     "eval-default": ("eval", []),
     "eval-cpu": ("eval", ["gpus=0", "run=exp7"]),
@@ -179,22 +179,24 @@ def test_distributed_tf_config_from_the_index() -> None:
     assert cfg == {"cluster": {"worker": [
         "distributed-tf-0.distributed-tf.ml.svc:2222",
         "distributed-tf-1.distributed-tf.ml.svc:2222"]}, "task": {"type": "worker", "index": 1}}
-    ps_job = _by_kind(rendered("distributed-tf-ps"), "Job")
-    assert ps_job["spec"]["completions"] == 6   # chief + 3 workers + 2 ps
-    assert ps_job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    three = _by_kind(rendered("distributed-tf-three"), "Job")
+    assert three["spec"]["completions"] == three["spec"]["parallelism"] == 3
     env = {e["name"]: e["value"] for e in
-           ps_job["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
-    assert _tf_config(env, 0)["task"] == {"type": "chief", "index": 0}
-    assert _tf_config(env, 3)["task"] == {"type": "worker", "index": 2}
-    cfg = _tf_config(env, 5)
-    assert cfg["task"] == {"type": "ps", "index": 1}
-    assert len(cfg["cluster"]["ps"]) == 2 and len(cfg["cluster"]["worker"]) == 3
+           three["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    cfg = _tf_config(env, 2)
+    assert cfg["task"] == {"type": "worker", "index": 2} and len(cfg["cluster"]["worker"]) == 3
+    assert "successPolicy" not in three["spec"]  # every worker must finish
     tfjob = _by_kind(rendered("distributed-tf-tfjob"), "TFJob")
     assert tfjob["apiVersion"] == "kubeflow.org/v1"
-    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Chief", "Worker", "PS"}
+    assert set(tfjob["spec"]["tfReplicaSpecs"]) == {"Worker"}
     assert tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
-    assert "limits" not in tfjob["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"][
-        "containers"][0]["resources"]
+
+
+@pytest.mark.parametrize("sets", [["ps=1"], ["ps=2", "workers=3"], ["tfjob=true", "ps=1"]])
+def test_parameter_servers_are_refused_before_anything_is_applied(sets: list[str]) -> None:
+    with pytest.raises(w.WorkloadError, match=r"ps=\d is refused: parameter-server training.*"
+                       r"MultiWorkerMirroredStrategy.*--set workers=N"):
+        w.load_values("distributed-tf", sets=sets)
 
 
 def test_verify_job_per_node() -> None:
