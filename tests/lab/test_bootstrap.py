@@ -22,6 +22,7 @@ from gpuk8s import api
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
+from tests.lab.runs import restore_fresh
 
 pytestmark = pytest.mark.lab
 
@@ -61,11 +62,7 @@ def kubectl_cp(lab: Lab, args: str) -> str:
 @pytest.fixture(scope="module")
 def fresh(lab: Lab) -> Lab:
     """The default lab, fresh; snapshotted once as "fresh" so later modules can go back."""
-    if (lab.snapshot_dir("fresh") / "topology.yaml").exists():
-        lab.restore("fresh")
-    else:
-        lab.snapshot("fresh")
-    return lab
+    return restore_fresh(lab)
 
 
 def test_plan_on_fresh_nodes_lists_changes_and_changes_nothing(fresh: Lab) -> None:

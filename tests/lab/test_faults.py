@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.lab.lab import Lab
-from tests.lab.runs import Bootstrap
+from tests.lab.runs import Bootstrap, restore_fresh
 from tests.lab.test_bootstrap import kubectl_cp
 
 pytestmark = pytest.mark.lab
@@ -33,10 +33,7 @@ HOLD_LOCK = ("nohup python3 -c 'import fcntl, os, time\n"
 
 @pytest.fixture(scope="module")
 def fresh(lab: Lab) -> Lab:
-    if not (lab.snapshot_dir("fresh") / "topology.yaml").exists():
-        lab.snapshot("fresh")
-    lab.restore("fresh")
-    return lab
+    return restore_fresh(lab)
 
 
 def hold_lock(lab: Lab, host: str) -> int:

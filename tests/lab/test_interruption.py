@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.lab import Lab
-from tests.lab.runs import Bootstrap, assert_converged_like_uninterrupted
+from tests.lab.runs import Bootstrap, assert_converged_like_uninterrupted, restore_fresh
 
 pytestmark = pytest.mark.lab
 
@@ -38,10 +38,7 @@ INTERRUPTED = "dpkg --audit; ls /var/lib/dpkg/updates | grep '^[0-9]'"
 
 @pytest.fixture
 def fresh(lab: Lab) -> Lab:
-    if not (lab.snapshot_dir("fresh") / "topology.yaml").exists():
-        lab.snapshot("fresh")  # the lab as booted: made by test_bootstrap, or here
-    lab.restore("fresh")
-    return lab
+    return restore_fresh(lab)  # the lab as booted: made by test_bootstrap, or here
 
 
 def kill_remote_dpkg(lab: Lab, host: str, run: Bootstrap, timeout: int = 300) -> str:
