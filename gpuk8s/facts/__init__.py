@@ -8,9 +8,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 from gpuk8s.errors import FactError
 
 T = TypeVar("T")
+#: a fact only produces its value (parse), so a Fact[dict] is a Fact[Mapping]
+T_co = TypeVar("T_co", covariant=True)
 
 
-class Fact(Generic[T]):
+class Fact(Generic[T_co]):
     """One piece of host state. Subclasses set ``command()`` and ``parse()``.
 
     A fact instance is also its own request: ``Files("/etc/a", "/etc/b")`` asks for those paths.
@@ -42,7 +44,7 @@ class Fact(Generic[T]):
     def command(self) -> str:
         raise NotImplementedError
 
-    def parse(self, output: str, exit_code: int) -> T:
+    def parse(self, output: str, exit_code: int) -> T_co:
         raise NotImplementedError
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpuk8s import day2
+from gpuk8s.day2.kubernetes import _resolve_and_install, check_inventory, parse_target
 from gpuk8s.errors import InventoryError
 from gpuk8s.inventory import load_inventory
-from gpuk8s.kubeupgrade import _resolve_and_install, check_inventory, parse_target
 
 LAB = Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml"
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuk8s import api
-from gpuk8s.day2 import CLEANUP
+from gpuk8s.day2.steps import CLEANUP
 from gpuk8s.errors import Gpuk8sError, PlanError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kube import ClusterState, NodeStatus

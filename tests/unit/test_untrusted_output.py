@@ -178,7 +178,7 @@ def test_gpu_check_table_prints_node_text_literally() -> None:
 
 
 def test_status_and_pod_tables_print_cluster_text_literally() -> None:
-    from gpuk8s.day2 import _print_status
+    from gpuk8s.day2.status import _print_status
     from gpuk8s.workloads import PodRow, WaitResult, pod_table
     rep, buf = _reporter()
     _print_status(rep, [{"host": "gpu-01", "role": "worker", "state": "Ready",

@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s import api
-from gpuk8s.day2 import (
+from gpuk8s.day2.steps import (
     Opener,
-    _confirm,
-    _drain,
-    _node_name,
-    _run,
-    _session,
+    ask_confirmation,
     chunks,
+    drain,
+    gathered_session,
+    node_name,
     run_batches,
+    run_step,
+    uncordon,
 )
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
@@ -110,7 +111,7 @@ def _wait_node(session: api.Session, node: str, target: str, gpus: int, timeout:
     if gpus:
         waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
                      f"={gpus} {ref} --timeout={timeout}s")
-    _run(session, cp, " && ".join(waits), f"verify {node}", timeout=3 * timeout + 60)
+    run_step(session, cp, " && ".join(waits), f"verify {node}", timeout=3 * timeout + 60)
 
 
 def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None = None,
@@ -123,12 +124,12 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
     kubernetes_version): control plane first, then workers ``serial`` at a time."""
     target = parse_target(version)
     # --limit: only those hosts are contacted, plus the control plane (as for bootstrap)
-    session = _session(inventory, limit, "upgrade", reporter=reporter, opener=opener)
+    session = gathered_session(inventory, limit, "upgrade", reporter=reporter, opener=opener)
     with closing(session):
         rep = session.reporter
         check_inventory(session, target)
         cp = session.first_cp
-        server = json.loads(_run(session, cp, f"{KUBECTL} version -o json",
+        server = json.loads(run_step(session, cp, f"{KUBECTL} version -o json",
                                  "cluster version"))["serverVersion"]["gitVersion"]
         if _patch(server) > _patch(target):
             raise Gpuk8sError(f"the cluster runs {server}, newer than {target}: kubeadm does "
@@ -162,7 +163,8 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         if not todo:
             rep.print("nothing to upgrade")
             return {"upgraded": [], "remaining": []}
-        _confirm(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes, confirm)
+        ask_confirmation(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes,
+                         confirm)
 
         batches = ([[cp]] if cp in todo else []) + chunks([h for h in todo if h != cp],
                                                            serial)
@@ -180,32 +182,32 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
 def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: str,
                    drain_timeout: int, verify_timeout: int) -> None:
     rep = session.reporter
-    names = {h: _node_name(session, h) for h in batch}
+    names = {h: node_name(session, h) for h in batch}
     for h in batch:
         rep.print(f"  [{h}] kubeadm {target}")
-        _run(session, h, _resolve_and_install(["kubeadm"], target), f"{h}: kubeadm {target}",
+        run_step(session, h, _resolve_and_install(["kubeadm"], target), f"{h}: kubeadm {target}",
              timeout=1800)
         if h == cp:
             rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
-            _run(session, h, f"kubeadm upgrade apply v{target} --yes",
+            run_step(session, h, f"kubeadm upgrade apply v{target} --yes",
                  f"kubeadm upgrade apply v{target}", timeout=900)
             # keep gpuk8s's copy of the kubeadm config in step with the cluster
             cfg = KUBEADM_CONFIG
-            _run(session, h, f"if [ -f {cfg} ]; then sed -i 's/^kubernetesVersion: .*/"
+            run_step(session, h, f"if [ -f {cfg} ]; then sed -i 's/^kubernetesVersion: .*/"
                  f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
         else:
             rep.print(f"  [{h}] kubeadm upgrade node")
-            _run(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)
+            run_step(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)
     for h in batch:
-        _drain(session, names[h], drain_timeout)
+        drain(session, names[h], drain_timeout)
     for h in batch:
         rep.print(f"  [{h}] kubelet, kubectl {target}; restart kubelet")
-        _run(session, h, _resolve_and_install(["kubelet", "kubectl"], target)
+        run_step(session, h, _resolve_and_install(["kubelet", "kubectl"], target)
              + "systemctl daemon-reload\nsystemctl restart kubelet\n",
              f"{h}: kubelet {target}", timeout=1800)
     for h in batch:
         gpus = int(session.cluster["nodes"][h]["gpus"] or 0)
         _wait_node(session, names[h], target, gpus, verify_timeout)
-        _run(session, cp, f"{KUBECTL} uncordon {node_arg(names[h])}", f"uncordon {names[h]}")
+        uncordon(session, names[h])
         rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus
                                                     else ""))

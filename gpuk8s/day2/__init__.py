@@ -1,0 +1,19 @@
+"""Day-2 commands from the same inventory as bootstrap: reprovision, add/remove a node, reset,
+status, upgrades (driver, Kubernetes) and kubeconfig. Each contacts only the hosts it names plus
+the first control plane, previews what it will do, and writes the same run folder and report as
+bootstrap.
+
+- steps: what they share (a session with facts, one logged script, drain/uncordon, batches)
+- nodes: reprovision, add_node, remove_node, reset
+- status: status, kubeconfig
+- upgrades: upgrade, upgrade_driver; kubernetes: upgrade_kubernetes
+"""
+
+from __future__ import annotations
+
+from gpuk8s.day2.nodes import add_node, remove_node, reprovision, reset
+from gpuk8s.day2.status import kubeconfig, status
+from gpuk8s.day2.upgrades import upgrade, upgrade_driver
+
+__all__ = ["add_node", "kubeconfig", "remove_node", "reprovision", "reset", "status",
+           "upgrade", "upgrade_driver"]

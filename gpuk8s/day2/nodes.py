@@ -1,0 +1,183 @@
+"""Reprovision one worker, add or remove one, reset the whole cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import api
+from gpuk8s.day2.steps import (
+    CLEANUP,
+    Opener,
+    ask_confirmation,
+    check_one_host,
+    drain,
+    gathered_session,
+    node_name,
+    run_step,
+)
+from gpuk8s.errors import Gpuk8sError, PhaseFailed
+from gpuk8s.executor import HostResult
+from gpuk8s.facts.kube import Cluster
+from gpuk8s.facts.system import Packages
+from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.report import Reporter
+from gpuk8s.sinks import node_arg
+from gpuk8s.transport import open_transport
+
+
+# -- reprovision ------------------------------------------------------------------------------
+def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = False,
+                full: bool = False, drain_timeout: int = 300, yes: bool = False,
+                sets: Sequence[str] = (), reporter: Reporter | None = None,
+                confirm: Callable[[str], bool] | None = None,
+                opener: Opener = open_transport) -> dict[str, Any]:
+    """Drain, delete, reset and rejoin one worker; only it and the control plane are contacted.
+
+    Args:
+        inventory: the inventory the cluster was bootstrapped with.
+        host: the worker to reprovision.
+        reinstall_driver: purge the NVIDIA driver packages so they are installed again.
+        full: purge the whole node stack (Kubernetes packages, containerd, NVIDIA).
+        drain_timeout: seconds for `kubectl drain`.
+        yes: do not ask.
+        sets: ``key=value`` overrides.
+        reporter: output.
+        confirm: asks the user (tests).
+        opener: transports (tests).
+    """
+    check_one_host(inventory, host)
+    session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
+                       opener=opener)
+    with closing(session):
+        rep = session.reporter
+        node = node_name(session, host)
+        steps = [f"drain {node} and delete its Node object", f"kubeadm reset on {host} and "
+                 "clean CNI config, kubelet state and cni/flannel links (iptables untouched)"]
+        purge: list[str] = []
+        if reinstall_driver or full:
+            installed = session.facts[host].get(Packages(*_driver_names(session, host))) or {}
+            purge += sorted(installed)
+        if full:
+            purge += ["kubeadm", "kubelet", "kubectl", "containerd.io",
+                      "nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                      "libnvidia-container-tools", "libnvidia-container1"]
+        if purge:
+            steps.append(f"purge {' '.join(purge)}")
+        steps.append("bootstrap it again: node stack, join with a fresh token, GPU checks")
+        rep.phase(f"reprovision {host}")
+        for step in steps:
+            rep.print(f"  + {step}")
+        ask_confirmation(f"reprovision {host}? [y/N] ", yes, confirm)
+        started = time.monotonic()
+        cluster = session.facts[session.first_cp][Cluster()]
+        if node in cluster.nodes:
+            drain(session, node, drain_timeout)
+            run_step(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
+                 f"delete node {node}")
+        run_step(session, host, CLEANUP, "kubeadm reset and cleanup")
+        if purge:
+            run_step(session, host, "apt-mark unhold " + " ".join(purge) + " >/dev/null 2>&1; "
+                 "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge --autoremove "
+                 + " ".join(purge),
+                 "purge packages", timeout=1800)
+        rep.print(f"  {host} reset; bootstrapping it again")
+        result = api.converge(session, yes=True)
+        result["wall_time"] = time.monotonic() - started
+        return result
+
+
+def _driver_names(session: api.Session, host: str) -> list[str]:
+    """The driver packages the nvidia_driver role asks about (the same fact request, so the
+    probe already answered it); their dependencies go with --autoremove."""
+    from gpuk8s.roles import load_role
+
+    module = load_role("nvidia_driver").module
+    names: list[str] = module.driver_package_names(session.host(host).vars)
+    return names
+
+
+# -- add / remove -----------------------------------------------------------------------------
+def add_node(inventory: str | Path, host: str, **kwargs: Any) -> dict[str, Any]:
+    """Give a new box the full node stack (GPU roles included) and join it; the other
+    workers are not contacted. Same as ``bootstrap --limit HOST``."""
+    check_one_host(inventory, host)
+    return api.bootstrap(inventory, limit=host, **kwargs)
+
+
+def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
+                yes: bool = False, reporter: Reporter | None = None,
+                confirm: Callable[[str], bool] | None = None,
+                opener: Opener = open_transport) -> dict[str, Any]:
+    """Drain and delete a worker's Node object, then reset the box. A dead box (unreachable)
+    only loses its Node object, with a note."""
+    check_one_host(inventory, host)
+    session = gathered_session(inventory, host, "remove-node", reporter=reporter, opener=opener,
+                       allow_unreachable=True)
+    with closing(session):
+        rep = session.reporter
+        dead = host in session.unreachable
+        node = node_name(session, host)
+        rep.phase(f"remove {host} (node {node})")
+        if dead:
+            rep.print(f"  ! {host} is unreachable ({session.unreachable[host]}): only its Node "
+                      "object is removed; reset the box by hand (kubeadm reset -f) before "
+                      "reusing it", style="magenta")
+        rep.print(f"  + {'delete' if dead else 'drain and delete'} node {node}")
+        if not dead:
+            rep.print(f"  + kubeadm reset on {host} and clean up")
+        ask_confirmation(f"remove {host}? [y/N] ", yes, confirm)
+        cluster = session.facts[session.first_cp][Cluster()]
+        if node in cluster.nodes:
+            if not dead:
+                drain(session, node, drain_timeout)
+            run_step(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
+                 f"delete node {node}")
+        else:
+            rep.print(f"  = node {node} is not in the cluster")
+        if not dead:
+            run_step(session, host, CLEANUP, "kubeadm reset and cleanup")
+        session.runlog.write_report(removed=host, dead=dead)
+        rep.print(f"removed {host}; remove it from the inventory (or mark it absent: true) so "
+                  "the next bootstrap does not add it back")
+        return {"removed": host, "dead": dead}
+
+
+# -- reset ------------------------------------------------------------------------------------
+def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None = None,
+          confirm: Callable[[str], bool] | None = None,
+          opener: Opener = open_transport) -> dict[str, Any]:
+    """The whole cluster back to its pre-bootstrap state (packages and drivers stay), behind
+    a typed confirmation (the control plane's name) or --yes."""
+    session = api.open_session(inventory, limit=None, sets=(), command="reset",
+                               reporter=reporter, opener=opener, allow_unreachable=True)
+    with closing(session):
+        rep = session.reporter
+        cp = session.first_cp
+        rep.phase("reset: kubeadm reset and cleanup on every node")
+        for host in session.scope:
+            rep.print(f"  - {host}")
+        for host, err in session.unreachable.items():
+            rep.print(f"  ! {host} unreachable, skipped: {err}", style="magenta")
+        ask_confirmation(f"this destroys the cluster; type the control plane's name ({cp}) to "
+                         "go on: ", yes, confirm, expected=cp)
+        workers = [h for h in session.scope if h != cp]
+        results = api.in_parallel(workers, lambda h: run_step(session, h, CLEANUP, "reset"))
+        failed = {h: HostResult(h, error=e if isinstance(e, Gpuk8sError) else
+                                Gpuk8sError(f"{h}: {e!r}"))
+                  for h, e in results.items() if isinstance(e, Exception)}
+        try:
+            run_step(session, cp, CLEANUP, "reset")
+        except Gpuk8sError as exc:
+            failed[cp] = HostResult(cp, error=exc)
+        artifacts = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
+        artifacts.unlink(missing_ok=True)
+        session.runlog.write_report(reset=sorted(session.scope))
+        if failed:
+            raise PhaseFailed("reset", failed)
+        rep.print(f"reset {len(session.scope)} node(s); `invoke bootstrap` builds the cluster "
+                  "again")
+        return {"reset": session.scope, "unreachable": sorted(session.unreachable)}

@@ -1,0 +1,112 @@
+"""What the cluster looks like (status, with drift) and the admin kubeconfig."""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import api
+from gpuk8s.day2.steps import Opener, gathered_session
+from gpuk8s.errors import Gpuk8sError
+from gpuk8s.facts.kube import Cluster, Containerd
+from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
+from gpuk8s.facts.system import Packages, PciDevices
+from gpuk8s.ops.kube import KUBE_PACKAGES
+from gpuk8s.playbook import PHASES
+from gpuk8s.report import Reporter
+from gpuk8s.transport import open_transport
+
+
+# -- status -----------------------------------------------------------------------------------
+def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter | None = None,
+           opener: Opener = open_transport) -> list[dict[str, Any]]:
+    """One row per host: role, Ready, versions, GPUs, allocatable nvidia.com/gpu and drift
+    (how many changes `plan` would make). Unreachable hosts are rows too."""
+    session = gathered_session(inventory, None, "status", reporter=reporter, opener=opener,
+                       allow_unreachable=True)
+    with closing(session):
+        cluster = session.facts[session.first_cp][Cluster()]
+        drift: dict[str, int] = {}
+        for phase in PHASES:
+            work = api.plan_phase(session, phase, api.phase_hosts(session, phase))
+            for planned_host, items in work.items():
+                n = sum(op.changes for rw in items for op in rw.ops)
+                drift[planned_host] = drift.get(planned_host, 0) + n
+        rows = []
+        for name, host in session.inventory.hosts.items():
+            row: dict[str, Any] = {"host": name, "role": "control-plane"
+                                   if host.is_control_plane else "worker"}
+            if host.absent:
+                rows.append({**row, "state": "absent"})
+                continue
+            if name in session.unreachable:
+                rows.append({**row, "state": "unreachable",
+                             "error": str(session.unreachable[name])})
+                continue
+            facts = session.facts[name]
+            node = session.cluster["nodes"][name]
+            kube = cluster.nodes.get(node["name"])
+            pkgs = facts.get(Packages(*KUBE_PACKAGES)) or {}
+            nv = facts[Nvidia()]
+            gpus = [d for d in facts[PciDevices()] if d.is_gpu]
+            rows.append({
+                **row, "node": node["name"],
+                "state": "Ready" if kube and kube.ready else ("NotReady" if kube else "not joined"),
+                "cordoned": bool(kube and kube.unschedulable),
+                "kubelet": pkgs["kubelet"].version.split("-")[0] if "kubelet" in pkgs else "",
+                "containerd": facts[Containerd()].version,
+                "driver": nv.loaded_version if nv.exit_code == 0 else
+                ("not loaded" if nv.smi_present else ""),
+                "cuda": ",".join(sorted(facts[CudaToolkits()].values())),
+                "gpus": len(gpus), "gpu_model": gpus[0].model if gpus else "",
+                "allocatable_gpu": kube.gpu_allocatable if kube else None,
+                "drift": drift.get(name, 0),
+            })
+        session.runlog.write_report(status=rows)
+        _print_status(session.reporter, rows, as_json)
+        return rows
+
+
+def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        rep.console.print(json.dumps(rows, indent=2), markup=False, highlight=False)
+        return
+    from rich.table import Table
+
+    table = Table(title="cluster status", title_justify="left")
+    cols = ("host", "role", "state", "kubelet", "containerd", "driver", "cuda", "gpus",
+            "alloc gpu", "drift")
+    for col in cols:
+        table.add_column(col)
+    for r in rows:
+        gpus = f"{r['gpus']} x {r['gpu_model']}" if r.get("gpus") else ("0" if "gpus" in r
+                                                                        else "")
+        alloc = r.get("allocatable_gpu")
+        state = r["state"] + (" (cordoned)" if r.get("cordoned") else "")
+        table.add_row(rep.cell(r["host"]), rep.cell(r["role"]), rep.cell(state),
+                      rep.cell(r.get("kubelet", "")), rep.cell(r.get("containerd", "")),
+                      rep.cell(r.get("driver", "")), rep.cell(r.get("cuda", "")),
+                      rep.cell(gpus), "" if alloc is None else str(alloc),
+                      str(r.get("drift", "")))
+    rep.console.print(table)
+
+
+# -- kubeconfig -------------------------------------------------------------------------------
+def kubeconfig(inventory: str | Path, *, reporter: Reporter | None = None,
+               opener: Opener = open_transport) -> Path:
+    """Fetch admin credentials to <inventory dir>/artifacts/admin.conf (0600)."""
+    from gpuk8s.inventory import load_inventory
+
+    cp = load_inventory(inventory).control_planes[0].name
+    session = api.open_session(inventory, limit=cp, sets=(), command="kubeconfig",
+                               reporter=reporter, opener=opener)
+    with closing(session):
+        path = api.fetch_admin_conf(session)
+        if path is None:
+            raise Gpuk8sError(f"{cp}: no /etc/kubernetes/admin.conf: the cluster is not "
+                              "initialised (run invoke bootstrap)")
+        session.reporter.print(f"admin kubeconfig: {path} (0600)\n"
+                               f"  export KUBECONFIG={path}")
+        return path

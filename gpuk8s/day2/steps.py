@@ -1,0 +1,160 @@
+"""Steps every day-2 command shares: a session with facts, one script run on a host (logged,
+redacted, CommandFailed on a non-zero exit), node names, drain and uncordon, confirmation, and
+upgrades batch by batch."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import api
+from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
+from gpuk8s.facts.kube import Cluster
+from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
+from gpuk8s.report import Reporter
+from gpuk8s.sinks import node_arg
+from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+
+Opener = Callable[[ConnectSpec, Redactor], Any]
+
+#: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
+#: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI.
+#: Users' kubeconfigs are found without following symlinks (find -P): a user's ~/.kube that
+#: points elsewhere never makes root delete a file outside /home/<user>/.kube/
+CLEANUP = f"""\
+if command -v kubeadm >/dev/null 2>&1; then
+  {KUBEADM_RESET}
+fi
+rm -rf /etc/cni/net.d/* /var/lib/cni /etc/kubernetes/gpuk8s /root/.kube/config
+find /home -mindepth 3 -maxdepth 3 -path '/home/*/.kube/config' -type f -delete
+for link in cni0 flannel.1 vxlan.calico tunl0; do
+  if ip link show "$link" >/dev/null 2>&1; then ip link delete "$link"; fi
+done
+if systemctl is-active --quiet containerd; then systemctl restart containerd; fi
+"""
+
+
+def run_step(session: api.Session, host: str, script: str, what: str, *,
+         timeout: float = 600) -> str:
+    """Run one script on a host; log it; raise CommandFailed on a non-zero exit."""
+    log = session.runlog.host_logger(host)
+    log(f"--> {what}")
+    result = session.transports[host].run("exec 2>&1\n" + script, timeout=timeout)
+    text = session.redact(result.stdout)
+    if text.strip():
+        log(text.rstrip())
+    if result.exit_code != 0:
+        raise CommandFailed(host, what, "", result.exit_code,
+                            "\n".join(text.rstrip().splitlines()[-15:]))
+    return result.stdout
+
+
+def node_name(session: api.Session, host: str) -> str:
+    """The Kubernetes node name of an inventory host: its hostname when reachable, else the
+    node whose InternalIP is the host's address, else the inventory name."""
+    facts = session.facts.get(host)
+    if facts is not None:
+        return str(session.cluster["nodes"][host]["name"])
+    cluster = session.facts[session.first_cp][Cluster()]
+    address = session.host(host).address
+    raw = run_step(session, session.first_cp, f"{KUBECTL} get nodes -o json", "list nodes")
+    for item in json.loads(raw).get("items", []):
+        for addr in item.get("status", {}).get("addresses", []):
+            if addr.get("address") == address:
+                return str(item["metadata"]["name"])
+    return host if host in cluster.nodes else host.lower()
+
+
+def drain(session: api.Session, node: str, timeout: int) -> None:
+    """Cordon and drain; on failure say which pods block (PodDisruptionBudgets...)."""
+    cp = session.first_cp
+    session.reporter.print(f"  [{cp}] drain {node} (timeout {timeout}s)")
+    try:
+        run_step(session, cp, f"{KUBECTL} drain {node_arg(node)} --ignore-daemonsets "
+             f"--delete-emptydir-data --timeout={timeout}s", f"drain {node}",
+             timeout=timeout + 60)
+    except CommandFailed as exc:
+        blocking = sorted(set(re.findall(r'evicting pods?/"?([\w.-]+)"?(?: -n "?([\w.-]+))?',
+                                         exc.stderr_tail)))
+        names = ", ".join(f"{ns or 'default'}/{pod}" for pod, ns in blocking)
+        raise Gpuk8sError(
+            f"{node}: drain did not finish in {timeout}s"
+            + (f"; blocked by {names}" if names else "") + f"\n{exc.stderr_tail}\n"
+            "  fix: relax the PodDisruptionBudget or move the pods, raise --drain-timeout, "
+            "or uncordon the node to give up") from None
+
+
+def uncordon(session: api.Session, node: str) -> None:
+    run_step(session, session.first_cp, f"{KUBECTL} uncordon {node_arg(node)}",
+             f"uncordon {node}")
+
+
+def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
+             sets: Sequence[str] = (), reporter: Reporter | None = None,
+             opener: Opener = open_transport, allow_unreachable: bool = False) -> api.Session:
+    session = api.open_session(inventory, limit=limit, sets=sets, command=command,
+                               reporter=reporter, opener=opener,
+                               allow_unreachable=allow_unreachable)
+    api.gather(session, list(session.transports))
+    api.cluster_values(session)
+    return session
+
+
+def check_one_host(inventory: str | Path, host: str) -> None:
+    from gpuk8s.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    if host not in inv.hosts:
+        raise InventoryError(f"unknown host {host!r}", path=str(inv.path),
+                             fix=f"known hosts: {', '.join(inv.hosts)}")
+    if inv.hosts[host].is_control_plane:
+        raise InventoryError(f"{host} is the control plane; this command works on workers",
+                             path=str(inv.path), fix="use `invoke reset` for the whole cluster")
+
+
+def ask_confirmation(question: str, yes: bool, confirm: Callable[[str], bool] | None,
+             expected: str | None = None) -> None:
+    if yes:
+        return
+    if confirm is not None:
+        ok = confirm(question)
+    else:
+        import sys
+
+        if not sys.stdin.isatty():
+            raise Gpuk8sError("refusing without confirmation: stdin is not a terminal; "
+                              "pass --yes")
+        answer = input(question).strip()
+        ok = answer == expected if expected else answer.lower() in ("y", "yes")
+    if not ok:
+        raise Gpuk8sError("aborted: nothing was changed")
+
+
+def chunks(hosts: Sequence[str], serial: int) -> list[list[str]]:
+    """``hosts`` in batches of ``serial`` (at least 1)."""
+    step = max(1, serial)
+    return [list(hosts[i:i + step]) for i in range(0, len(hosts), step)]
+
+
+def run_batches(todo: Sequence[str], batches: Sequence[Sequence[str]],
+                one_batch: Callable[[Sequence[str]], Reporter], *, to: str,
+                left: str) -> list[str]:
+    """Upgrade batch after batch (``one_batch`` returns the reporter it used). The first
+    failure stops the run with one error naming what was upgraded, what was not touched, and
+    the state the failed batch is ``left`` in. Returns the upgraded hosts, in order."""
+    done: list[str] = []
+    for batch in batches:
+        try:
+            rep = one_batch(batch)
+        except Gpuk8sError as exc:
+            remaining = [h for h in todo if h not in done and h not in batch]
+            raise Gpuk8sError(
+                f"upgrade stopped at {', '.join(batch)}: {exc}\n  upgraded: "
+                f"{', '.join(done) or 'none'}; untouched: {', '.join(remaining) or 'none'}"
+                f"; {', '.join(batch)} {left}") from None
+        done += batch
+        rep.print(f"  upgraded {', '.join(batch)} to {to}")
+    return done

@@ -1,0 +1,1 @@
+"""gpuk8s roles: one folder each (role.py, defaults.yaml, templates/)."""
