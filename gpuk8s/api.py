@@ -36,6 +36,7 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, HostRunner, RoleWork, run_phase
 from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.inventory import Host, Inventory, load_inventory
@@ -53,7 +54,6 @@ from gpuk8s.report import Reporter, RunLog
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.transport import ConnectSpec, Redactor, Transport, open_all, open_transport
 
-ADMIN_CONF = "/etc/kubernetes/admin.conf"
 _JOIN_RE = re.compile(r"kubeadm join (\S+) --token (\S+)\s+--discovery-token-ca-cert-hash (\S+)")
 
 

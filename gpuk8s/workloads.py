@@ -37,7 +37,7 @@ from rich.text import Text
 from gpuk8s.api import Session, open_session
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.executor import parallel as in_parallel
-from gpuk8s.facts.kube import parse_nodes
+from gpuk8s.facts.kube import ADMIN_CONF, parse_nodes
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import q
 from gpuk8s.report import Reporter, untrusted
@@ -48,7 +48,7 @@ from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transpor
 WORKLOADS = ("storage", "jupyter", "tensorflow-job", "distributed-tf", "tensorboard", "eval")
 LABEL = "gpuk8s.io/workload"
 MANAGED = "app.kubernetes.io/managed-by"
-KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=20s"
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=20s"
 #: namespaced kinds a workload may create (undeploy deletes these by label)
 NS_KINDS = "deployments,jobs,services,configmaps,secrets,persistentvolumeclaims"
 _SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")

@@ -10,7 +10,7 @@ from typing import Any
 from gpuk8s import api
 from gpuk8s.day2.steps import Opener, gathered_session
 from gpuk8s.errors import Gpuk8sError
-from gpuk8s.facts.kube import Cluster, Containerd
+from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
 from gpuk8s.ops.kube import KUBE_PACKAGES
@@ -105,7 +105,7 @@ def kubeconfig(inventory: str | Path, *, reporter: Reporter | None = None,
     with closing(session):
         path = api.fetch_admin_conf(session)
         if path is None:
-            raise Gpuk8sError(f"{cp}: no /etc/kubernetes/admin.conf: the cluster is not "
+            raise Gpuk8sError(f"{cp}: no {ADMIN_CONF}: the cluster is not "
                               "initialised (run invoke bootstrap)")
         session.reporter.print(f"admin kubeconfig: {path} (0600)\n"
                                f"  export KUBECONFIG={path}")

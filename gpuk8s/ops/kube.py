@@ -7,12 +7,11 @@ from typing import Any
 
 import yaml
 
-from gpuk8s.facts.kube import MANAGED_KINDS, ClusterState
+from gpuk8s.facts.kube import ADMIN_CONF, MANAGED_KINDS, ClusterState
 from gpuk8s.ops import Op, change, noop, q, sha256
 from gpuk8s.sinks import node_arg
 
-ADMIN = "/etc/kubernetes/admin.conf"
-KUBECTL = f"kubectl --kubeconfig {ADMIN}"
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF}"
 #: the Kubernetes packages gpuk8s installs and holds (the Packages fact's key: keep the order)
 KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
 #: gpuk8s's kubeadm InitConfiguration/ClusterConfiguration on the control plane
