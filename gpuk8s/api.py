@@ -41,7 +41,6 @@ from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.inventory import Host, Inventory, load_inventory
 from gpuk8s.ops import Op, q
-from gpuk8s.ops.apt import with_lock_timeout
 from gpuk8s.playbook import (
     ALL_ROLES,
     PHASES,
@@ -225,10 +224,8 @@ def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
         for name in phase.roles:
             role = load_role(name)
             ctx = context(session, host, name)
-            wait = int(ctx.vars.get("apt_lock_timeout", 300))
-            ops = [with_lock_timeout(op, wait) for op in role.plan(ctx)]
-            handlers = {k: with_lock_timeout(fn(ctx), wait)
-                        for k, fn in role.handlers().items()}
+            ops = role.plan(ctx)
+            handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
             items.append(RoleWork(name, tuple(ops), handlers))
         work[host] = items
     return work

@@ -16,6 +16,7 @@ import jinja2
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.ops import Op
+from gpuk8s.ops.apt import Apt
 
 
 def project_root() -> Path:
@@ -38,6 +39,11 @@ class HostContext:
 
     def var(self, name: str) -> Any:
         return self.vars[name]
+
+    @property
+    def apt(self) -> Apt:
+        """How this host's apt-get runs (its apt_lock_timeout)."""
+        return Apt(int(self.vars.get("apt_lock_timeout", 300)))
 
     def template(self, name: str, **extra: Any) -> bytes:
         """Render roles/<role>/templates/<name> (or templates/<name>) with vars + extra."""

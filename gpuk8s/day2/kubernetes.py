@@ -35,7 +35,7 @@ from gpuk8s.day2.steps import (
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
-from gpuk8s.ops.apt import APT, RESOLVE_HELPERS
+from gpuk8s.ops.apt import DEFAULT_APT, RESOLVE_HELPERS, Apt
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.sinks import node_arg, shell
@@ -81,19 +81,24 @@ def check_inventory(session: api.Session, target: str) -> None:
                 f'"{target}-1.1", then run the upgrade')
 
 
-def _resolve_and_install(names: Sequence[str], target: str) -> str:
+def _apt(session: api.Session, host: str) -> Apt:
+    return Apt(int(session.host(host).vars["apt_lock_timeout"]))
+
+
+def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_APT) -> str:
     """Script: find the newest package version of ``target`` with apt's resolver helper
-    (refreshing the lists once), unhold, install, hold again; say what was installed."""
+    (refreshing the lists once), unhold, install, hold again; say what was installed. apt
+    waits the host's apt_lock_timeout for the dpkg lock."""
     first = names[0]
     want = " ".join(f'{n}="$v"' for n in names)
     resolve = f"v=$(r {first} {shell(target + '-')})"
     return (
         f"set -e\n{RESOLVE_HELPERS}{resolve}\n"
-        f'if [ -z "$v" ]; then {APT} update >/dev/null; {resolve}; fi\n'
+        f'if [ -z "$v" ]; then {apt.cmd} update >/dev/null; {resolve}; fi\n'
         f'if [ -z "$v" ]; then echo "no {first} {target} in the configured repos; they offer:"; '
         f"apt-cache madison {first} | awk '{{print \"  \" $3}}' | head -n 5; exit 3; fi\n"
         f"apt-mark unhold {' '.join(names)} >/dev/null\n"
-        f"{APT} --allow-change-held-packages install {want}\n"
+        f"{apt.cmd} --allow-change-held-packages install {want}\n"
         f"apt-mark hold {' '.join(names)} >/dev/null\n"
         f'echo "installed {" ".join(names)} $v"\n')
 
@@ -130,7 +135,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         check_inventory(session, target)
         cp = session.first_cp
         server = json.loads(run_step(session, cp, f"{KUBECTL} version -o json",
-                                 "cluster version"))["serverVersion"]["gitVersion"]
+                                     "cluster version"))["serverVersion"]["gitVersion"]
         if _patch(server) > _patch(target):
             raise Gpuk8sError(f"the cluster runs {server}, newer than {target}: kubeadm does "
                               "not downgrade a control plane")
@@ -185,16 +190,16 @@ def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: 
     names = {h: node_name(session, h) for h in batch}
     for h in batch:
         rep.print(f"  [{h}] kubeadm {target}")
-        run_step(session, h, _resolve_and_install(["kubeadm"], target), f"{h}: kubeadm {target}",
-             timeout=1800)
+        run_step(session, h, _resolve_and_install(["kubeadm"], target, _apt(session, h)),
+                 f"{h}: kubeadm {target}", timeout=1800)
         if h == cp:
             rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
             run_step(session, h, f"kubeadm upgrade apply v{target} --yes",
-                 f"kubeadm upgrade apply v{target}", timeout=900)
+                     f"kubeadm upgrade apply v{target}", timeout=900)
             # keep gpuk8s's copy of the kubeadm config in step with the cluster
             cfg = KUBEADM_CONFIG
             run_step(session, h, f"if [ -f {cfg} ]; then sed -i 's/^kubernetesVersion: .*/"
-                 f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
+                     f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
         else:
             rep.print(f"  [{h}] kubeadm upgrade node")
             run_step(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)
@@ -202,9 +207,10 @@ def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: 
         drain(session, names[h], drain_timeout)
     for h in batch:
         rep.print(f"  [{h}] kubelet, kubectl {target}; restart kubelet")
-        run_step(session, h, _resolve_and_install(["kubelet", "kubectl"], target)
-             + "systemctl daemon-reload\nsystemctl restart kubelet\n",
-             f"{h}: kubelet {target}", timeout=1800)
+        run_step(session, h, _resolve_and_install(["kubelet", "kubectl"], target,
+                                                  _apt(session, h))
+                 + "systemctl daemon-reload\nsystemctl restart kubelet\n",
+                 f"{h}: kubelet {target}", timeout=1800)
     for h in batch:
         gpus = int(session.cluster["nodes"][h]["gpus"] or 0)
         _wait_node(session, names[h], target, gpus, verify_timeout)

@@ -51,7 +51,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
     """
     check_one_host(inventory, host)
     session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
-                       opener=opener)
+                               opener=opener)
     with closing(session):
         rep = session.reporter
         node = node_name(session, host)
@@ -77,13 +77,13 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         if node in cluster.nodes:
             drain(session, node, drain_timeout)
             run_step(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
-                 f"delete node {node}")
+                     f"delete node {node}")
         run_step(session, host, CLEANUP, "kubeadm reset and cleanup")
         if purge:
             run_step(session, host, "apt-mark unhold " + " ".join(purge) + " >/dev/null 2>&1; "
-                 "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge --autoremove "
-                 + " ".join(purge),
-                 "purge packages", timeout=1800)
+                     "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge --autoremove "
+                     + " ".join(purge),
+                     "purge packages", timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
         result = api.converge(session, yes=True)
         result["wall_time"] = time.monotonic() - started
@@ -116,7 +116,7 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
     only loses its Node object, with a note."""
     check_one_host(inventory, host)
     session = gathered_session(inventory, host, "remove-node", reporter=reporter, opener=opener,
-                       allow_unreachable=True)
+                               allow_unreachable=True)
     with closing(session):
         rep = session.reporter
         dead = host in session.unreachable
@@ -135,7 +135,7 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
             if not dead:
                 drain(session, node, drain_timeout)
             run_step(session, session.first_cp, f"{KUBECTL} delete node {node_arg(node)}",
-                 f"delete node {node}")
+                     f"delete node {node}")
         else:
             rep.print(f"  = node {node} is not in the cluster")
         if not dead:

@@ -25,7 +25,7 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
     """One row per host: role, Ready, versions, GPUs, allocatable nvidia.com/gpu and drift
     (how many changes `plan` would make). Unreachable hosts are rows too."""
     session = gathered_session(inventory, None, "status", reporter=reporter, opener=opener,
-                       allow_unreachable=True)
+                               allow_unreachable=True)
     with closing(session):
         cluster = session.facts[session.first_cp][Cluster()]
         drift: dict[str, int] = {}

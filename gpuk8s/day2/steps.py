@@ -38,7 +38,7 @@ if systemctl is-active --quiet containerd; then systemctl restart containerd; fi
 
 
 def run_step(session: api.Session, host: str, script: str, what: str, *,
-         timeout: float = 600) -> str:
+             timeout: float = 600) -> str:
     """Run one script on a host; log it; raise CommandFailed on a non-zero exit."""
     log = session.runlog.host_logger(host)
     log(f"--> {what}")
@@ -74,8 +74,8 @@ def drain(session: api.Session, node: str, timeout: int) -> None:
     session.reporter.print(f"  [{cp}] drain {node} (timeout {timeout}s)")
     try:
         run_step(session, cp, f"{KUBECTL} drain {node_arg(node)} --ignore-daemonsets "
-             f"--delete-emptydir-data --timeout={timeout}s", f"drain {node}",
-             timeout=timeout + 60)
+                 f"--delete-emptydir-data --timeout={timeout}s", f"drain {node}",
+                 timeout=timeout + 60)
     except CommandFailed as exc:
         blocking = sorted(set(re.findall(r'evicting pods?/"?([\w.-]+)"?(?: -n "?([\w.-]+))?',
                                          exc.stderr_tail)))
@@ -93,8 +93,10 @@ def uncordon(session: api.Session, node: str) -> None:
 
 
 def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
-             sets: Sequence[str] = (), reporter: Reporter | None = None,
-             opener: Opener = open_transport, allow_unreachable: bool = False) -> api.Session:
+                     sets: Sequence[str] = (), reporter: Reporter | None = None,
+                     opener: Opener = open_transport, allow_unreachable: bool = False
+                     ) -> api.Session:
+    """A session on ``limit`` (None: every host) with facts gathered and cluster values set."""
     session = api.open_session(inventory, limit=limit, sets=sets, command=command,
                                reporter=reporter, opener=opener,
                                allow_unreachable=allow_unreachable)
@@ -116,7 +118,7 @@ def check_one_host(inventory: str | Path, host: str) -> None:
 
 
 def ask_confirmation(question: str, yes: bool, confirm: Callable[[str], bool] | None,
-             expected: str | None = None) -> None:
+                     expected: str | None = None) -> None:
     if yes:
         return
     if confirm is not None:

@@ -76,7 +76,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
 
     def one_batch(batch: Sequence[str]) -> Reporter:
         session = gathered_session(inventory, ",".join(batch), "upgrade", reporter=reporter,
-                           opener=opener, sets=[f"nvidia_driver_version={driver}"])
+                                   opener=opener, sets=[f"nvidia_driver_version={driver}"])
         with closing(session):
             names = [node_name(session, h) for h in batch]
             for node in names:

@@ -3,26 +3,41 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, sha256, write_file
 
-APT = ("DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 "
-       "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
-#: the default lock wait as ops are built; with_lock_timeout() puts the host's apt_lock_timeout
-_LOCK_RE = re.compile(r"(DPkg::Lock::Timeout=|apt_lock_timeout=)300\b")
+
+@dataclass(frozen=True)
+class Apt:
+    """How apt-get runs in an op: how long it waits for the dpkg lock (apt_lock_timeout), and
+    apt.conf settings for this run only (``conf``: they travel in a 0600 scratch file read with
+    ``apt-get -c``, never on argv, where any user of the node could read them with ps)."""
+
+    lock_timeout: int = 300
+    conf: str = ""
+
+    @property
+    def cmd(self) -> str:
+        """The apt-get command line prefix (noninteractive, keep changed config files)."""
+        extra = ' -c "$c"' if self.conf else ""
+        return ("DEBIAN_FRONTEND=noninteractive apt-get -q -y "
+                f"-o DPkg::Lock::Timeout={int(self.lock_timeout)}{extra} "
+                "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+
+    def script(self, body: str) -> str:
+        """``body`` (which uses :attr:`get`) with the scratch config around it, if any."""
+        if not self.conf:
+            return body
+        return (f"(c=$(mktemp) && trap 'rm -f \"$c\"' EXIT && printf '%s\\n' {q(self.conf)} "
+                f'> "$c"\n{body}\n)')
 
 
-def with_lock_timeout(op: Op, seconds: int) -> Op:
-    """``op`` with apt waiting ``seconds`` (apt_lock_timeout) for the dpkg lock."""
-    if seconds == 300 or not any("apt_lock_timeout=300" in c or "Lock::Timeout=300" in c
-                                 for c in op.commands):
-        return op
-    return replace(op, commands=tuple(_LOCK_RE.sub(lambda m: f"{m[1]}{seconds}", c)
-                                      for c in op.commands))
+#: apt-get with the default lock wait and no extra settings
+DEFAULT_APT = Apt()
+APT = DEFAULT_APT.cmd
 
 
 def source_line(url: str, suite: str, components: str, keyring: str) -> str:
@@ -104,7 +119,7 @@ def _fetch_key(key_url: str, keyring: str, fingerprint: str, variable: str) -> s
 
 def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, url: str,
          suite: str, components: str, key_url: str, fingerprint: str = "",
-         fingerprint_var: str = "") -> Op:
+         fingerprint_var: str = "", apt: Apt = DEFAULT_APT) -> Op:
     """Ensure the apt source ``name`` with its signing key, and refresh its package index.
 
     ``fingerprint`` (from ``fingerprint_var``) pins the key: a fetched key with another
@@ -128,14 +143,15 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     if key_state.exists and not key_ok:
         held = ", ".join(h[-16:] for h in have or []) or "no key"
         reason += f" (the keyring holds {held}, not the pinned {want[-16:]}: fetch it again)"
-    update = (f"{APT} update -o Dir::Etc::sourcelist={q(list_state.path)} "
-              "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")
+    update = apt.script(f"{apt.cmd} update -o Dir::Etc::sourcelist={q(list_state.path)} "
+                        "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")
     return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
                   write_file(list_state.path, data), update)
 
 
 def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[str, str], *,
-             hold: bool = False, update_first: bool = False, pin_deps: bool = False) -> Op:
+             hold: bool = False, update_first: bool = False, pin_deps: bool = False,
+             apt: Apt = DEFAULT_APT) -> Op:
     """Ensure packages are installed at versions matching their prefix ("" = any), held
     if ``hold``. A prefix ("1.36.", "580.159.04") picks the newest matching version at apply
     time; downgrades are allowed, since the inventory is the truth. ``pin_deps`` also pins
@@ -156,8 +172,8 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
     commands: list[str] = []
     if missing:
         if update_first:
-            commands.append(f"{APT} update")
-        commands.append(_install_script(missing, pin_deps))
+            commands.append(apt.script(f"{apt.cmd} update"))
+        commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
         commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
@@ -174,7 +190,7 @@ RESOLVE_HELPERS = (
     "sed -n \"s/^ *\\([^ (]*\\) (= $2).*/\\1=$2/p\"; }\n")
 
 
-def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
+def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str:
     """Resolve version prefixes on the host (refreshing stale package lists once), then one
     apt-get install of everything."""
     lines = [RESOLVE_HELPERS]
@@ -183,7 +199,7 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
     if pinned:
         resolve = "; ".join(f"{var[n]}=$(r {q(n)} {q(p)})" for n, p in pinned.items())
         empty = " || ".join(f'[ -z "${var[n]}" ]' for n in pinned)
-        lines.append(f"{resolve}\nif {empty}; then {APT} update >/dev/null; {resolve}; fi")
+        lines.append(f"{resolve}\nif {empty}; then {apt.cmd} update >/dev/null; {resolve}; fi")
         for n, p in pinned.items():
             lines.append(f'[ -n "${var[n]}" ] || {{ echo "no {n} version matching '
                          f'\\"{p}\\" in the configured apt sources" >&2; exit 100; }}')
@@ -195,7 +211,8 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
                 specs.append(f"$(d {q(name)} \"${var[name]}\")")
         else:
             specs.append(q(name))
-    install = f"{APT} install --allow-change-held-packages --allow-downgrades " + " ".join(specs)
+    install = (f"{apt.cmd} install --allow-change-held-packages --allow-downgrades "
+               + " ".join(specs))
     # stale or missing package lists (a fresh box): refresh them once and try again; but a
     # dpkg lock still held after apt_lock_timeout is one clear error naming its holder
     lines.append(
@@ -203,9 +220,10 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool) -> str:
         'if [ $rc -ne 0 ] && grep -q "frontend lock\\|Could not get lock" "$o"; then\n'
         "  h=$(sed -n 's/.*held by process \\([0-9]* ([^)]*)\\).*/\\1/p' \"$o\" | tail -n 1)\n"
         '  rm -f "$o"; echo "gpuk8s: error: the dpkg lock was still held after '
-        'apt_lock_timeout=300 s, by process ${h:-(unknown: it has exited since)}; let it '
+        f'apt_lock_timeout={int(apt.lock_timeout)} s, by process '
+        '${h:-(unknown: it has exited since)}; let it '
         'finish (unattended-upgrades?) or raise apt_lock_timeout, then run again"; exit 100\n'
         'fi; rm -f "$o"\n'
         f"[ $rc -eq 0 ] || {{ echo 'gpuk8s: apt-get update, then retry'; "
-        f"{APT} update && {install}; }}")
+        f"{apt.cmd} update && {install}; }}")
     return "\n".join(lines)

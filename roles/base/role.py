@@ -57,7 +57,7 @@ def plan(ctx: HostContext) -> list[Op]:
     elif file_states[PROXY_FILE].exists:
         ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))
     ops.append(packages(f[Packages(*BASE_PACKAGES)], "base | packages",
-                        dict.fromkeys(BASE_PACKAGES, ""), update_first=True))
+                        dict.fromkeys(BASE_PACKAGES, ""), update_first=True, apt=ctx.apt))
     if sysinfo.swap_active or sysinfo.swap_fstab:
         cmds = []
         if sysinfo.swap_active:

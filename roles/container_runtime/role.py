@@ -43,12 +43,12 @@ def plan(ctx: HostContext) -> list[Op]:
                 suite=os_.get("VERSION_CODENAME", ""), components="stable",
                 key_url=render_url(ctx.vars, "docker_repo_key_url", os_id=os_id),
                 fingerprint=ctx.var("docker_repo_key_fingerprint"),
-                fingerprint_var="docker_repo_key_fingerprint")]
+                fingerprint_var="docker_repo_key_fingerprint", apt=ctx.apt)]
     wanted = {"containerd.io": ctx.var("containerd_version")}
     if ctx.var("container_runtime") == "docker":
         wanted |= {"docker-ce": "", "docker-ce-cli": ""}
     ops.append(packages(f[Packages(*PACKAGES)], "container_runtime | packages", wanted,
-                        hold=True))
+                        hold=True, apt=ctx.apt))
     config = ctx.template("config.toml.j2", sandbox_image=sandbox_image(ctx.vars))
     ops.append(files.content(states[CONFIG], "container_runtime | config.toml", config,
                              notify=("restart containerd",)))

@@ -37,6 +37,6 @@ def plan(ctx: HostContext) -> list[Op]:
         return [noop("cuda | toolkit", f"= CUDA {present[version]} is present (not installed "
                      "with apt): left as it is")]
     ops.append(packages(ctx.facts[Packages(name)], "cuda | toolkit",
-                        {name: f"{ctx.var('cuda_version')}."}))
+                        {name: f"{ctx.var('cuda_version')}."}, apt=ctx.apt))
     return ops
 

@@ -34,10 +34,10 @@ def plan(ctx: HostContext) -> list[Op]:
                 suite="/", components="",
                 key_url=render_url(ctx.vars, "kubernetes_repo_key_url"),
                 fingerprint=ctx.var("kubernetes_repo_key_fingerprint"),
-                fingerprint_var="kubernetes_repo_key_fingerprint")]
+                fingerprint_var="kubernetes_repo_key_fingerprint", apt=ctx.apt)]
     prefix = version_prefix(ctx.vars)
     ops.append(packages(f[Packages(*PACKAGES)], "kubernetes | packages",
-                        dict.fromkeys(PACKAGES, prefix), hold=True))
+                        dict.fromkeys(PACKAGES, prefix), hold=True, apt=ctx.apt))
     kubelet = f[Services("kubelet")]["kubelet"]
     if kubelet.enabled != "enabled":
         ops.append(change("kubernetes | kubelet enabled", "+ enable kubelet (it waits for "

@@ -36,10 +36,12 @@ def plan(ctx: HostContext) -> list[Op]:
                 suite="/", components="",
                 key_url=render_url(ctx.vars, "nvidia_container_toolkit_repo_key_url"),
                 fingerprint=ctx.var("nvidia_container_toolkit_repo_key_fingerprint"),
-                fingerprint_var="nvidia_container_toolkit_repo_key_fingerprint")]
+                fingerprint_var="nvidia_container_toolkit_repo_key_fingerprint",
+                apt=ctx.apt)]
     version = f"{ctx.var('nvidia_container_toolkit_version')}-"
     pkg_op = packages(f[Packages(*PACKAGES)], "nvidia_container_toolkit | packages",
-                      dict.fromkeys(PACKAGES, version), hold=True)
+                      dict.fromkeys(PACKAGES, version), hold=True,
+                      apt=ctx.apt)
     ops.append(pkg_op)
     containerd = f[Containerd()]
     default = bool(ctx.var("nvidia_container_runtime_default"))

@@ -89,7 +89,7 @@ def cuda_repo_op(ctx: HostContext, op_id: str) -> Op:
                 key_url=render_url(ctx.vars, "nvidia_cuda_repo_key_url",
                                    nvidia_cuda_distro=distro),
                 fingerprint=ctx.var("nvidia_cuda_repo_key_fingerprint"),
-                fingerprint_var="nvidia_cuda_repo_key_fingerprint")
+                fingerprint_var="nvidia_cuda_repo_key_fingerprint", apt=ctx.apt)
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -117,7 +117,8 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
     wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
     pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
-                      update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True)
+                      update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True,
+                      apt=ctx.apt)
     if pkg_op.changes:
         pkg_op = change(pkg_op.id, pkg_op.reason, *pkg_op.commands,
                         notify=("reboot", "verify driver"), timeout=pkg_op.timeout)
@@ -154,7 +155,8 @@ def plan(ctx: HostContext) -> list[Op]:
     if fm is True or fm == "true" or (fm == "auto" and nvswitch):
         ops.append(packages(installed, "nvidia_driver | fabric manager",
                             {"nvidia-fabricmanager": str(ctx.var("nvidia_driver_version"))
-                             or upstream or f"{ctx.var('nvidia_driver_branch')}."}, hold=True))
+                             or upstream or f"{ctx.var('nvidia_driver_branch')}."}, hold=True,
+                            apt=ctx.apt))
         unit = f[Services("nvidia-fabricmanager")]["nvidia-fabricmanager"]
         if unit.active != "active" or unit.enabled != "enabled":
             ops.append(change("nvidia_driver | fabric manager service",

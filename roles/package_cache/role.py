@@ -21,8 +21,8 @@ from typing import Any
 
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
-from gpuk8s.ops import Op, change, files, noop, q
-from gpuk8s.ops.apt import APT, packages
+from gpuk8s.ops import Op, change, files, noop
+from gpuk8s.ops.apt import Apt, packages
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import apt_conf_string, url_has_secret
 
@@ -53,25 +53,21 @@ def config(vars: Mapping[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _through(op: Op, proxy: str) -> Op:
-    """The same apt op, fetching through ``proxy`` ("" = directly), whatever apt.conf.d says.
-    The setting travels in a 0600 scratch file (``apt-get -c``), never on argv, where every
-    user of the node could read a proxy password with ps."""
-    # apt's keyword for "no proxy at all"
-    conf = f"Acquire::http::Proxy {apt_conf_string(proxy or 'DIRECT', 'apt_proxy')};"
-    setup = (f"(c=$(mktemp) && trap 'rm -f \"$c\"' EXIT && printf '%s\\n' {q(conf)} "
-             '> "$c"\n')
-    return replace(op, commands=tuple(
-        setup + c.replace(APT, f'{APT} -c "$c"') + "\n)" if APT in c else c
-        for c in op.commands), secret=op.secret or url_has_secret(proxy))
+def _through(ctx: HostContext) -> Apt:
+    """apt for installing the cache itself: through ``apt_proxy`` (or directly, apt's DIRECT),
+    whatever the host's apt proxy file says (it may name this very cache, not yet running)."""
+    proxy = ctx.var("apt_proxy")
+    return Apt(ctx.apt.lock_timeout,
+               conf=f"Acquire::http::Proxy {apt_conf_string(proxy or 'DIRECT', 'apt_proxy')};")
 
 
 def plan(ctx: HostContext) -> list[Op]:
     if not ctx.var("package_cache"):
         return []
     f = ctx.facts
-    ops = [_through(packages(f[Packages(UNIT)], "package_cache | apt-cacher-ng",
-                             {UNIT: ""}), ctx.var("apt_proxy"))]
+    install = packages(f[Packages(UNIT)], "package_cache | apt-cacher-ng", {UNIT: ""},
+                       apt=_through(ctx))
+    ops = [replace(install, secret=url_has_secret(ctx.var("apt_proxy")))]
     secret = url_has_secret(ctx.var("apt_proxy"))  # then for apt-cacher-ng's eyes only
     ops.append(files.content(f[Files("+" + CONF)][CONF], "package_cache | config",
                              config(ctx.vars), notify=("restart apt-cacher-ng",),
