@@ -41,6 +41,9 @@ CLUSTER_WIDE = (
     "control_plane_endpoint", "flannel_version", "calico_version", "calico_registry",
     "calico_block_size", "calico_mtu",
     "nvidia_device_plugin_version", "join_token_ttl", "package_cache", "package_cache_host",
+    # the control plane's components and every kubelet (through the cluster's kubelet config)
+    # get one set of gates: set on some workers only, gates would silently do nothing
+    "feature_gates",
 )
 
 _KINDS: dict[type, str] = {bool: "bool", int: "int", str: "str", list: "list", dict: "dict"}

@@ -65,7 +65,7 @@ def test_lab_yaml_hosts_and_connection_settings() -> None:
     assert cp.key_file == cp.private_key_file
     assert cp.known_hosts_files == (str(lab_dir / "known_hosts"),)
     assert cp.strict_host_key_checking == "accept-new"
-    assert cp.source.endswith("good/lab/hosts.yaml:11")
+    assert cp.source.endswith("good/lab/hosts.yaml:12")
     gpu = inv.hosts["gpu-01"]
     assert gpu.address == "gpu-01"  # no ansible_host: the name
     assert gpu.vars["gpu_required"] is True
@@ -89,7 +89,7 @@ def test_yaml_and_ini_equivalents_give_the_same_inventory() -> None:
     assert from_ini.hosts["gpu-01"].vars.origin("nvidia_driver_branch").endswith(
         "hosts.ini:10 ([workers:vars])")
     assert from_yaml.hosts["gpu-01"].vars.origin("nvidia_driver_branch").endswith(
-        "hosts.yaml:22 (workers.vars)")
+        "hosts.yaml:23 (workers.vars)")
 
 
 def test_kubespray_inventory_aliases_and_ignored_groups() -> None:
@@ -576,3 +576,14 @@ def test_group_vars_for_alias_names_apply_to_the_canonical_group(tmp_path: Path)
     inv = load(tmp_path / "hosts.ini")
     assert inv.hosts["gpu-01"].vars["nvidia_driver_branch"] == "590"
     assert inv.hosts["cp-01"].vars["nvidia_driver_branch"] == "580"
+
+
+def test_feature_gates_on_some_hosts_only_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace(
+        "        gpu-01: {ansible_host: 10.0.0.21}",
+        "        gpu-01: {ansible_host: 10.0.0.21, feature_gates: {DynamicResourceAllocation: "
+        "true}}"))
+    with pytest.raises(InventoryError, match=r"feature_gates differs between hosts.*"
+                       r"cluster-wide") as err:
+        load(path)
+    assert "set feature_gates once, under all: vars:" in str(err.value)
