@@ -19,7 +19,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
     "verify_local": gpucheck.verify_local,
 }
-# workloads on the cluster (gpuk8s/workloads.py)
+# workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
                  "verify": _workloads.verify})
 

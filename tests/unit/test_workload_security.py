@@ -151,7 +151,8 @@ def templates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private copy of templates/workloads, used by render()."""
     copy = tmp_path / "workloads"
     shutil.copytree(w.workloads_dir(), copy)
-    monkeypatch.setattr(w, "workloads_dir", lambda: copy)
+    # render() (gpuk8s/workloads/rendering.py) is where the templates are looked up
+    monkeypatch.setattr("gpuk8s.workloads.rendering.workloads_dir", lambda: copy)
     return copy
 
 

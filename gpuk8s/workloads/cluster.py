@@ -1,0 +1,255 @@
+"""Talking to the cluster through the first control plane's kubectl: run, probe, apply, and
+wait for a workload's objects and pods."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from gpuk8s.api import Session, open_session
+from gpuk8s.facts.kube import ADMIN_CONF
+from gpuk8s.inventory import load_inventory
+from gpuk8s.report import Reporter
+from gpuk8s.sinks import shell
+from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
+from gpuk8s.workloads.rendering import dump
+from gpuk8s.workloads.values import WorkloadError
+
+KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=20s"
+
+
+#: namespaced kinds a workload may create (undeploy deletes these by label)
+NS_KINDS = "deployments,jobs,services,configmaps,secrets,persistentvolumeclaims"
+
+
+# -- talking to the control plane ---------------------------------------------------------------
+@dataclass
+class Remote:
+    """kubectl on the first control plane through the run's transport; every script and its
+    output go to the run folder, redacted."""
+
+    session: Session
+
+    @property
+    def host(self) -> str:
+        return self.session.first_cp
+
+    def run(self, script: str, timeout: float = 120) -> CommandResult:
+        log = self.session.runlog.host_logger(self.host)
+        log(f"$ {script}")
+        result = self.session.transports[self.host].run(script, timeout=timeout)
+        log(f"exit {result.exit_code}\n{result.stdout}")
+        return result
+
+    def probe(self, commands: Mapping[str, str], timeout: float = 120
+              ) -> dict[str, tuple[int, str]]:
+        """Several kubectl commands in one round trip: {key: (exit code, output)}."""
+        marker = f"##gpuk8s-{secrets.token_hex(4)}"
+        parts = [f'k="{KUBECTL}"']
+        for key, cmd in commands.items():
+            parts.append(f"echo '{marker} {key}'; ( {cmd} ) 2>&1; rc=$?; echo; "
+                         f"echo \"{marker}-rc $rc\"")
+        out = self.run("\n".join(parts), timeout).stdout
+        results: dict[str, tuple[int, str]] = {}
+        for chunk in out.split(f"{marker} ")[1:]:
+            key, _, rest = chunk.partition("\n")
+            body, _, rc = rest.rpartition(f"{marker}-rc ")
+            results[key.strip()] = (int(rc.split()[0]) if rc.strip() else 1, body.rstrip("\n"))
+        missing = set(commands) - set(results)
+        if missing:
+            raise WorkloadError(f"{self.host}: kubectl probe lost its output for "
+                                f"{', '.join(sorted(missing))}: "
+                                + self.session.redact(out.strip()[-300:]))
+        return results
+
+    def apply(self, docs: Sequence[Mapping[str, Any]]) -> str:
+        text = dump(docs)
+        eof = "GPUK8S_EOF_" + secrets.token_hex(4)
+        script = (f"{KUBECTL} apply --server-side --force-conflicts --field-manager=gpuk8s "
+                  f"-f - <<'{eof}'\n{text}{eof}\n")
+        result = self.run(script, timeout=180)
+        if not result.ok:
+            raise WorkloadError(f"{self.host}: kubectl apply failed (exit {result.exit_code}):\n"
+                                + self.session.redact(result.stdout.strip()[-1500:]))
+        return result.stdout
+
+
+def _control_plane(inventory: str | Path) -> str:
+    inv = load_inventory(inventory)
+    if not inv.control_planes:
+        raise WorkloadError("no control plane in the inventory: workloads are deployed "
+                            "through the first control plane's kubectl")
+    return inv.control_planes[0].name
+
+
+def open_control_plane(inventory: str | Path, command: str, reporter: Reporter | None,
+                       *, all_hosts: bool = False,
+                       opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+                       ) -> Session:
+    """A session connected to the first control plane only (or every host, for NFS clients)."""
+    limit = None if all_hosts else _control_plane(inventory)
+    return open_session(inventory, limit=limit, sets=(), command=command, reporter=reporter,
+                        opener=opener)
+
+
+def _json(text: str, what: str) -> dict[str, Any]:
+    start = text.find("{")
+    try:
+        data: dict[str, Any] = json.JSONDecoder().raw_decode(text[start:])[0] if start >= 0 \
+            else {}
+    except ValueError:
+        data = {}
+    if not data and text.strip():
+        raise WorkloadError(f"cannot read {what} from kubectl: {text.strip()[-300:]}")
+    return data
+
+
+# -- waiting ------------------------------------------------------------------------------------
+@dataclass
+class PodRow:
+    name: str
+    node: str
+    phase: str
+    gpus: int
+    detail: str = ""
+    host_ip: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WaitResult:
+    ready: bool
+    pods: list[PodRow]
+    problems: list[str]
+    objects: dict[str, str]   # "Kind/name" -> its state in words
+    services: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _gpus(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for c in pod.get("spec", {}).get("containers") or []:
+        limits = (c.get("resources") or {}).get("limits") or {}
+        total += int(str(limits.get("nvidia.com/gpu", 0)))
+    return total
+
+
+def _cond(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in obj.get("status", {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def snapshot(remote: Remote, namespace: str, selector: str,
+             unschedulable_since: dict[str, float], pending_grace: float) -> WaitResult:
+    """One look at the workload's objects, pods and Warning events."""
+    ns = shell(namespace)
+    sel = shell(selector)
+    res = remote.probe({
+        "objects": f"$k get deployments,jobs,persistentvolumeclaims,services,pods -n {ns} "
+                   f"-l {sel} -o json",
+        "events": f"$k get events -n {ns} --field-selector type=Warning -o json"})
+    rc, out = res["objects"]
+    if rc != 0:
+        raise WorkloadError(f"{remote.host}: kubectl get failed: {out.strip()[-300:]}")
+    items = _json(out, "objects").get("items", [])
+    events = _json(res["events"][1], "events").get("items", []) if res["events"][0] == 0 else []
+    last_event: dict[str, dict[str, Any]] = {}
+    for ev in sorted(events, key=lambda e: e.get("lastTimestamp") or ""):
+        inv = ev.get("involvedObject") or {}
+        if inv.get("kind") == "Pod":
+            last_event[inv.get("name", "")] = ev
+    objects: dict[str, str] = {}
+    problems: list[str] = []
+    pods: list[PodRow] = []
+    services: list[dict[str, Any]] = []
+    ready = True
+    now = time.monotonic()
+    for item in items:
+        kind, meta = item.get("kind"), item.get("metadata", {})
+        name, spec, st = meta.get("name", ""), item.get("spec", {}), item.get("status", {})
+        if kind == "Deployment":
+            want, have = int(spec.get("replicas", 1)), int(st.get("availableReplicas") or 0)
+            objects[f"Deployment/{name}"] = f"{have}/{want} available"
+            ready = ready and have >= want
+        elif kind == "Job":
+            done, failed = _cond(item, "Complete"), _cond(item, "Failed")
+            if failed and failed.get("status") == "True":
+                objects[f"Job/{name}"] = "failed"
+                problems.append(f"Job {name} failed: {failed.get('reason', '')}: "
+                                f"{failed.get('message', '')}")
+            elif done and done.get("status") == "True":
+                objects[f"Job/{name}"] = "complete"
+            else:
+                objects[f"Job/{name}"] = (f"{st.get('succeeded', 0)}/"
+                                          f"{spec.get('completions', 1)} succeeded")
+                ready = False
+        elif kind == "PersistentVolumeClaim":
+            phase = st.get("phase", "Pending")
+            objects[f"PersistentVolumeClaim/{name}"] = phase
+            ready = ready and phase == "Bound"
+        elif kind == "Service":
+            services.append(item)
+        elif kind == "Pod":
+            phase = st.get("phase", "Pending")
+            row = PodRow(name, spec.get("nodeName", ""), phase, _gpus(item),
+                         host_ip=st.get("hostIP", ""), labels=dict(meta.get("labels") or {}))
+            sched = _cond(item, "PodScheduled")
+            ev = last_event.get(name)
+            if phase == "Pending" and sched and sched.get("status") == "False":
+                msg = (ev.get("message") if ev and ev.get("reason") == "FailedScheduling"
+                       else sched.get("message", ""))
+                row.detail = f"FailedScheduling: {msg}"
+                first = unschedulable_since.setdefault(name, now)
+                if now - first >= pending_grace:
+                    problems.append(f"pod {name} is Pending: the scheduler cannot place it: "
+                                    f"{msg}")
+            elif phase == "Failed":
+                row.detail = f"{st.get('reason', '')}: {st.get('message', '')}".strip(": ")
+                owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
+                if "Job" not in owners:
+                    problems.append(f"pod {name} failed: {row.detail}")
+            elif phase == "Pending" and ev:
+                row.detail = f"{ev.get('reason')}: {ev.get('message')}"
+            pods.append(row)
+    if not objects:
+        ready = False
+        problems.append(f"no objects labelled {selector} in namespace {namespace}")
+    return WaitResult(ready and not problems, pods, problems, objects, services)
+
+
+def wait(remote: Remote, namespace: str, selector: str, timeout: float,
+         pending_grace: float) -> WaitResult:
+    """Poll until ready, a problem (unschedulable past the grace time, failed Job) or timeout."""
+    deadline = time.monotonic() + timeout
+    since: dict[str, float] = {}
+    while True:
+        result = snapshot(remote, namespace, selector, since, pending_grace)
+        if result.ready or (result.problems and "no objects" not in result.problems[0]):
+            return result
+        if time.monotonic() >= deadline:
+            waiting = [f"{k}: {v}" for k, v in result.objects.items()]
+            result.problems.append(f"not ready after {timeout:.0f}s ({'; '.join(waiting)})")
+            return result
+        time.sleep(2.0)
+
+
+def pod_table(reporter: Reporter, title: str, result: WaitResult) -> None:
+    table = Table(title=reporter.cell(title), title_justify="left")
+    for col in ("pod", "node", "phase", "GPUs", "detail"):
+        table.add_column(col)
+    for row in sorted(result.pods, key=lambda r: r.name):
+        style = {"Running": "green", "Succeeded": "green", "Failed": "red"}.get(row.phase,
+                                                                               "yellow")
+        table.add_row(reporter.cell(row.name), reporter.cell(row.node or "-"),
+                      reporter.cell(row.phase, style), str(row.gpus), reporter.cell(row.detail))
+    reporter.console.print(table)
+    for key, state in result.objects.items():
+        reporter.print(f"  {key}: {state}")

@@ -1,0 +1,408 @@
+"""The workload commands: deploy (and --render), undeploy and verify."""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from gpuk8s.api import Session
+from gpuk8s.errors import Gpuk8sError
+from gpuk8s.facts.kube import parse_nodes
+from gpuk8s.inventory import load_inventory
+from gpuk8s.report import Reporter, untrusted
+from gpuk8s.sinks import shell
+from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.workloads.cluster import (
+    KUBECTL,
+    NS_KINDS,
+    Remote,
+    WaitResult,
+    _control_plane,
+    _json,
+    open_control_plane,
+    pod_table,
+    wait,
+)
+from gpuk8s.workloads.nfs import _setup_nfs
+from gpuk8s.workloads.rendering import LABEL, MANAGED, check_objects, dump, render, stamp
+from gpuk8s.workloads.values import WorkloadError, load_values
+
+_TF_GPU = re.compile(r"PhysicalDevice\(name='/physical_device:GPU:(\d+)'")
+
+
+_SMI_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", re.M)
+
+
+# -- deploy / undeploy --------------------------------------------------------------------------
+def _prechecks(remote: Remote, name: str, values: Mapping[str, Any]) -> dict[str, str]:
+    """Fail with a clear message on a missing claim, storage class or CRD; return the
+    existing notebook token (base64) if any."""
+    ns = values["namespace"]
+    checks: dict[str, str] = {}
+    if name != "storage" and values["storage"]["enabled"]:
+        claim = shell(values["storage"]["claimName"])
+        checks["pvc"] = (f"$k get persistentvolumeclaim {claim} -n {shell(ns)} "
+                         "-o jsonpath='{.status.phase}'")
+    if name == "storage" and values["storageClassName"]:
+        checks["sc"] = f"$k get storageclass {shell(values['storageClassName'])} -o name"
+    if name == "distributed-tf" and values["tfjob"]:
+        checks["crd"] = "$k get customresourcedefinition tfjobs.kubeflow.org -o name"
+    if name == "jupyter":
+        checks["token"] = (f"$k get secret {shell(values['tokenSecret'])} -n "
+                           f"{shell(ns)} -o jsonpath='{{.data.token}}'")
+    if not checks:
+        return {}
+    res = remote.probe(checks)
+    found: dict[str, str] = {}
+    if "pvc" in res:
+        rc, out = res["pvc"]
+        claim = f"{ns}/{values['storage']['claimName']}"
+        if rc != 0 and "NotFound" in out:
+            raise WorkloadError(
+                f"PersistentVolumeClaim {claim} does not exist: deploy the shared volume first "
+                f"(invoke deploy storage), name an existing claim with --set "
+                f"storage.claimName=NAME, or run without it (--set storage.enabled=false)")
+        if rc != 0:
+            raise WorkloadError(f"cannot read PersistentVolumeClaim {claim}: {out.strip()}")
+        if out.strip() != "Bound":
+            remote.session.reporter.print(
+                f"  ! PersistentVolumeClaim {claim} is {out.strip() or 'Pending'}, not Bound: "
+                "pods that mount it wait until it is", style="magenta")
+    if "sc" in res and res["sc"][0] != 0:
+        raise WorkloadError(f"StorageClass {values['storageClassName']!r} does not exist "
+                            f"(kubectl get storageclass lists them); leave storageClassName "
+                            f"empty for gpuk8s' NFS volume")
+    if "crd" in res and res["crd"][0] != 0:
+        raise WorkloadError("tfjob: true needs the Kubeflow training operator (CRD "
+                            "tfjobs.kubeflow.org is not installed); the default Indexed Job "
+                            "form needs no operator")
+    if "token" in res and res["token"][0] == 0 and res["token"][1].strip():
+        found["token"] = res["token"][1].strip()
+    return found
+
+
+def _notebook_token(remote: Remote, values: Mapping[str, Any], existing: str | None
+                    ) -> tuple[str, dict[str, Any] | None]:
+    """Reuse the Secret's token, or generate one locally; register it with the redactor."""
+    redact = remote.session.redact
+    if existing:
+        redact.add(existing)
+        token = base64.b64decode(existing).decode().strip()
+        redact.add(token)
+        return token, None
+    token = secrets.token_hex(24)
+    redact.add(token, base64.b64encode(token.encode()).decode())
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": {"name": values["tokenSecret"], "namespace": values["namespace"]},
+              "stringData": {"token": token}}
+    return token, secret
+
+
+def _namespace_doc(namespace: str) -> dict[str, Any]:
+    # shared by every workload: labelled managed-by only, so undeploy never removes it
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {MANAGED: "gpuk8s"}}}
+
+
+def _delete_script(namespace: str, selector: str, kinds: str, wait_s: int) -> str:
+    ns, sel = shell(namespace), shell(selector)
+    return (f'k="{KUBECTL}"\n'
+            f"$k delete {kinds} -n {ns} -l {sel} --ignore-not-found --wait=false\n"
+            f"i=0; while [ $i -lt {wait_s} ]; do\n"
+            f"  left=$($k get {kinds},pods -n {ns} -l {sel} -o name 2>/dev/null)\n"
+            f'  [ -z "$left" ] && exit 0; sleep 1; i=$((i+1)); done\n'
+            f'echo "still present after {wait_s}s: $left"; exit 1\n')
+
+
+def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
+                     sets: Sequence[str] = ()) -> str:
+    """The manifests ``deploy`` would apply (after values files and --set), as YAML documents,
+    as ``helm template`` shows them. No host is contacted: the inventory is only read, for the
+    control plane's address that the storage workload's NFS volume names. Jupyter's token
+    Secret is made at deploy time and is not shown."""
+    values = load_values(name, values_files, sets)
+    extra: dict[str, Any] = {}
+    if name == "storage" and not values["nfs"]["server"] and not values["storageClassName"]:
+        inv = load_inventory(inventory)
+        cp = _control_plane(inventory)
+        extra["nfs_server"] = next(h.address for h in inv.control_planes if h.name == cp)
+    docs = render(name, values, **extra)
+    head = f"# gpuk8s deploy {name} --render: what deploy would apply (no host was contacted)\n"
+    if name == "jupyter":
+        head += "# (plus Secret jupyter-token, made at deploy time)\n"
+    return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs])
+
+
+def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
+           sets: Sequence[str] = (), reporter: Reporter | None = None,
+           timeout: float = 600, pending_grace: float = 20,
+           show_secret: bool | None = None, render_only: bool = False,
+           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport) -> dict[str, Any]:
+    """Render, apply and wait for one workload; print its pods; raise WorkloadError when it is
+    not ready (unschedulable pods are named with the scheduler's reason). With ``render_only``
+    (``--render``) print the manifests deploy would apply and contact no host."""
+    if render_only:
+        sys.stdout.write(render_manifests(inventory, name, values_files=values_files,
+                                          sets=sets))
+        sys.stdout.flush()
+        return {"workload": name, "rendered": True}
+    values = load_values(name, values_files, sets)
+    render(name, values)   # fail on a bad value before any host is contacted
+    needs_all = name == "storage" and not values["nfs"]["server"] and \
+        not values["storageClassName"]
+    session = open_control_plane(inventory, f"deploy-{name}", reporter, all_hosts=needs_all,
+                                 opener=opener)
+    rep, remote = session.reporter, Remote(session)
+    ns = values["namespace"]
+    started = time.monotonic()
+    try:
+        rep.phase(f"deploy {name} (namespace {ns}, through {session.first_cp})")
+        found = _prechecks(remote, name, values)
+        extra: dict[str, Any] = {}
+        if needs_all:
+            extra["nfs_server"] = _setup_nfs(session, values)
+        elif name == "storage" and not values["storageClassName"]:
+            rep.print(f"  using the existing NFS export {values['nfs']['server']}:"
+                      f"{values['nfs']['path']}")
+        docs = render(name, values, **extra)
+        token = None
+        if name == "jupyter":
+            token, secret = _notebook_token(remote, values, found.get("token"))
+            if secret:
+                docs.append(stamp(secret, name))
+        check_objects(name, docs, ns)
+        selector = f"{LABEL}={name}"
+        if any(d["kind"] in ("Job", "TFJob") for d in docs):
+            # a Job's pod template is immutable: running it again means a new Job
+            res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
+            if not res.ok:
+                raise WorkloadError(f"cannot remove the previous {name} Job: "
+                                    + session.redact(res.stdout.strip()[-300:]))
+        out = remote.apply([_namespace_doc(ns), *docs])
+        for line in out.splitlines():
+            rep.print(f"  {line}", style="dim")
+        result = wait(remote, ns, selector, timeout, pending_grace)
+        pod_table(rep, f"{name}: pods", result)
+        summary: dict[str, Any] = {
+            "workload": name, "ready": result.ready, "problems": result.problems,
+            "objects": result.objects,
+            "pods": [{"name": p.name, "node": p.node, "phase": p.phase, "gpus": p.gpus,
+                      "detail": p.detail} for p in result.pods],
+            "run_dir": str(session.runlog.path)}
+        session.runlog.write_report(**{k: v for k, v in summary.items() if k != "run_dir"},
+                                    wall_time=round(time.monotonic() - started, 3))
+        if not result.ready:
+            raise WorkloadError(f"{name} is not ready:\n  " + "\n  ".join(
+                session.redact(p) for p in result.problems))
+        for svc in result.services:
+            _print_service(session, svc, result, token, show_secret)
+        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s); run folder: "
+                  f"{session.runlog.path}", style="green")
+        return summary
+    except Gpuk8sError as exc:
+        session.runlog.write_report(workload=name, error=session.redact(str(exc)))
+        raise
+    finally:
+        for t in session.transports.values():
+            t.close()
+
+
+def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
+                   token: str | None, show_secret: bool | None) -> None:
+    spec = svc.get("spec", {})
+    name = svc.get("metadata", {}).get("name", "")
+    ports = spec.get("ports") or []
+    if spec.get("type") != "NodePort" or not ports or not ports[0].get("nodePort"):
+        session.reporter.print(f"  service {name}: {spec.get('clusterIP', '')}:"
+                               f"{ports[0].get('port') if ports else ''} (inside the cluster)")
+        return
+    ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
+        session.host(session.first_cp).address
+    url = f"http://{ip}:{ports[0]['nodePort']}/"
+    if token is None:
+        session.reporter.print(f"  {name}: {url}")
+        return
+    console = session.reporter.console
+    if show_secret is None:
+        show_secret = console.is_terminal
+    if show_secret:
+        # the one deliberate appearance of the token: on the terminal only, never in the run
+        # folder (its logs and report.json go through the redactor)
+        console.print(untrusted(f"  {name}: {url}?token={token}"), markup=False,
+                      highlight=False)
+        console.print("  (the token is shown this once; it is kept in the Secret "
+                      f"{svc['metadata'].get('namespace')}/jupyter-token)", style="dim",
+                      markup=False)
+    else:
+        ns = svc["metadata"].get("namespace")
+        session.reporter.print(
+            f"  {name}: {url}?token=<redacted> (output is not a terminal; read the token with "
+            f"kubectl -n {ns} get secret jupyter-token -o jsonpath='{{.data.token}}' | "
+            "base64 -d)")
+
+
+def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
+             sets: Sequence[str] = (), reporter: Reporter | None = None, timeout: int = 180,
+             opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+             ) -> dict[str, Any]:
+    """Delete every object labelled gpuk8s.io/workload=<name> (the NFS export stays)."""
+    values = load_values(name, values_files, sets)
+    session = open_control_plane(inventory, f"undeploy-{name}", reporter, opener=opener)
+    rep, remote = session.reporter, Remote(session)
+    ns, selector = values["namespace"], f"{LABEL}={name}"
+    try:
+        rep.phase(f"undeploy {name} (namespace {ns})")
+        kinds = NS_KINDS
+        if name == "distributed-tf":
+            has_crd = remote.probe({"crd": "$k get customresourcedefinition "
+                                           "tfjobs.kubeflow.org -o name"})["crd"][0] == 0
+            kinds += ",tfjobs.kubeflow.org" if has_crd else ""
+        res = remote.run(_delete_script(ns, selector, kinds, timeout), timeout=timeout + 60)
+        if name == "storage" and res.ok:
+            res = remote.run(f"{KUBECTL} delete persistentvolumes -l {shell(selector)} "
+                             "--ignore-not-found", timeout=120)
+        for line in res.stdout.splitlines():
+            rep.print(f"  {line}", style="dim")
+        if not res.ok:
+            raise WorkloadError(f"undeploy {name} failed: "
+                                + session.redact(res.stdout.strip()[-500:]))
+        left = remote.probe({"left": f"$k get {kinds},pods -n {shell(ns)} -l "
+                                     f"{shell(selector)} -o name"})["left"][1].strip()
+        if left:
+            raise WorkloadError(f"undeploy {name}: still present: {left}")
+        deleted = sum(1 for ln in res.stdout.splitlines() if ln.rstrip().endswith("deleted")
+                      or " deleted " in ln)
+        rep.print(f"{name} removed ({deleted} object(s) deleted)", style="green")
+        session.runlog.write_report(workload=name, deleted=deleted)
+        return {"workload": name, "deleted": deleted, "run_dir": str(session.runlog.path)}
+    finally:
+        for t in session.transports.values():
+            t.close()
+
+
+# -- verify -------------------------------------------------------------------------------------
+@dataclass
+class NodeCheck:
+    node: str
+    expected: int
+    allocatable: int | None
+    smi: list[str] = field(default_factory=list)
+    tf: int | None = None
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem and len(self.smi) == self.expected == self.tf \
+            and self.allocatable == self.expected
+
+
+def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """GPU nodes (labelled by gpuk8s from the PCI bus, or advertising nvidia.com/gpu)."""
+    out = []
+    for name, node in sorted(parse_nodes(dict(nodes_json)).items()):
+        count = node.labels.get("nvidia.com/gpu.count")
+        present = node.labels.get("nvidia.com/gpu.present") == "true"
+        if not present and not node.gpu_allocatable:
+            continue
+        expected = int(count) if count and count.isdigit() else (node.gpu_allocatable or 0)
+        out.append({"name": name, "gpus": expected, "allocatable": node.gpu_allocatable})
+    return out
+
+
+def verify(inventory: str | Path, *, reporter: Reporter | None = None,
+           values_files: Sequence[str] = (), sets: Sequence[str] = (),
+           pending_grace: float = 20,
+           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+           ) -> dict[str, Any]:
+    """Per GPU node: nvidia-smi -L in the CUDA base image, then TensorFlow's GPU list; both must
+    show as many GPUs as the node has on its PCI bus. One table; WorkloadError on a mismatch."""
+    values = load_values("verify", values_files, sets)
+    session = open_control_plane(inventory, "verify", reporter, opener=opener)
+    rep, remote = session.reporter, Remote(session)
+    ns = values["namespace"]
+    started = time.monotonic()
+    try:
+        rep.phase(f"verify GPU nodes (namespace {ns}, through {session.first_cp})")
+        rc, out = remote.probe({"nodes": "$k get nodes -o json"})["nodes"]
+        if rc != 0:
+            raise WorkloadError(f"cannot list nodes: {out.strip()[-300:]}")
+        nodes = gpu_nodes(_json(out, "nodes"))
+        if not nodes:
+            raise WorkloadError("no GPU nodes in the cluster (no node is labelled "
+                                "nvidia.com/gpu.present=true or offers nvidia.com/gpu)")
+        checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"]) for n in nodes}
+        selector = f"{LABEL}=verify"
+        res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
+        if not res.ok:
+            raise WorkloadError("cannot remove the previous verify Jobs: " + res.stdout[-300:])
+        for stage in ("smi", "tf"):
+            todo = [n for n in nodes if n["gpus"] > 0 and not checks[n["name"]].problem]
+            if not todo:
+                break
+            docs = render("verify", values, gpu_nodes=todo, stage=stage)
+            remote.apply([_namespace_doc(ns), *docs])
+            result = wait(remote, ns, f"{selector},gpuk8s.io/verify-stage={stage}",
+                          float(values["timeout"]), pending_grace)
+            pods = {p.labels.get("gpuk8s.io/verify-node", ""): p for p in result.pods}
+            logs = remote.probe({p.name: f"$k logs {shell(p.name)} -n {shell(ns)}"
+                                 for p in result.pods if p.phase in ("Succeeded", "Failed")})
+            for n in todo:
+                check, pod = checks[n["name"]], pods.get(n["name"])
+                what = "nvidia-smi" if stage == "smi" else "TensorFlow"
+                if pod is None:
+                    check.problem = f"{what}: no pod ({'; '.join(result.problems)})"
+                    continue
+                if pod.node and pod.node != n["name"]:
+                    check.problem = f"{what} pod ran on {pod.node}"
+                text = logs.get(pod.name, (1, ""))[1]
+                if pod.phase != "Succeeded":
+                    check.problem = f"{what}: pod {pod.phase}: " + (
+                        pod.detail or text.strip().splitlines()[-1:][0] if text.strip() or
+                        pod.detail else pod.phase)
+                elif stage == "smi":
+                    check.smi = [f"{m.group(2)}" for m in _SMI_GPU.finditer(text)]
+                else:
+                    check.tf = len(set(_TF_GPU.findall(text)))
+        for n in nodes:
+            if n["gpus"] == 0:
+                checks[n["name"]].problem = "labelled as a GPU node but its GPU count is 0"
+        table = Table(title="verify: GPUs per node", title_justify="left")
+        for col in ("node", "PCI GPUs", "allocatable", "nvidia-smi", "TensorFlow", "result"):
+            table.add_column(col)
+        for c in checks.values():
+            models = sorted(set(c.smi))
+            table.add_row(rep.cell(c.node), str(c.expected),
+                          "-" if c.allocatable is None else str(c.allocatable),
+                          rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models
+                                                      else "")),
+                          "-" if c.tf is None else str(c.tf),
+                          Text("ok", style="green") if c.ok else
+                          Text.assemble(("FAIL", "red"), " ",
+                                        rep.cell(c.problem or "counts differ")))
+        rep.console.print(table)
+        summary = {"nodes": {c.node: {"expected": c.expected, "allocatable": c.allocatable,
+                                      "nvidia_smi": len(c.smi), "models": c.smi,
+                                      "tensorflow": c.tf, "ok": c.ok,
+                                      "problem": c.problem} for c in checks.values()},
+                   "run_dir": str(session.runlog.path)}
+        session.runlog.write_report(verify=summary["nodes"],
+                                    wall_time=round(time.monotonic() - started, 3))
+        bad = [c.node for c in checks.values() if not c.ok]
+        if bad:
+            raise WorkloadError(f"verify failed on {', '.join(bad)}")
+        rep.print(f"verify: {len(checks)} GPU node(s) ok ({time.monotonic() - started:.1f}s)",
+                  style="green")
+        return summary
+    finally:
+        for t in session.transports.values():
+            t.close()
