@@ -17,6 +17,12 @@ class Phase:
     hosts: str
     roles: tuple[str, ...]
     title: str
+    #: hand-offs this phase needs before it applies (made by the runner, kept in memory):
+    #: "join_token", a fresh short-lived kubeadm token from the first control plane
+    needs: tuple[str, ...] = ()
+    #: hand-offs this phase makes once applied: "admin_conf", the cluster's admin kubeconfig
+    #: saved (checked, 0600) beside the inventory
+    provides: tuple[str, ...] = ()
 
 
 PREFLIGHT = "preflight"
@@ -29,8 +35,10 @@ PHASES: tuple[Phase, ...] = (
                           "nvidia_container_toolkit"),
           "node stack: base, containerd, kubeadm/kubelet/kubectl, NVIDIA driver, CUDA, toolkit"),
     Phase("control-plane", "first_control_plane", ("control_plane", "cni"),
-          "control plane: kubeadm init, admin kubeconfig, pod network"),
-    Phase("join", "joiners", ("join",), "join: workers into the cluster"),
+          "control plane: kubeadm init, admin kubeconfig, pod network",
+          provides=("admin_conf",)),
+    Phase("join", "joiners", ("join",), "join: workers into the cluster",
+          needs=("join_token",)),
     Phase("cluster", "first_control_plane", ("gpu_cluster",),
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable"),
 )

@@ -20,7 +20,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.day2.steps import (
     Opener,
     ask_confirmation,
@@ -38,6 +37,7 @@ from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import DEFAULT_APT, RESOLVE_HELPERS, Apt
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
 from gpuk8s.report import Reporter
+from gpuk8s.session import Session
 from gpuk8s.sinks import node_arg, shell
 from gpuk8s.transport import open_transport
 
@@ -59,7 +59,7 @@ def _patch(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.lstrip("v").split("-")[0].split(".")[:3])
 
 
-def check_inventory(session: api.Session, target: str) -> None:
+def check_inventory(session: Session, target: str) -> None:
     """The inventory must agree with the target: same minor, no pin on another version."""
     for name in dict.fromkeys([session.first_cp, *session.scope]):
         values = session.host(name).vars
@@ -81,7 +81,7 @@ def check_inventory(session: api.Session, target: str) -> None:
                 f'"{target}-1.1", then run the upgrade')
 
 
-def _apt(session: api.Session, host: str) -> Apt:
+def _apt(session: Session, host: str) -> Apt:
     return Apt(int(session.host(host).vars["apt_lock_timeout"]))
 
 
@@ -103,7 +103,7 @@ def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_A
         f'echo "installed {" ".join(names)} $v"\n')
 
 
-def _wait_node(session: api.Session, node: str, target: str, gpus: int, timeout: int) -> None:
+def _wait_node(session: Session, node: str, target: str, gpus: int, timeout: int) -> None:
     cp = session.first_cp
     ref = node_arg(node, "node/")
     # the API server may be restarting (the control plane's kubelet just did): wait for it
@@ -184,7 +184,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         return {"upgraded": done, "remaining": []}
 
 
-def _upgrade_batch(session: api.Session, batch: Sequence[str], target: str, cp: str,
+def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
                    drain_timeout: int, verify_timeout: int) -> None:
     rep = session.reporter
     names = {h: node_name(session, h) for h in batch}

@@ -21,10 +21,13 @@ from gpuk8s.day2.steps import (
 )
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.executor import HostResult
+from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter
+from gpuk8s.runner import converge
+from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import node_arg
 from gpuk8s.transport import open_transport
 
@@ -85,12 +88,12 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                      + " ".join(purge),
                      "purge packages", timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
-        result = api.converge(session, yes=True)
+        result = converge(session, yes=True)
         result["wall_time"] = time.monotonic() - started
         return result
 
 
-def _driver_names(session: api.Session, host: str) -> list[str]:
+def _driver_names(session: Session, host: str) -> list[str]:
     """The driver packages the nvidia_driver role asks about (the same fact request, so the
     probe already answered it); their dependencies go with --autoremove."""
     from gpuk8s.roles import load_role
@@ -152,7 +155,7 @@ def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None
           opener: Opener = open_transport) -> dict[str, Any]:
     """The whole cluster back to its pre-bootstrap state (packages and drivers stay), behind
     a typed confirmation (the control plane's name) or --yes."""
-    session = api.open_session(inventory, limit=None, sets=(), command="reset",
+    session = open_session(inventory, limit=None, sets=(), command="reset",
                                reporter=reporter, opener=opener, allow_unreachable=True)
     with closing(session):
         rep = session.reporter
@@ -165,7 +168,7 @@ def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None
         ask_confirmation(f"this destroys the cluster; type the control plane's name ({cp}) to "
                          "go on: ", yes, confirm, expected=cp)
         workers = [h for h in session.scope if h != cp]
-        results = api.in_parallel(workers, lambda h: run_step(session, h, CLEANUP, "reset"))
+        results = in_parallel(workers, lambda h: run_step(session, h, CLEANUP, "reset"))
         failed = {h: HostResult(h, error=e if isinstance(e, Gpuk8sError) else
                                 Gpuk8sError(f"{h}: {e!r}"))
                   for h, e in results.items() if isinstance(e, Exception)}

@@ -7,15 +7,17 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.day2.steps import Opener, gathered_session
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
+from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
+from gpuk8s.runner import phase_hosts, plan_phase
+from gpuk8s.session import open_session
 from gpuk8s.transport import open_transport
 
 
@@ -30,7 +32,7 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
         cluster = session.facts[session.first_cp][Cluster()]
         drift: dict[str, int] = {}
         for phase in PHASES:
-            work = api.plan_phase(session, phase, api.phase_hosts(session, phase))
+            work = plan_phase(session, phase, phase_hosts(session, phase))
             for planned_host, items in work.items():
                 n = sum(op.changes for rw in items for op in rw.ops)
                 drift[planned_host] = drift.get(planned_host, 0) + n
@@ -100,10 +102,10 @@ def kubeconfig(inventory: str | Path, *, reporter: Reporter | None = None,
     from gpuk8s.inventory import load_inventory
 
     cp = load_inventory(inventory).control_planes[0].name
-    session = api.open_session(inventory, limit=cp, sets=(), command="kubeconfig",
+    session = open_session(inventory, limit=cp, sets=(), command="kubeconfig",
                                reporter=reporter, opener=opener)
     with closing(session):
-        path = api.fetch_admin_conf(session)
+        path = fetch_admin_conf(session)
         if path is None:
             raise Gpuk8sError(f"{cp}: no {ADMIN_CONF}: the cluster is not "
                               "initialised (run invoke bootstrap)")

@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
+from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
+from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import node_arg
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
@@ -37,7 +38,7 @@ if systemctl is-active --quiet containerd; then systemctl restart containerd; fi
 """
 
 
-def run_step(session: api.Session, host: str, script: str, what: str, *,
+def run_step(session: Session, host: str, script: str, what: str, *,
              timeout: float = 600) -> str:
     """Run one script on a host; log it; raise CommandFailed on a non-zero exit."""
     log = session.runlog.host_logger(host)
@@ -52,7 +53,7 @@ def run_step(session: api.Session, host: str, script: str, what: str, *,
     return result.stdout
 
 
-def node_name(session: api.Session, host: str) -> str:
+def node_name(session: Session, host: str) -> str:
     """The Kubernetes node name of an inventory host: its hostname when reachable, else the
     node whose InternalIP is the host's address, else the inventory name."""
     facts = session.facts.get(host)
@@ -68,7 +69,7 @@ def node_name(session: api.Session, host: str) -> str:
     return host if host in cluster.nodes else host.lower()
 
 
-def drain(session: api.Session, node: str, timeout: int) -> None:
+def drain(session: Session, node: str, timeout: int) -> None:
     """Cordon and drain; on failure say which pods block (PodDisruptionBudgets...)."""
     cp = session.first_cp
     session.reporter.print(f"  [{cp}] drain {node} (timeout {timeout}s)")
@@ -87,7 +88,7 @@ def drain(session: api.Session, node: str, timeout: int) -> None:
             "or uncordon the node to give up") from None
 
 
-def uncordon(session: api.Session, node: str) -> None:
+def uncordon(session: Session, node: str) -> None:
     run_step(session, session.first_cp, f"{KUBECTL} uncordon {node_arg(node)}",
              f"uncordon {node}")
 
@@ -95,13 +96,13 @@ def uncordon(session: api.Session, node: str) -> None:
 def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
                      sets: Sequence[str] = (), reporter: Reporter | None = None,
                      opener: Opener = open_transport, allow_unreachable: bool = False
-                     ) -> api.Session:
+                     ) -> Session:
     """A session on ``limit`` (None: every host) with facts gathered and cluster values set."""
-    session = api.open_session(inventory, limit=limit, sets=sets, command=command,
+    session = open_session(inventory, limit=limit, sets=sets, command=command,
                                reporter=reporter, opener=opener,
                                allow_unreachable=allow_unreachable)
-    api.gather(session, list(session.transports))
-    api.cluster_values(session)
+    gather(session, list(session.transports))
+    cluster_values(session)
     return session
 
 

@@ -8,7 +8,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.day2.kubernetes import upgrade_kubernetes
 from gpuk8s.day2.steps import (
     Opener,
@@ -23,6 +22,7 @@ from gpuk8s.day2.steps import (
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.report import Reporter
+from gpuk8s.runner import converge
 from gpuk8s.transport import open_transport
 
 
@@ -81,7 +81,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
             names = [node_name(session, h) for h in batch]
             for node in names:
                 drain(session, node, drain_timeout)
-            api.converge(session, yes=True)
+            converge(session, yes=True)
             for node in names:
                 uncordon(session, node)
         return session.reporter

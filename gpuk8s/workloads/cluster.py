@@ -13,10 +13,10 @@ from typing import Any
 
 from rich.table import Table
 
-from gpuk8s.api import Session, open_session
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.inventory import load_inventory
 from gpuk8s.report import Reporter
+from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
 from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
 from gpuk8s.workloads.rendering import dump

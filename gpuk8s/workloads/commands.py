@@ -15,11 +15,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from gpuk8s.api import Session
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.inventory import load_inventory
 from gpuk8s.report import Reporter, untrusted
+from gpuk8s.session import Session
 from gpuk8s.sinks import shell
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 from gpuk8s.workloads.cluster import (

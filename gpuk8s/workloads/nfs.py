@@ -7,9 +7,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuk8s.api import Session
 from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.ops import q
+from gpuk8s.session import Session
 from gpuk8s.transport import CommandResult
 from gpuk8s.workloads.cluster import Remote
 from gpuk8s.workloads.values import NFS_ANON_ID, RULES, WorkloadError, export_clients_problem

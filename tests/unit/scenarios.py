@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuk8s.api import fact_requests
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.gather import fact_requests
 from gpuk8s.facts.kube import ClusterState, ContainerdState
 from gpuk8s.facts.nvidia import NvidiaState, Topology
 from gpuk8s.facts.system import FileState, PciDevice, SystemInfo, Unit

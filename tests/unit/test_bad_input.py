@@ -41,9 +41,9 @@ def test_broken_inventory_contacts_no_host(path: Path, command: str) -> None:
 
 def test_facts_on_a_broken_inventory_contacts_no_host(monkeypatch: pytest.MonkeyPatch) -> None:
     # facts() takes no opener: connecting at all (open_all) fails the test
-    import gpuk8s.api as api_mod
+    import gpuk8s.session as session_mod
 
-    monkeypatch.setattr(api_mod, "open_all", lambda *a, **k: pytest.fail("connected"))
+    monkeypatch.setattr(session_mod, "open_all", lambda *a, **k: pytest.fail("connected"))
     for path in _bad_cases():
         with pytest.raises(InventoryError):
             api.facts(path, reporter=Reporter(io.StringIO()))

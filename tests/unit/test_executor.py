@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+import gpuk8s.facts.gather as gathering
 from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost
 from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase
 from gpuk8s.ops import Op, change, noop
@@ -208,7 +209,6 @@ def test_a_host_lost_during_the_fact_probe_is_named_as_such() -> None:
 
     import pytest
 
-    from gpuk8s import api
     from gpuk8s.errors import PhaseFailed
     from tests.unit.scenarios import default_vars
 
@@ -217,7 +217,7 @@ def test_a_host_lost_during_the_fact_probe_is_named_as_such() -> None:
         transports={"lost": DroppingTransport("lost")},
         runlog=SimpleNamespace(mark=lambda what: None), facts={})
     with pytest.raises(PhaseFailed) as err:
-        api.gather(session, ["lost"])  # type: ignore[arg-type]
+        gathering.gather(session, ["lost"])  # type: ignore[arg-type]
     error = err.value.results["lost"].error
     assert isinstance(error, ConnectError) and not isinstance(error, ConnectionLost)
     assert str(error) == "lost: connection lost during the fact probe: EOFError()"

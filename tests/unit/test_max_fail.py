@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuk8s import api
+import gpuk8s.session as session_mod
+from gpuk8s import api, runner
 from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError, HostsFailed, PhaseFailed
 from gpuk8s.executor import HostResult, RoleWork
 from gpuk8s.ops import change
@@ -24,13 +25,13 @@ from tests.unit.test_inventory import MINIMAL
     (0, 4, 0), ("1", 4, 1), ("25%", 4, 1), ("49%", 4, 1), ("50%", 4, 2), ("100%", 3, 3),
     (" 2 ", 10, 2), ("0%", 10, 0)])
 def test_fail_budget(value: Any, hosts: int, budget: int) -> None:
-    assert api.fail_budget(value, hosts) == budget
+    assert runner.fail_budget(value, hosts) == budget
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "150%", "1.5", "%"])
 def test_bad_max_fail_is_one_clear_error(value: str) -> None:
     with pytest.raises(Gpuk8sError, match="--max-fail must be a count like 1"):
-        api.fail_budget(value, 4)
+        runner.fail_budget(value, 4)
 
 
 class FakeTransport:
@@ -57,16 +58,16 @@ def fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             raise ConnectError(spec.name, f"cannot connect to {spec.address}:22: timed out")
         return FakeTransport(spec.name)
 
-    def gather(session: api.Session, hosts: list[str]) -> None:
+    def gather(session: session_mod.Session, hosts: list[str]) -> None:
         for h in hosts:
             session.facts[h] = {}  # type: ignore[assignment]
 
-    def plan_phase(session: api.Session, phase: Any, hosts: list[str]
+    def plan_phase(session: session_mod.Session, phase: Any, hosts: list[str]
                    ) -> dict[str, list[RoleWork]]:
         return {h: [RoleWork(phase.roles[0], (change(f"{phase.name} | x", "+ x", "true"),))]
                 for h in hosts}
 
-    def apply_phase(session: api.Session, phase: Any, work: Any) -> dict[str, HostResult]:
+    def apply_phase(session: session_mod.Session, phase: Any, work: Any) -> dict[str, HostResult]:
         state["phases"].append((phase.name, sorted(work)))
         out = {}
         for h in work:
@@ -79,7 +80,7 @@ def fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     for name, fn in {"gather": gather, "plan_phase": plan_phase, "apply_phase": apply_phase,
                      "cluster_values": lambda s: None, "preflight": lambda s: None,
                      "mint_join": lambda s: None, "fetch_admin_conf": lambda s: None}.items():
-        monkeypatch.setattr(api, name, fn)
+        monkeypatch.setattr(runner, name, fn)
     state["run"] = lambda **kw: api.bootstrap(inv, yes=True, opener=opener,
                                               reporter=Reporter(state.setdefault(
                                                   "out", io.StringIO())), **kw)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuk8s import api
+import gpuk8s.session as session_mod
+from gpuk8s import runner
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import FileState, PackageState, Unit
@@ -159,12 +160,12 @@ def test_cache_host_is_contacted_and_its_phase_runs_there_whatever_the_limit(
         return _Quiet(spec)
 
     path = inventory(tmp_path, '    package_cache_host: "w-02"')
-    session = api.open_session(path, limit="w-01", sets=[], command="plan",
+    session = session_mod.open_session(path, limit="w-01", sets=[], command="plan",
                                reporter=Reporter(io.StringIO()), opener=opener)
     assert sorted(contacted) == ["cp-01", "w-01", "w-02"]
     assert session.scope == ["w-01"]
     phase = next(p for p in PHASES if p.name == "package-cache")
-    assert api.phase_hosts(session, phase) == ["w-02"]
-    off = api.open_session(path, limit="w-01", sets=["package_cache=false"], command="plan",
+    assert runner.phase_hosts(session, phase) == ["w-02"]
+    off = session_mod.open_session(path, limit="w-01", sets=["package_cache=false"], command="plan",
                            reporter=Reporter(io.StringIO()), opener=opener)
-    assert api.phase_hosts(off, phase) == []
+    assert runner.phase_hosts(off, phase) == []

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuk8s import api
+import gpuk8s.session as session_mod
+from gpuk8s import handoffs
 from gpuk8s.day2.steps import CLEANUP
 from gpuk8s.errors import Gpuk8sError, PlanError
 from gpuk8s.facts import HostFacts
@@ -168,7 +169,7 @@ def test_join_token_ttl_is_quoted() -> None:
                              "host": lambda self, n: type("H", (), {"vars": {
                                  "join_token_ttl": "15m0s"}})()})()
     with pytest.raises(Gpuk8sError):
-        api.mint_join(session)  # type: ignore[arg-type]
+        handoffs.mint_join(session)  # type: ignore[arg-type]
     assert seen == ["kubeadm token create --ttl 15m0s --print-join-command 2>&1"]
 
 
@@ -301,15 +302,15 @@ ADMIN_CONF = {
 
 
 def test_admin_conf_with_an_exec_plugin_or_a_plain_server_is_refused() -> None:
-    api.check_admin_conf(yaml.safe_dump(ADMIN_CONF), "cp-01")
+    handoffs.check_admin_conf(yaml.safe_dump(ADMIN_CONF), "cp-01")
     hostile = yaml.safe_load(yaml.safe_dump(ADMIN_CONF))
     hostile["users"][0]["user"]["exec"] = {"command": "sh", "args": ["-c", "id"]}
     with pytest.raises(Gpuk8sError, match="user 'admin' has exec"):
-        api.check_admin_conf(yaml.safe_dump(hostile), "cp-01")
+        handoffs.check_admin_conf(yaml.safe_dump(hostile), "cp-01")
     plain = yaml.safe_load(yaml.safe_dump(ADMIN_CONF))
     plain["clusters"][0]["cluster"]["server"] = "http://10.0.0.10:8080"
     with pytest.raises(Gpuk8sError, match="not an https:// URL"):
-        api.check_admin_conf(yaml.safe_dump(plain), "cp-01")
+        handoffs.check_admin_conf(yaml.safe_dump(plain), "cp-01")
 
 
 def test_admin_conf_is_written_privately_and_never_through_a_symlink(tmp_path: Path) -> None:
@@ -319,7 +320,7 @@ def test_admin_conf_is_written_privately_and_never_through_a_symlink(tmp_path: P
     victim.write_text("theirs")
     dest = folder / "admin.conf"
     dest.symlink_to(victim)
-    api.write_private(dest, "client-key-data: S3CRET\n")
+    handoffs.write_private(dest, "client-key-data: S3CRET\n")
     assert victim.read_text() == "theirs"
     assert not dest.is_symlink() and dest.read_text() == "client-key-data: S3CRET\n"
     assert oct(dest.stat().st_mode & 0o777) == "0o600"
@@ -327,7 +328,7 @@ def test_admin_conf_is_written_privately_and_never_through_a_symlink(tmp_path: P
     open_folder.mkdir()
     open_folder.chmod(0o777)
     with pytest.raises(Gpuk8sError, match="writable by others"):
-        api.write_private(open_folder / "admin.conf", "x")
+        handoffs.write_private(open_folder / "admin.conf", "x")
     assert not (open_folder / "admin.conf").exists()
 
 
@@ -398,7 +399,7 @@ def test_the_sudo_user_gets_the_admin_kubeconfig() -> None:
 def test_role_vars_carry_the_login_user() -> None:
     from gpuk8s.inventory import Host
     host = Host("cp-01", "10.0.0.10", user="ubuntu")
-    assert api.role_vars(host)["ansible_user"] == "ubuntu"
+    assert session_mod.role_vars(host)["ansible_user"] == "ubuntu"
 
 
 def test_url_passwords_are_redacted_wherever_they_appear() -> None:

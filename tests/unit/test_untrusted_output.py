@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpuk8s import api, cli, gpucheck
+import gpuk8s.session as session_mod
+from gpuk8s import api, cli, gpucheck, runner
 from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import OsRelease
@@ -131,10 +132,10 @@ def test_plan_with_hostile_pretty_name_shows_preflight_problem(
     inv = tmp_path / "hosts.yaml"
     inv.write_text(MINIMAL)
 
-    def gather(session: api.Session, hosts: list[str]) -> None:
+    def gather(session: session_mod.Session, hosts: list[str]) -> None:
         for h in hosts:
             facts = fresh_facts("ubuntu2404", 1 if h.startswith("gpu") else 0, h,
-                                dict(api.role_vars(session.host(h))))
+                                dict(session_mod.role_vars(session.host(h))))
             if h == "gpu-01":
                 facts = HostFacts(h, {f: ({"ID": "foo", "VERSION_ID": "1",
                                            "PRETTY_NAME": f"Foo [/x] {CLEAR}"}
@@ -142,7 +143,7 @@ def test_plan_with_hostile_pretty_name_shows_preflight_problem(
                                       for f, v in facts.items()})
             session.facts[h] = facts
 
-    monkeypatch.setattr(api, "gather", gather)
+    monkeypatch.setattr(runner, "gather", gather)
 
     def opener(spec: ConnectSpec, redact: Redactor) -> _Transport:
         return _Transport(spec.name)

@@ -1,0 +1,87 @@
+"""Fact gathering: every fact the roles ask for, in one probe per host, all hosts in
+parallel; and the cluster-wide values derived from the facts (node names, GPU counts, the
+API endpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuk8s.errors import (
+    ConnectError,
+    ConnectionLost,
+    Gpuk8sError,
+    PhaseFailed,
+)
+from gpuk8s.executor import HostResult
+from gpuk8s.executor import parallel as in_parallel
+from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.probe import build_probe, parse_probe
+from gpuk8s.facts.system import Files, PciDevices, System
+from gpuk8s.playbook import (
+    ALL_ROLES,
+    package_cache_url,
+)
+from gpuk8s.roles import load_role
+from gpuk8s.session import Session, role_vars
+
+
+def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    """Every fact any role needs on a host with these vars, each once."""
+    seen: dict[Fact[Any], None] = {}
+    for role in ALL_ROLES:
+        for fact in load_role(role).facts(vars):
+            seen.setdefault(fact, None)
+    return list(seen)
+
+
+def gather(session: Session, hosts: Sequence[str]) -> None:
+    """One probe per host, all hosts in parallel; raise PhaseFailed if any probe fails."""
+
+    def one(name: str) -> HostFacts:
+        requests = fact_requests(role_vars(session.host(name)))
+        script, marker = build_probe(requests)
+        result = session.transports[name].run(script, timeout=120)
+        return parse_probe(name, result.stdout, requests, marker)
+
+    results = in_parallel(list(hosts), one)
+    session.runlog.mark("facts")
+    failed: dict[str, HostResult] = {}
+    for name, value in results.items():
+        if isinstance(value, HostFacts):
+            session.facts[name] = value
+        else:
+            err: Gpuk8sError
+            if isinstance(value, ConnectionLost):  # the host went away (a reboot?)
+                err = ConnectError(name, f"connection lost during the fact probe: {value.cause}")
+            elif isinstance(value, Gpuk8sError):
+                err = value
+            else:
+                err = Gpuk8sError(f"{name}: fact probe failed: {value!r}")
+            failed[name] = HostResult(name, error=err)
+    if failed:
+        raise PhaseFailed("facts", failed)
+
+
+def cluster_values(session: Session) -> None:
+    """Node names, addresses and GPU counts of the hosts in this run; the API endpoint."""
+    cp = session.host(session.first_cp)
+    endpoint = cp.vars["control_plane_endpoint"] or f"{cp.address}:6443"
+    nodes = {}
+    for name in session.facts:
+        facts = session.facts[name]
+        gpus = [d for d in facts[PciDevices()] if d.is_gpu]
+        nodes[name] = {"name": facts[System()].hostname.lower(),
+                       "address": session.host(name).address, "gpus": len(gpus),
+                       "model": gpus[0].model if gpus else ""}
+    session.cluster.update(endpoint=endpoint, advertise_address=cp.address,
+                           node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
+                           package_cache_url=package_cache_url(session.inventory))
+
+
+def _file_exists(facts: HostFacts, path: str) -> bool:
+    """Whether any Files fact gathered for the host saw ``path`` (whichever role asked)."""
+    for fact, value in facts.items():
+        if isinstance(fact, Files) and path in value:
+            return bool(value[path].exists)
+    return False

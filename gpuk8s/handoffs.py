@@ -1,0 +1,125 @@
+"""What one phase hands to the next, outside the roles' ops: a short-lived join token
+(minted on the control plane, kept in memory) and admin.conf (checked, then saved privately
+on the admin machine)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+
+import yaml
+
+from gpuk8s.errors import (
+    Gpuk8sError,
+    PhaseFailed,
+)
+from gpuk8s.executor import HostResult
+from gpuk8s.facts.kube import ADMIN_CONF
+from gpuk8s.ops import q
+from gpuk8s.session import Session
+
+_JOIN_RE = re.compile(r"kubeadm join (\S+) --token (\S+)\s+--discovery-token-ca-cert-hash (\S+)")
+
+
+def mint_join(session: Session) -> None:
+    """A fresh short-lived token on the first control plane, kept in memory only."""
+    cp = session.first_cp
+    ttl = session.host(cp).vars["join_token_ttl"]
+    result = session.transports[cp].run(
+        f"kubeadm token create --ttl {q(str(ttl))} --print-join-command 2>&1", timeout=120)
+    match = _JOIN_RE.search(result.stdout)
+    if result.exit_code != 0 or not match:
+        raise PhaseFailed("join", {cp: HostResult(cp, error=Gpuk8sError(
+            f"{cp}: kubeadm token create failed (exit {result.exit_code}): "
+            + session.redact(result.stdout.strip()[-500:])))})
+    session.redact.add(match.group(2), match.group(2).split(".")[-1])
+    session.cluster["join"] = {"endpoint": match.group(1), "token": match.group(2),
+                               "ca_hash": match.group(3)}
+
+
+#: what a kubeadm admin.conf user may hold: client certificate and key, inline. Anything
+#: else (an exec or auth-provider plugin, a token file, paths) would be run or read on the
+#: admin machine by the operator's next kubectl, on the control plane's say-so.
+_KUBECONFIG_USER_KEYS = {"client-certificate-data", "client-key-data"}
+
+
+_KUBECONFIG_CLUSTER_KEYS = {"server", "certificate-authority-data", "tls-server-name"}
+
+
+def check_admin_conf(text: str, host: str) -> None:
+    """Refuse a kubeconfig from ``host`` that is not plain kubeadm admin.conf material."""
+    def bad(why: str) -> Gpuk8sError:
+        return Gpuk8sError(f"{host}: {ADMIN_CONF} is refused: {why}; it is not what kubeadm "
+                           "writes, so it is not saved on this machine. Check the control "
+                           f"plane (kubeadm init phase kubeconfig admin rewrites it)")
+    try:
+        conf = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise bad("it is not YAML") from None
+    if not isinstance(conf, dict) or conf.get("kind") != "Config":
+        raise bad("it is not a kubeconfig (kind: Config)")
+    for entry in conf.get("users") or []:
+        user = entry.get("user") if isinstance(entry, dict) else None
+        extra = sorted(set(user or {}) - _KUBECONFIG_USER_KEYS) if isinstance(user, dict) \
+            else ["(not a mapping)"]
+        if extra:
+            raise bad(f"user {entry.get('name') if isinstance(entry, dict) else entry!r} has "
+                      f"{', '.join(extra)} (only client-certificate-data and client-key-data "
+                      "are accepted)")
+    clusters = conf.get("clusters") or []
+    if not clusters:
+        raise bad("it names no cluster")
+    for entry in clusters:
+        cluster = entry.get("cluster") if isinstance(entry, dict) else None
+        if not isinstance(cluster, dict):
+            raise bad("a cluster entry is not a mapping")
+        extra = sorted(set(cluster) - _KUBECONFIG_CLUSTER_KEYS)
+        if extra:
+            raise bad(f"a cluster has {', '.join(extra)}")
+        if not str(cluster.get("server", "")).startswith("https://"):
+            raise bad(f"the server {cluster.get('server')!r} is not an https:// URL")
+
+
+def write_private(dest: Path, data: str) -> None:
+    """Write ``data`` to ``dest`` readable by this user only, atomically, never through a
+    symlink, in a folder no one else can write to."""
+    folder = dest.parent
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise Gpuk8sError(
+            f"{folder} is refused for secrets: it is "
+            + ("a symlink" if stat.S_ISLNK(st.st_mode) else
+               f"owned by uid {st.st_uid}" if st.st_uid != os.getuid() else
+               f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+            + f"; make it your own with mode 0700 (chmod 0700 {folder})")
+    tmp = folder / f".{dest.name}.{secrets.token_hex(6)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def fetch_admin_conf(session: Session) -> Path | None:
+    """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine,
+    once it is checked to be plain kubeadm material (see check_admin_conf)."""
+    cp = session.first_cp
+    result = session.transports[cp].run(f"cat {ADMIN_CONF}")
+    if result.exit_code != 0:
+        return None
+    data = result.stdout
+    for line in data.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key.endswith("-data") and value.strip():
+            session.redact.add(value.strip())
+    check_admin_conf(data, cp)
+    dest = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
+    write_private(dest, data)
+    return dest

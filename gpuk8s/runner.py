@@ -1,0 +1,304 @@
+"""The playbook runner: preflight, then for each phase of gpuk8s.playbook: its hosts, fresh
+facts where a host changed, the plan (+ / = / !), apply with the executor, the barrier and
+the phase's hand-offs; hosts that fail are left out within --max-fail."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpuk8s.errors import (
+    ConnectError,
+    Gpuk8sError,
+    HostsFailed,
+    PhaseFailed,
+    PreflightError,
+)
+from gpuk8s.executor import HostResult, HostRunner, RoleWork, run_phase
+from gpuk8s.facts.gather import _file_exists, cluster_values, gather
+from gpuk8s.facts.system import System
+from gpuk8s.handoffs import fetch_admin_conf, mint_join
+from gpuk8s.ops import Op
+from gpuk8s.playbook import (
+    PHASES,
+    PREFLIGHT,
+    Phase,
+    package_cache_host,
+)
+from gpuk8s.roles import load_role
+from gpuk8s.session import Session, context
+
+
+def preflight(session: Session) -> None:
+    """Run every host's checks and the cross-host ones; raise PreflightError on any error."""
+    errors: dict[str, list[tuple[str, str, str]]] = {}
+    warnings: dict[str, list[tuple[str, str, str]]] = {}
+    role = load_role(PREFLIGHT).module
+    for name in session.scope:
+        session.cluster.setdefault("joined", {})[name] = _file_exists(
+            session.facts[name], "/etc/kubernetes/kubelet.conf")
+    for name in session.scope:
+        errs, warns = role.check(context(session, name, PREFLIGHT))
+        errors[name], warnings[name] = list(errs), list(warns)
+    for attr, label in (("hostname", "hostname"), ("product_uuid", "product_uuid"),
+                        ("machine_id", "machine-id")):
+        seen: dict[str, str] = {}
+        for name in session.facts:
+            value = getattr(session.facts[name][System()], attr)
+            if not value:
+                continue
+            if value in seen and name in session.scope:
+                errors.setdefault(name, []).append((
+                    f"unique_{attr}", f"{label} {value!r} is the same as on {seen[value]}",
+                    f"give every node its own {label} (cloned VM images often share it)"))
+            seen.setdefault(value, name)
+    session.reporter.warnings(warnings)
+    if any(errors.values()):
+        session.reporter.problems("preflight problems", errors)
+        raise PreflightError({h: p for h, p in errors.items() if p})
+
+
+def phase_hosts(session: Session, phase: Phase) -> list[str]:
+    if phase.hosts == "all":
+        return list(session.scope)
+    if phase.hosts == "first_control_plane":
+        return [session.first_cp]
+    if phase.hosts == "package_cache":
+        cache = package_cache_host(session.inventory)
+        return [cache] if cache in session.transports else []
+    return [h for h in session.scope if h != session.first_cp]
+
+
+def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
+               ) -> dict[str, list[RoleWork]]:
+    work: dict[str, list[RoleWork]] = {}
+    for host in hosts:
+        items = []
+        for name in phase.roles:
+            role = load_role(name)
+            ctx = context(session, host, name)
+            ops = role.plan(ctx)
+            handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
+            items.append(RoleWork(name, tuple(ops), handlers))
+        work[host] = items
+    return work
+
+
+def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
+    return {h: [op for rw in items for op in rw.ops] for h, items in work.items()}
+
+
+def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[RoleWork]]
+                ) -> dict[str, HostResult]:
+    runners = {h: HostRunner(h, session.transports[h], session.redact,
+                             session.runlog.host_logger(h), session.reporter.event,
+                             float(session.host(h).vars["reboot_timeout"])) for h in work}
+    changing = [h for h, items in work.items() if any(op.changes for rw in items
+                                                      for op in rw.ops)]
+    session.reporter.start(changing)
+    try:
+        results = run_phase(work, runners)
+    finally:
+        session.reporter.stop()
+    return results
+
+
+def _tally(session: Session, results: Mapping[str, HostResult]) -> None:
+    for host, res in results.items():
+        t = session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0, "time": 0.0})
+        t["changed"] += res.changed
+        t["ok"] += res.ok
+        t["failed"] += res.failed + (1 if res.error and not res.failed else 0)
+        t["time"] += res.elapsed
+
+
+def fail_budget(max_fail: int | str, hosts: int) -> int:
+    """How many hosts may fail before the run stops: ``--max-fail`` as a count ("1") or a
+    percentage of the hosts in the run ("25%", rounded down)."""
+    text = str(max_fail).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError(text)
+            return int(hosts * pct // 100)
+        count = int(text)
+        if count < 0:
+            raise ValueError(text)
+        return count
+    except ValueError:
+        raise Gpuk8sError(f"--max-fail must be a count like 1 or a percentage like 25%, got "
+                          f"{text!r}") from None
+
+
+def _leave_out(session: Session, stage: str, errors: Mapping[str, Gpuk8sError],
+               budget: int, results: Mapping[str, Any]) -> None:
+    """Record failed hosts and take them out of the rest of the run; raise PhaseFailed when
+    the first control plane failed or more hosts failed than ``budget`` allows."""
+    for host, err in errors.items():
+        session.failed[host] = err
+        session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 1, "time": 0.0})
+    if session.first_cp in errors or len(session.failed) > budget:
+        raise PhaseFailed(stage, results)
+    for host in errors:
+        session.scope = [h for h in session.scope if h != host]
+        session.facts.pop(host, None)
+        transport = session.transports.pop(host, None)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.close()
+    session.reporter.print(
+        f"{stage}: left out of the rest of the run: {', '.join(sorted(errors))} "
+        f"({len(session.failed)} failed host(s), --max-fail allows {budget})", style="red")
+
+
+def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
+             confirm: Callable[[str], bool] | None = None,
+             max_fail: int | str = 0) -> dict[str, Any]:
+    """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
+    started = time.monotonic()
+    rep = session.reporter
+    budget = fail_budget(max_fail, len(session.scope) + len(session.unreachable))
+    try:
+        if session.unreachable:
+            _leave_out(session, "connect", session.unreachable, budget,
+                       {h: HostResult(h, error=e) for h, e in session.unreachable.items()})
+        try:
+            gather(session, list(session.transports))
+        except PhaseFailed as exc:
+            _leave_out(session, "facts", {h: r.error for h, r in exc.results.items()
+                                          if r.error}, budget, exc.results)
+        cluster_values(session)
+        blocked: PreflightError | None = None
+        try:
+            preflight(session)
+        except PreflightError as exc:
+            unnamed = any(p[0] == "hostname" for ps in exc.problems.values() for p in ps)
+            if not check or unnamed:
+                raise  # a host that cannot be named cannot be planned for either
+            blocked = exc  # plan anyway: show what a fixed host would get
+        planned_total = 0
+        if not check and not yes:
+            planned_total = _preview(session, diff)
+            if planned_total and not _confirm(confirm, planned_total):
+                rep.print("nothing changed")
+                return {"changed": 0, "aborted": True}
+        dirty: set[str] = set()   # hosts changed since their facts were gathered
+        cluster_moved = False     # anything changed since the first control plane's probe
+        applied_total = 0
+        for phase in PHASES:
+            hosts = phase_hosts(session, phase)
+            regather = dirty & set(hosts)
+            if cluster_moved and session.first_cp in hosts:
+                regather.add(session.first_cp)
+            if regather:
+                gather(session, sorted(regather))
+                cluster_values(session)
+                dirty -= regather
+                if session.first_cp in regather:
+                    cluster_moved = False
+            if "join_token" in phase.needs and not check:
+                work = plan_phase(session, phase, hosts)
+                if any(op.changes for items in work.values() for rw in items for op in rw.ops):
+                    mint_join(session)
+            work = plan_phase(session, phase, hosts)
+            changes = sum(op.changes for items in work.values() for rw in items
+                          for op in rw.ops)
+            if work and (check or changes or diff):
+                rep.phase(f"{phase.name}: {phase.title}")
+                n = rep.plan(_ops(work), show_all=check, diff=diff)
+                planned_total += n if check else 0
+            if check:
+                session.runlog.add_phase(phase.name, {}, 0.0, _ops(work))
+                continue
+            if not changes:
+                session.runlog.add_phase(phase.name, {h: HostResult(h) for h in work}, 0.0,
+                                         _ops(work))
+                _tally(session, {h: _ok_result(h, work[h]) for h in work})
+                continue
+            t0 = time.monotonic()
+            results = apply_phase(session, phase, work)
+            session.runlog.add_phase(phase.name, results, time.monotonic() - t0)
+            _tally(session, results)
+            applied_total += sum(r.changed for r in results.values())
+            errors = {h: r.error for h, r in results.items() if r.error}
+            if errors:
+                _leave_out(session, phase.name, errors, budget, results)
+            changed_hosts = {h for h, r in results.items() if r.changed}
+            dirty |= changed_hosts
+            cluster_moved = cluster_moved or bool(changed_hosts)
+            if "admin_conf" in phase.provides:
+                path = fetch_admin_conf(session)
+                if path:
+                    rep.print(f"admin kubeconfig: {path} (0600)")
+        elapsed = time.monotonic() - started
+        failed = {h: session.redact(str(e)) for h, e in session.failed.items()}
+        report = session.runlog.write_report(wall_time=round(elapsed, 3), check=check,
+                                             failed_hosts=_failed_rows(session))
+        if check:
+            rep.print(f"\nplan: {planned_total} change(s); nothing was changed "
+                      f"({elapsed:.2f}s)")
+            if blocked is not None:
+                rep.print("bootstrap would stop at preflight (problems above) before "
+                          "changing anything", style="red")
+                raise blocked
+        else:
+            rep.summary(session.totals, elapsed, failed=_failed_rows(session))
+            if not applied_total and not failed:
+                rep.print(f"no changes: the cluster already matches the inventory "
+                          f"({elapsed:.2f}s)")
+        rep.print(f"run folder: {report.parent}", style="dim")
+        if session.failed:
+            raise HostsFailed({h: HostResult(h, error=e) for h, e in session.failed.items()},
+                              {"changed": applied_total, "run_dir": str(report.parent),
+                               "totals": session.totals, "failed": failed})
+        return {"changed": applied_total, "planned": planned_total, "wall_time": elapsed,
+                "run_dir": str(report.parent), "totals": session.totals}
+    except HostsFailed:
+        raise
+    except Gpuk8sError as exc:
+        session.runlog.write_report(error=session.redact(str(exc)),
+                                    failed_hosts=_failed_rows(session))
+        raise
+
+
+def _failed_rows(session: Session) -> dict[str, dict[str, str]]:
+    """report.json's and the final table's view of failed hosts: status and cause."""
+    return {h: {"status": "unreachable" if isinstance(e, ConnectError) else "failed",
+                "cause": session.redact(str(e))} for h, e in session.failed.items()}
+
+
+def _ok_result(host: str, items: Sequence[RoleWork]) -> HostResult:
+    from gpuk8s.executor import OpResult
+
+    res = HostResult(host)
+    res.results = [OpResult(host, op, "warning" if op.warning else "ok")
+                   for rw in items for op in rw.ops]
+    return res
+
+
+def _preview(session: Session, diff: bool) -> int:
+    """Print the plan of every phase on current facts; return the number of changes."""
+    total = 0
+    for phase in PHASES:
+        work = plan_phase(session, phase, phase_hosts(session, phase))
+        ops = _ops(work)
+        n = sum(op.changes for v in ops.values() for op in v)
+        if n:
+            session.reporter.phase(f"{phase.name}: {phase.title}")
+            session.reporter.plan(ops, show_all=False, diff=diff)
+        total += n
+    return total
+
+
+def _confirm(confirm: Callable[[str], bool] | None, changes: int) -> bool:
+    question = f"apply {changes} change(s)? (later phases may add more) [y/N] "
+    if confirm is not None:
+        return confirm(question)
+    if not sys.stdin.isatty():
+        raise Gpuk8sError("refusing to change hosts without confirmation: stdin is not a "
+                          "terminal; pass --yes")
+    return input(question).strip().lower() in ("y", "yes")
