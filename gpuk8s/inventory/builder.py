@@ -1,4 +1,5 @@
-"""Ansible-compatible inventory (YAML and INI): hosts, groups, merged variables, validation.
+"""Reading an inventory (YAML or INI, group_vars/host_vars, --set) into an Inventory, with
+every problem named by file, line and fix.
 
 Everything here runs before any host is contacted. load_inventory() raises the first problem
 as an InventoryError naming the file, the line and the fix; validate_all() returns them all.
@@ -6,15 +7,11 @@ as an InventoryError naming the file, the line and the fix; validate_all() retur
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import fnmatch
-import hmac
 import os
 import re
 import shlex
-import string
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,38 @@ from typing import Any
 import yaml
 
 from gpuk8s.errors import InventoryError
+from gpuk8s.inventory.ansible import (
+    _ANSIBLE_RENAMES,
+    _CONNECTIONS,
+    _FALSE,
+    _PASSWORD_KEYS,
+    _TRUE,
+    ANSIBLE_KEYS,
+    _has_line_break,
+    _parse_ssh_args,
+    _resolve_path,
+    _Ssh,
+    _SshArgError,
+)
+from gpuk8s.inventory.model import (
+    BECOME_PASSWORD_ENV,
+    GROUP_ALIASES,
+    IGNORED_GROUPS,
+    Group,
+    Host,
+    Inventory,
+    Secret,
+)
+from gpuk8s.inventory.text import (
+    _GROUP_KEYS,
+    _GROUP_NAME,
+    _HOST_NAME,
+    _MAX_DEPTH,
+    _display,
+    _expand_hosts,
+    _text_value,
+)
+from gpuk8s.inventory.yamlio import _Fatal, _LineDict, _load_yaml, _nested_duplicates, _plain
 from gpuk8s.variables import (
     CLUSTER_WIDE,
     MergedVars,
@@ -38,292 +67,6 @@ from gpuk8s.variables import (
     suggest,
     unknown_variable,
 )
-
-BECOME_PASSWORD_ENV = "GPUK8S_BECOME_PASSWORD"
-
-#: The sudo password and its Ansible aliases: never accepted from --set (argv is public).
-_PASSWORD_KEYS = frozenset({"ansible_become_password", "ansible_become_pass",
-                            "ansible_sudo_pass"})
-
-
-def _has_line_break(password: str) -> bool:
-    """sudo -S reads a password up to the first line break; the rest would reach root's sh."""
-    return "\n" in password or "\r" in password
-
-
-CONTROL_PLANE = "control_plane"
-WORKERS = "workers"
-
-# Group names used by kubespray, DeepOps and others, read as ours.
-GROUP_ALIASES: dict[str, str] = {
-    "kube_control_plane": CONTROL_PLANE,
-    "kube-master": CONTROL_PLANE,
-    "kube_master": CONTROL_PLANE,
-    "masters": CONTROL_PLANE,
-    "kube_node": WORKERS,
-    "kube-node": WORKERS,
-    "nodes": WORKERS,
-}
-
-# Groups whose hosts and variables gpuk8s does not use, and why.
-IGNORED_GROUPS: dict[str, str] = {
-    "etcd": "kubeadm runs etcd on the control planes (stacked etcd)",
-    "calico_rr": "calico route reflectors are not managed by gpuk8s",
-    "bastion": "set ansible_ssh_common_args: '-J user@bastion' to go through a jump host",
-}
-
-# Connection keys we honour; any other ansible_* key is an error.
-ANSIBLE_KEYS = frozenset({
-    "ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
-    "ansible_become", "ansible_become_password", "ansible_connection",
-    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_python_interpreter",
-})
-_ANSIBLE_RENAMES = {
-    "ansible_ssh_host": "ansible_host",
-    "ansible_ssh_port": "ansible_port",
-    "ansible_ssh_user": "ansible_user",
-    "ansible_private_key_file": "ansible_ssh_private_key_file",
-    "ansible_become_pass": "ansible_become_password",
-    "ansible_sudo_pass": "ansible_become_password",
-    "ansible_sudo": "ansible_become",
-    "ansible_become_user": None,
-    "ansible_ssh_pass": None,
-    "ansible_password": None,
-}
-_CONNECTIONS = {"ssh": "ssh", "paramiko": "ssh", "smart": "ssh", "local": "local"}
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-_GROUP_KEYS = ("hosts", "vars", "children")
-_MAX_RANGE_HOSTS = 10000
-_MAX_DEPTH = 50
-_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
-_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-
-
-class Secret:
-    """A string that never shows itself in repr/str/format; ``reveal()`` gives the value."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    def __str__(self) -> str:
-        return "********"
-
-    def __format__(self, spec: str) -> str:
-        return "********"
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Secret):
-            return NotImplemented
-        return hmac.compare_digest(self._value.encode(), other._value.encode())
-
-    def __hash__(self) -> int:
-        return hash((Secret, self._value))
-
-
-@dataclass(frozen=True, repr=False)
-class Host:
-    """One machine: how to reach it, its groups (canonical names) and its merged variables."""
-
-    name: str
-    address: str
-    port: int = 22
-    user: str = "root"
-    groups: tuple[str, ...] = ()
-    vars: MergedVars = field(default_factory=lambda: MergedVars({}, {}))
-    private_key_file: str | None = None
-    identity_files: tuple[str, ...] = ()  # every key to try, private_key_file first
-    become: bool | None = None  # None: True when user != "root"
-    become_password: Secret | None = None
-    connection: str = "ssh"  # "ssh" or "local"
-    proxy_jump: str | None = None
-    proxy_command: str | None = None
-    known_hosts_files: tuple[str, ...] = ()
-    strict_host_key_checking: str | None = None  # "yes", "no" or "accept-new"
-    ssh_config_file: str | None = None
-    warnings: tuple[str, ...] = ()
-    source: str = field(default="", compare=False)  # "inventories/lab.yaml:12"
-
-    def __post_init__(self) -> None:
-        if self.become is None:
-            object.__setattr__(self, "become", self.user != "root")
-        if self.become_password is not None and not isinstance(self.become_password, Secret):
-            object.__setattr__(self, "become_password", Secret(str(self.become_password)))
-
-    def __hash__(self) -> int:
-        return hash((Host, self.name, self.address, self.port))
-
-    def __repr__(self) -> str:
-        password = "<set>" if self.become_password is not None else None
-        return (f"Host({self.name!r}, address={self.address!r}, port={self.port}, "
-                f"user={self.user!r}, groups={self.groups!r}, connection={self.connection!r}, "
-                f"become={self.become}, become_password={password})")
-
-    @property
-    def key_file(self) -> str | None:
-        """Same as private_key_file."""
-        return self.private_key_file
-
-    @property
-    def is_control_plane(self) -> bool:
-        return CONTROL_PLANE in self.groups
-
-    @property
-    def is_worker(self) -> bool:
-        """A node that joins as a worker (a control plane also listed in workers is not)."""
-        return WORKERS in self.groups and not self.is_control_plane
-
-    @property
-    def schedulable(self) -> bool:
-        """Runs workloads: workers, and control planes also in workers (kubespray style) or with
-        control_plane_schedulable: true."""
-        if self.is_worker:
-            return True
-        return self.is_control_plane and (WORKERS in self.groups
-                                          or self.vars.get("control_plane_schedulable") is True)
-
-    @property
-    def absent(self) -> bool:
-        return self.vars.get("absent") is True
-
-
-@dataclass(frozen=True)
-class Group:
-    """A group; ``hosts`` includes the hosts of its child groups, in inventory order."""
-
-    name: str
-    hosts: tuple[str, ...] = ()
-    children: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = field(default=(), compare=False)  # names it was written as
-    source: str = field(default="", compare=False)
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """A loaded, validated inventory."""
-
-    path: Path = field(compare=False)
-    hosts: Mapping[str, Host]
-    groups: Mapping[str, Group]
-    notes: tuple[str, ...] = field(default=(), compare=False)
-
-    def __repr__(self) -> str:
-        return f"Inventory({str(self.path)!r}, hosts={list(self.hosts)!r})"
-
-    @property
-    def control_planes(self) -> list[Host]:
-        return [h for h in self.hosts.values() if h.is_control_plane]
-
-    @property
-    def workers(self) -> list[Host]:
-        return [h for h in self.hosts.values() if h.is_worker]
-
-    def present(self) -> list[Host]:
-        """Hosts not marked ``absent: true``."""
-        return [h for h in self.hosts.values() if not h.absent]
-
-    def vars_for(self, name: str) -> MergedVars:
-        if name not in self.hosts:
-            raise InventoryError(f"unknown host {name!r}", path=_display(self.path),
-                                 fix=f"known hosts: {', '.join(self.hosts)}")
-        return self.hosts[name].vars
-
-    def needs_become_password(self) -> list[str]:
-        """Present hosts that use sudo and have no password (inventory or environment)."""
-        return [h.name for h in self.present() if h.become and h.become_password is None]
-
-    def with_become_password(self, password: str | Secret,
-                             names: Iterable[str] | None = None) -> Inventory:
-        """A copy where ``names`` (default: needs_become_password()) use ``password``."""
-        secret = password if isinstance(password, Secret) else Secret(password)
-        chosen = set(self.needs_become_password() if names is None else names)
-        hosts = {n: (replace(h, become_password=secret) if n in chosen else h)
-                 for n, h in self.hosts.items()}
-        return replace(self, hosts=hosts)
-
-    def select(self, limit: str | None = None, *, present_only: bool = False) -> list[Host]:
-        """Hosts matching an Ansible-like limit, in inventory order.
-
-        ``limit``: comma-separated host names, group names, globs (``gpu-*``), ``~regex``,
-        ``all``; ``!pattern`` excludes, ``&pattern`` intersects. None or "" selects every host.
-        A pattern that matches nothing is an InventoryError listing the known hosts.
-        """
-        order = list(self.hosts)
-        if limit is None or not limit.strip():
-            chosen = set(order)
-        else:
-            sep = "," if "," in limit or "[" in limit else ":"
-            include: set[str] = set()
-            has_include = False
-            intersect: list[set[str]] = []
-            exclude: set[str] = set()
-            for part in (p.strip() for p in limit.split(sep)):
-                if not part:
-                    continue
-                op = part[0] if part[0] in "!&" else ""
-                matched = self._match(part[len(op):].strip(), part)
-                if op == "!":
-                    exclude |= matched
-                elif op == "&":
-                    intersect.append(matched)
-                else:
-                    has_include = True
-                    include |= matched
-            chosen = include if has_include else set(order)
-            for other in intersect:
-                chosen &= other
-            chosen -= exclude
-        hosts = [self.hosts[n] for n in order if n in chosen]
-        return [h for h in hosts if not h.absent] if present_only else hosts
-
-    def _match(self, pattern: str, written: str) -> set[str]:
-        if pattern in ("all", "*"):
-            return set(self.hosts)
-        if pattern in self.hosts:
-            return {pattern}
-        group = GROUP_ALIASES.get(pattern, pattern)
-        if group in self.groups:
-            return set(self.groups[group].hosts)
-        found: set[str] = set()
-        if pattern.startswith("~"):
-            try:
-                rx = re.compile(pattern[1:])
-            except re.error as exc:
-                raise InventoryError(f"--limit {written!r}: bad regular expression ({exc})",
-                                     fix="write --limit '~gpu-0[1-4]'") from None
-            found = {n for n in self.hosts if rx.search(n)}
-            for g in self.groups.values():
-                if rx.search(g.name):
-                    found |= set(g.hosts)
-        elif any(c in pattern for c in "*?["):
-            found = set(fnmatch.filter(list(self.hosts), pattern))
-            for g in self.groups.values():
-                if fnmatch.fnmatchcase(g.name, pattern):
-                    found |= set(g.hosts)
-        if not found:
-            known = ", ".join(self.hosts)
-            groups = ", ".join(g for g in self.groups if g not in ("all", "ungrouped"))
-            best = suggest(pattern, [*self.hosts, *self.groups])
-            hint = f"did you mean {best!r}? " if best else ""
-            raise InventoryError(
-                f"--limit {written!r} matches no host or group (known hosts: {known})",
-                path=_display(self.path),
-                fix=f"{hint}use host names, group names ({groups}) or globs like 'gpu-*'")
-        return found
-
-
-# =========================================================================== public entry points
 
 
 def load_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[str] = (),
@@ -350,104 +93,6 @@ def validate_all(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[st
     builder = _Builder(Path(path), overrides, env, project_root)
     builder.build()
     return builder.sorted_problems()
-
-
-# =========================================================================== YAML with lines
-
-
-class _LineDict(dict[Any, Any]):
-    """A dict from YAML that remembers the line of each key, duplicates and raw number text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.line = 0
-        self.key_lines: dict[Any, int] = {}
-        self.raw: dict[Any, str] = {}
-        self.duplicates: list[tuple[Any, int, int]] = []  # (key, line, first line)
-
-
-class _LineLoader(yaml.SafeLoader):
-    pass
-
-
-_NUMBER_TAGS = ("tag:yaml.org,2002:float", "tag:yaml.org,2002:int")
-
-
-def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> Iterator[_LineDict]:
-    d = _LineDict()
-    d.line = node.start_mark.line + 1
-    yield d
-    own = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
-    loader.flatten_mapping(node)
-    merged = len(node.value) - own
-    first_own: dict[Any, int] = {}
-    for i, (key_node, value_node) in enumerate(node.value):
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark,
-                "found a key that is a list or mapping", key_node.start_mark) from None
-        line = key_node.start_mark.line + 1
-        if i >= merged:
-            if key in first_own:
-                d.duplicates.append((key, line, first_own[key]))
-            else:
-                first_own[key] = line
-        d[key] = loader.construct_object(value_node)
-        d.key_lines[key] = line
-        if isinstance(value_node, yaml.ScalarNode) and value_node.tag in _NUMBER_TAGS:
-            d.raw[key] = value_node.value
-
-
-_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
-
-
-class _Fatal(Exception):
-    """Stop reading this file: its problem is already recorded."""
-
-
-def _yaml_error(exc: Exception, path: str, text: str = "") -> InventoryError:
-    """An InventoryError from a YAML error, without the source snippet (it may hold secrets)."""
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    lines = text.splitlines()
-    if mark is not None and mark.line < len(lines) and "pass" in lines[mark.line].lower():
-        # the details may quote a password (e.g. a tag: an unquoted password starting with !)
-        return InventoryError(
-            f"YAML syntax error, column {mark.column + 1} (details hidden: the line holds a "
-            "password)", path=path, line=mark.line + 1,
-            fix="quote the password: ansible_become_password: \"...\"")
-    if isinstance(exc, yaml.MarkedYAMLError):
-        text = " ".join(p for p in (exc.context, exc.problem) if p) or "syntax error"
-    elif isinstance(exc, yaml.reader.ReaderError):
-        text = f"unacceptable character #x{exc.character:04x}" if isinstance(
-            exc.character, int) else "unreadable character"
-    elif isinstance(exc, RecursionError):
-        text = "nested too deeply"
-    else:
-        text = f"cannot read a value ({type(exc).__name__})"
-    line = mark.line + 1 if mark is not None else None
-    col = f", column {mark.column + 1}" if mark is not None else ""
-    return InventoryError(f"YAML syntax error{col}: {text}", path=path, line=line,
-                          fix="fix the YAML at that line (indent with spaces, quote values "
-                          "that contain ': ' or start with '{', '[', '*', '&', '!')")
-
-
-def _load_yaml(text: str, path: str) -> Any:
-    loader: _LineLoader | None = None
-    try:
-        loader = _LineLoader(text)
-        return loader.get_single_data()
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError,
-            AttributeError) as exc:
-        raise _yaml_error(exc, path, text) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-# =========================================================================== internal model
 
 
 @dataclass
@@ -491,215 +136,6 @@ class _RawHost:
     line: int | None
     entries: list[_Entry] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)  # canonical, direct
-
-
-@dataclass
-class _Ssh:
-    proxy_jump: str | None = None
-    proxy_command: str | None = None
-    known_hosts_files: list[str] = field(default_factory=list)
-    strict: str | None = None
-    config_file: str | None = None
-    identity_files: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-class _SshArgError(Exception):
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
-
-
-def _display(path: Path | str) -> str:
-    p = Path(path)
-    try:
-        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except (ValueError, OSError):
-        return str(p)
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """Plain dicts and lists (no line info), refusing self-referencing or very deep values."""
-    if depth > _MAX_DEPTH:
-        raise RecursionError
-    if isinstance(value, dict):
-        return {k: _plain(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v, depth + 1) for v in value]
-    return value
-
-
-def _nested_duplicates(value: Any, depth: int = 0) -> Iterator[tuple[Any, int, int]]:
-    if depth > _MAX_DEPTH:
-        return
-    if isinstance(value, _LineDict):
-        yield from value.duplicates
-        for v in value.values():
-            yield from _nested_duplicates(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _nested_duplicates(v, depth + 1)
-
-
-def _expand_hosts(pattern: str) -> list[str]:
-    """Expand Ansible host ranges: gpu-[01:04], node[a:c], x-[0:10:2]. ValueError if bad."""
-    m = re.search(r"\[([^\[\]]*)\]", pattern)
-    if not m:
-        if "[" in pattern or "]" in pattern:
-            raise ValueError("unbalanced [ ] in a host range")
-        return [pattern]
-    parts = m[1].split(":")
-    if len(parts) not in (2, 3):
-        raise ValueError("a host range is [start:end] or [start:end:step]")
-    beg, end = parts[0] or "0", parts[1]
-    step_text = parts[2] if len(parts) == 3 else "1"
-    if not end or not step_text.isdigit() or int(step_text) < 1:
-        raise ValueError("a host range needs an end and a positive step")
-    step = int(step_text)
-    seq: list[str]
-    if beg.isdigit() and end.isdigit():
-        if len(beg) > 1 and beg.startswith("0") and len(beg) != len(end):
-            raise ValueError("a zero-padded range needs start and end of the same width, "
-                             "e.g. [01:12]")
-        width = len(beg) if beg.startswith("0") and len(beg) > 1 else 0
-        if int(beg) > int(end):
-            raise ValueError("a host range must go up, e.g. [01:04]")
-        if (int(end) - int(beg)) // step + 1 > _MAX_RANGE_HOSTS:
-            raise ValueError("a host range with that many hosts is surely a typo")
-        seq = [str(i).zfill(width) for i in range(int(beg), int(end) + 1, step)]
-    elif len(beg) == 1 and len(end) == 1 and beg in string.ascii_letters \
-            and end in string.ascii_letters:
-        i, j = string.ascii_letters.index(beg), string.ascii_letters.index(end)
-        if i > j:
-            raise ValueError("a host range must go up, e.g. [a:d]")
-        seq = list(string.ascii_letters[i:j + 1:step])
-    else:
-        raise ValueError("a host range is numbers [01:04] or single letters [a:d]")
-    out: list[str] = []
-    for item in seq:
-        out.extend(_expand_hosts(pattern[:m.start()] + item + pattern[m.end():]))
-        if len(out) > _MAX_RANGE_HOSTS:
-            raise ValueError("a host range with that many hosts is surely a typo")
-    return out
-
-
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
-        return text
-
-
-def _text_value(text: str, spec: VarSpec | None) -> Any:
-    """Convert INI text by the variable's type (an Ansible INI inventory holds only text)."""
-    text = text.strip()
-    quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
-    if quoted:
-        value = _literal(text)
-        return value if isinstance(value, str) else text[1:-1]
-    kind = spec.type if spec else None
-    if kind is str:
-        return text
-    if kind is bool:
-        if text.lower() in ("true", "yes", "on"):
-            return True
-        if text.lower() in ("false", "no", "off"):
-            return False
-    value = _literal(text)
-    if isinstance(value, str) and kind in (list, dict) and text[:1] in "[{":
-        try:
-            value = yaml.safe_load(text)
-        except (yaml.YAMLError, ValueError, TypeError, RecursionError):
-            return text
-    return value
-
-
-def _resolve_path(value: str, base: Path) -> str:
-    p = Path(os.path.expanduser(value))
-    if not p.is_absolute():
-        p = base / p
-    return os.path.normpath(str(p))
-
-
-_SSH_ARG_FLAGS = set("bceilmopBDEFIJLOPQRSwW")
-
-
-def _parse_ssh_args(text: str, base: Path, into: _Ssh | None = None) -> _Ssh:
-    """Parse ansible_ssh_common_args / ansible_ssh_extra_args; the first value wins, as in ssh."""
-    ssh = into or _Ssh()
-    try:
-        tokens = shlex.split(text)
-    except ValueError as exc:
-        raise _SshArgError(f"cannot split the ssh arguments ({exc})",
-                           "balance the quotes, e.g. '-o ProxyCommand=\"ssh -W %h:%p bastion\"'"
-                           ) from None
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        i += 1
-        if len(tok) < 2 or not tok.startswith("-"):
-            ssh.warnings.append(f"ssh argument {tok!r} ignored")
-            continue
-        flag = tok[1]
-        if flag not in _SSH_ARG_FLAGS:
-            ssh.warnings.append(f"ssh flag {tok} ignored")
-            continue
-        if len(tok) > 2:
-            val = tok[2:]
-        elif i < len(tokens):
-            val = tokens[i]
-            i += 1
-        else:
-            raise _SshArgError(f"ssh flag -{flag} needs a value", f"write -{flag} VALUE")
-        if flag == "o":
-            _ssh_option(ssh, val, base)
-        elif flag == "J":
-            ssh.proxy_jump = ssh.proxy_jump or val
-        elif flag == "F":
-            ssh.config_file = ssh.config_file or _resolve_path(val, base)
-        elif flag == "i":
-            ssh.identity_files.append(_resolve_path(val, base))
-        elif flag in "pl":
-            what = "ansible_port" if flag == "p" else "ansible_user"
-            ssh.warnings.append(f"ssh flag -{flag} ignored: use {what}")
-        else:
-            ssh.warnings.append(f"ssh flag -{flag} ignored")
-    return ssh
-
-
-def _ssh_option(ssh: _Ssh, option: str, base: Path) -> None:
-    key, sep, val = option.partition("=")
-    if not sep:
-        key, _, val = option.strip().partition(" ")
-    key, val = key.strip(), val.strip()
-    if not key or not val:
-        raise _SshArgError(f"ssh option {option!r} has no value", "write -o Key=Value")
-    low = key.lower()
-    if low == "proxyjump":
-        if val.lower() != "none":
-            ssh.proxy_jump = ssh.proxy_jump or val
-    elif low == "proxycommand":
-        if val.lower() != "none":
-            ssh.proxy_command = ssh.proxy_command or val
-    elif low in ("userknownhostsfile", "globalknownhostsfile"):
-        ssh.known_hosts_files.extend(_resolve_path(v, base) for v in val.split())
-    elif low == "stricthostkeychecking":
-        word = {"off": "no", "on": "yes"}.get(val.lower(), val.lower())
-        if word not in ("yes", "no", "accept-new"):
-            raise _SshArgError(f"StrictHostKeyChecking={val} is not supported",
-                               "use -o StrictHostKeyChecking=accept-new (or yes, or no)")
-        ssh.strict = ssh.strict or word
-    elif low == "identityfile":
-        ssh.identity_files.append(_resolve_path(val, base))
-    elif low in ("user", "port", "hostname"):
-        what = {"user": "ansible_user", "port": "ansible_port", "hostname": "ansible_host"}[low]
-        ssh.warnings.append(f"ssh option {key} ignored: use {what}")
-    else:
-        ssh.warnings.append(f"ssh option {key} ignored")
-
-
-# =========================================================================== the builder
 
 
 class _Builder:
