@@ -8,15 +8,10 @@ as an InventoryError naming the file, the line and the fix; validate_all() retur
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpuk8s.errors import InventoryError
 from gpuk8s.inventory.ansible import (
@@ -32,24 +27,21 @@ from gpuk8s.inventory.ansible import (
     _Ssh,
     _SshArgError,
 )
+from gpuk8s.inventory.ini_reader import _IniReader
 from gpuk8s.inventory.model import (
     BECOME_PASSWORD_ENV,
-    GROUP_ALIASES,
     IGNORED_GROUPS,
     Group,
     Host,
     Inventory,
     Secret,
 )
+from gpuk8s.inventory.reader import _Entry, _RawHost
 from gpuk8s.inventory.text import (
-    _GROUP_KEYS,
-    _GROUP_NAME,
-    _HOST_NAME,
-    _MAX_DEPTH,
     _display,
-    _expand_hosts,
     _text_value,
 )
+from gpuk8s.inventory.yaml_reader import _YamlReader
 from gpuk8s.inventory.yamlio import _Fatal, _LineDict, _load_yaml, _nested_duplicates, _plain
 from gpuk8s.variables import (
     CLUSTER_WIDE,
@@ -57,7 +49,6 @@ from gpuk8s.variables import (
     Origin,
     VarLayer,
     VarProblem,
-    VarSpec,
     check_combination,
     check_value,
     defaults_layer,
@@ -95,91 +86,8 @@ def validate_all(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[st
     return builder.sorted_problems()
 
 
-@dataclass
-class _Entry:
-    """One `key: value` as written: in the inventory, a vars file or --set."""
-
-    key: Any
-    value: Any
-    path: str
-    line: int | None
-    where: str = ""
-    raw: str | None = None  # number as written (YAML)
-    text: bool = False  # INI or --set: value is text to convert by the variable's type
-    checked: bool = False
-    ok: bool = False
-    result: Any = None
-
-    @property
-    def origin(self) -> Origin:
-        if self.path == "--set":
-            return Origin("--set", "--set", None)
-        at = f"{self.path}:{self.line}" if self.line else self.path
-        return Origin(f"{at} ({self.where})" if self.where else at, self.path, self.line)
-
-
-@dataclass
-class _RawGroup:
-    name: str  # canonical
-    path: str
-    line: int | None
-    written: list[str] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-    children: list[tuple[str, str, int | None]] = field(default_factory=list)
-    entries: list[_Entry] = field(default_factory=list)
-
-
-@dataclass
-class _RawHost:
-    name: str
-    path: str
-    line: int | None
-    entries: list[_Entry] = field(default_factory=list)
-    groups: list[str] = field(default_factory=list)  # canonical, direct
-
-
-class _Builder:
+class _Builder(_YamlReader, _IniReader):
     """Reads the inventory, records problems, builds the Inventory."""
-
-    def __init__(self, path: Path, overrides: Mapping[str, Any] | Sequence[str],
-                 env: Mapping[str, str] | None, project_root: Path | None) -> None:
-        self.path = path
-        self.shown = _display(path)
-        self.base = path.resolve().parent if path.exists() else path.parent.absolute()
-        self.overrides = overrides
-        self.env = os.environ if env is None else env
-        self.project_root = project_root
-        self.specs: dict[str, VarSpec] = {}
-        self.problems: list[InventoryError] = []
-        self.file_order: dict[str | None, int] = {self.shown: 0}
-        self.notes: list[str] = []
-        self.groups: dict[str, _RawGroup] = {}
-        self.hosts: dict[str, _RawHost] = {}
-        self.vars_files: dict[tuple[str, str], list[_Entry]] = {}  # (kind, name) -> entries
-        self.override_entries: list[_Entry] = []
-        self.structural = False  # problems in the shape of the inventory were found
-
-    # ---------------------------------------------------------------- problems
-
-    def problem(self, message: str, *, line: int | None, fix: str, path: str | None = None
-                ) -> None:
-        where = self.shown if path is None else path
-        self.file_order.setdefault(where, len(self.file_order))
-        self.problems.append(InventoryError(message, path=where, line=line, fix=fix))
-
-    def sorted_problems(self) -> list[InventoryError]:
-        seen: set[tuple[Any, ...]] = set()
-        unique = []
-        for p in self.problems:
-            key = (p.path, p.line, p.message)
-            if key not in seen:
-                seen.add(key)
-                unique.append(p)
-        big = len(self.file_order) + 1
-        return sorted(unique, key=lambda p: (self.file_order.get(p.path, big),
-                                             p.line if p.line is not None else 10**9))
-
-    # ---------------------------------------------------------------- top level
 
     def build(self) -> Inventory | None:
         try:
@@ -209,321 +117,6 @@ class _Builder:
         self._read_vars_dirs()
         return self._assemble()
 
-    def _read_text(self, path: Path, shown: str) -> str:
-        if not path.exists():
-            self.problem("inventory file not found", line=None, path=shown,
-                         fix="check the path given to --inventory (e.g. inventories/lab.yaml)")
-            raise _Fatal
-        if path.is_dir():
-            self.problem("the inventory path is a directory", line=None, path=shown,
-                         fix="pass the inventory file itself, e.g. inventories/lab.yaml")
-            raise _Fatal
-        data = path.read_bytes()
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            self.problem("the file is not UTF-8 text", line=data[:exc.start].count(b"\n") + 1,
-                         path=shown, fix="save the file as UTF-8")
-            raise _Fatal from None
-
-    def _detect(self, text: str) -> str:
-        suffix = self.path.suffix.lower()
-        if suffix in (".yaml", ".yml", ".json"):
-            return "yaml"
-        if suffix in (".ini", ".cfg", ".txt", ".hosts"):
-            return "ini"
-        # No telling suffix (e.g. "hosts"): YAML if it reads as a mapping, else INI.
-        try:
-            data = yaml.load(text, Loader=yaml.SafeLoader)
-        except Exception:  # any failure means "not YAML"
-            return "ini"
-        return "yaml" if isinstance(data, dict) else "ini"
-
-    # ---------------------------------------------------------------- groups and hosts
-
-    def _group(self, written: str, path: str, line: int | None) -> _RawGroup:
-        name = GROUP_ALIASES.get(written, written)
-        group = self.groups.get(name)
-        if group is None:
-            group = self.groups[name] = _RawGroup(name, path, line)
-        if written not in group.written:
-            group.written.append(written)
-            if written != name:
-                self.notes.append(f"group {written!r} is read as {name!r}")
-            if name in IGNORED_GROUPS:
-                self.notes.append(f"group {name!r} is ignored: {IGNORED_GROUPS[name]}")
-        return group
-
-    def _add_host(self, name: str, group: _RawGroup, path: str, line: int | None,
-                  entries: list[_Entry]) -> None:
-        host = self.hosts.get(name)
-        if host is None:
-            host = self.hosts[name] = _RawHost(name, path, line)
-        host.entries.extend(entries)
-        if group.name not in host.groups:
-            host.groups.append(group.name)
-        if name not in group.hosts:
-            group.hosts.append(name)
-
-    def _host_names(self, pattern: Any, path: str, line: int | None) -> list[str]:
-        if isinstance(pattern, int) and not isinstance(pattern, bool):
-            pattern = str(pattern)
-        if not isinstance(pattern, str) or not pattern.strip():
-            self.problem(f"a host name must be text, got {type(pattern).__name__}", line=line,
-                         path=path, fix='quote it: "gpu-01":')
-            return []
-        try:
-            names = _expand_hosts(pattern)
-        except ValueError as exc:
-            self.problem(f"bad host range {pattern!r}: {exc}", line=line, path=path,
-                         fix="write a range like gpu-[01:04] (gpu-01 ... gpu-04)")
-            return []
-        good = []
-        for name in names:
-            if not _HOST_NAME.fullmatch(name):
-                self.problem(f"host name {name!r} has characters gpuk8s does not accept",
-                             line=line, path=path,
-                             fix="name hosts with letters, digits, '-', '_' and '.'; put the "
-                             "address in ansible_host")
-            else:
-                good.append(name)
-        return good
-
-    def _group_name_ok(self, name: Any, path: str, line: int | None) -> bool:
-        if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
-            shown = name if isinstance(name, str) else type(name).__name__
-            self.problem(f"bad group name {shown!r}", line=line, path=path,
-                         fix="name groups with letters, digits, '_', '-' and '.'")
-            return False
-        return True
-
-    # ---------------------------------------------------------------- YAML
-
-    def _read_yaml(self, text: str) -> None:
-        try:
-            data = _load_yaml(text, self.shown)
-        except InventoryError as exc:
-            self.file_order.setdefault(exc.path, len(self.file_order))
-            self.problems.append(exc)
-            raise _Fatal from None
-        if data is None or data == {}:
-            self.problem("the inventory is empty", line=None,
-                         fix="start with: all: children: control_plane: hosts: cp-01: "
-                         "{ansible_host: 10.0.0.10}")
-            raise _Fatal
-        if not isinstance(data, _LineDict):
-            first = next((i for i, t in enumerate(text.splitlines(), 1)
-                          if t.strip() and not t.lstrip().startswith("#")), None)
-            self.problem(f"the inventory must be a mapping of groups, not a "
-                         f"{type(data).__name__}", line=first,
-                         fix="start with all: and put hosts under all: children: <group>: "
-                         "hosts:")
-            raise _Fatal
-        self._duplicates(data, self.shown, "top-level group")
-        for key in data:
-            line = data.key_lines.get(key)
-            if key in ("hosts", "vars", "children", "groups"):
-                self.problem(
-                    f"top-level {key!r}: an Ansible inventory starts with group names",
-                    line=line, fix=f"nest it under all:, i.e. all:\\n  {key}: ... "
-                    "(groups go under all: children:)")
-                continue
-            if not self._group_name_ok(key, self.shown, line):
-                continue
-            self._yaml_group(key, data[key], line, None, [])
-
-    def _duplicates(self, d: _LineDict, path: str, what: str) -> None:
-        for key, line, first in d.duplicates:
-            if what == "host":
-                msg = f"host {key!r} is listed twice in this hosts: mapping (first at line " \
-                      f"{first}); YAML keeps only the last one and drops its variables"
-                fix = "list each host once per group, with all its variables"
-            else:
-                msg = f"duplicate {what} {key!r} (first at line {first}); YAML keeps only " \
-                      "the last one"
-                fix = f"keep one {key}: and merge the two"
-            self.problem(msg, line=line, path=path, fix=fix)
-
-    def _yaml_group(self, name: str, body: Any, line: int | None, parent: str | None,
-                    stack: list[int]) -> None:
-        path = self.shown
-        if len(stack) > _MAX_DEPTH or id(body) in stack:
-            self.problem(f"group {name!r} is nested too deeply (or refers to itself)",
-                         line=line, fix="flatten the children: tree")
-            return
-        group = self._group(name, path, line)
-        if parent is not None:
-            group_parent = self.groups[parent]
-            if all(c[0] != group.name for c in group_parent.children):
-                group_parent.children.append((group.name, name, line))
-        if body is None:
-            return
-        if not isinstance(body, _LineDict):
-            self.problem(f"group {name!r} must be a mapping with hosts:, vars: or children:, "
-                         f"got {type(body).__name__}", line=line,
-                         fix=f"write {name}:\\n  hosts:\\n    <host>: {{ansible_host: ...}}")
-            return
-        self._duplicates(body, path, "key")
-        for key in body:
-            kline = body.key_lines.get(key)
-            value = body[key]
-            if key not in _GROUP_KEYS:
-                best = suggest(str(key), _GROUP_KEYS)
-                self.problem(
-                    f"unknown key {key!r} in group {name!r} (a group has only hosts, vars "
-                    "and children)", line=kline,
-                    fix=f"did you mean {best}:?" if best else
-                    "put hosts under hosts:, variables under vars:, groups under children:")
-                continue
-            if value is None:
-                continue
-            if key == "hosts":
-                self._yaml_hosts(name, group, value, kline)
-            elif key == "vars":
-                if not isinstance(value, _LineDict):
-                    self.problem(f"vars of group {name!r} must be a mapping, got "
-                                 f"{type(value).__name__}", line=kline,
-                                 fix="write vars:\\n  kubernetes_version: \"1.36\"")
-                    continue
-                self._duplicates(value, path, "variable")
-                group.entries.extend(self._entries(value, path, f"{name}.vars"))
-            else:
-                if not isinstance(value, _LineDict):
-                    self.problem(f"children of group {name!r} must be a mapping of group "
-                                 f"names, got {type(value).__name__}", line=kline,
-                                 fix="write children:\\n  control_plane:\\n  workers:")
-                    continue
-                self._duplicates(value, path, "child group")
-                for child in value:
-                    cline = value.key_lines.get(child)
-                    if self._group_name_ok(child, path, cline):
-                        self._yaml_group(child, value[child], cline, group.name,
-                                         [*stack, id(body)])
-
-    def _yaml_hosts(self, gname: str, group: _RawGroup, hosts: Any, line: int | None) -> None:
-        path = self.shown
-        if not isinstance(hosts, _LineDict):
-            example = hosts[0] if isinstance(hosts, list) and hosts and isinstance(
-                hosts[0], str) else "gpu-01"
-            self.problem(f"hosts of group {gname!r} must be a mapping of host names, got "
-                         f"{type(hosts).__name__}", line=line,
-                         fix=f"write each host as a key: hosts:\\n  {example}:\\n    "
-                         "ansible_host: 10.0.0.21")
-            return
-        self._duplicates(hosts, path, "host")
-        for pattern in hosts:
-            hline = hosts.key_lines.get(pattern)
-            hvars = hosts[pattern]
-            names = self._host_names(pattern, path, hline)
-            entries: list[_Entry] = []
-            if isinstance(hvars, _LineDict):
-                self._duplicates(hvars, path, "variable")
-            elif hvars is not None:
-                self.problem(f"host {pattern!r} must be followed by a mapping of variables, "
-                             f"got {type(hvars).__name__}", line=hline,
-                             fix=f"write {pattern}:\\n  ansible_host: 10.0.0.21")
-                hvars = None
-            for name in names:
-                if hvars is not None:
-                    entries = self._entries(hvars, path, f"host {name}")
-                self._add_host(name, group, path, hline, entries)
-
-    def _entries(self, d: _LineDict, path: str, where: str) -> list[_Entry]:
-        return [_Entry(k, d[k], path, d.key_lines.get(k), where, d.raw.get(k)) for k in d]
-
-    # ---------------------------------------------------------------- INI
-
-    _SECTION = re.compile(r"\[([^\]\s:]+)(?::(\w+))?\]\s*(?:[#;].*)?")
-
-    def _read_ini(self, text: str) -> None:
-        path = self.shown
-        group = self._group("ungrouped", path, None)
-        state = "hosts"
-        for lineno, raw_line in enumerate(text.splitlines(), start=1):
-            line = raw_line.strip()
-            if not line or line[0] in "#;":
-                continue
-            secret = "pass" in line.lower()
-            if line.startswith("["):
-                m = self._SECTION.fullmatch(line)
-                if not m:
-                    self.problem("bad section header", line=lineno,
-                                 fix="write [group], [group:vars] or [group:children]")
-                    state = "skip"
-                    continue
-                name, kind = m[1], m[2] or "hosts"
-                if m[2] is not None and kind not in ("vars", "children"):
-                    self.problem(f"unknown section type :{kind}", line=lineno,
-                                 fix=f"write [{name}:vars] or [{name}:children]")
-                    state = "skip"
-                    continue
-                if not self._group_name_ok(name, path, lineno):
-                    state = "skip"
-                    continue
-                group = self._group(name, path, lineno)
-                state = kind
-                continue
-            if state == "skip":
-                continue
-            if state == "hosts":
-                self._ini_host(line, lineno, group, secret)
-            elif state == "vars":
-                key, sep, value = line.partition("=")
-                key = key.strip()
-                if not sep or not key or " " in key:
-                    shown = "" if secret else f": {line!r}"
-                    self.problem(f"expected key=value in [{group.name}:vars]{shown}",
-                                 line=lineno, fix="write one key=value per line")
-                    continue
-                value = value.strip()
-                if value[:1] not in "'\"":
-                    value = re.split(r"\s+[#;]", value, maxsplit=1)[0]
-                group.entries.append(_Entry(key, value, path, lineno,
-                                            f"[{group.written[-1]}:vars]", text=True))
-            else:
-                child = re.split(r"\s+[#;]|\s", line, maxsplit=1)[0]
-                if child != line.split("#")[0].split(";")[0].strip():
-                    self.problem(f"expected one group name per line in [{group.name}:children]",
-                                 line=lineno, fix="write each child group on its own line")
-                    continue
-                if self._group_name_ok(child, path, lineno):
-                    canonical = self._group(child, path, lineno).name
-                    if all(c[0] != canonical for c in group.children):
-                        group.children.append((canonical, child, lineno))
-
-    def _ini_host(self, line: str, lineno: int, group: _RawGroup, secret: bool) -> None:
-        path = self.shown
-        try:
-            tokens = shlex.split(line, comments=True)
-        except ValueError as exc:
-            self.problem(f"cannot split the host line ({exc})", line=lineno,
-                         fix="balance the quotes: key=\"value with spaces\"")
-            return
-        if not tokens:
-            return
-        pattern, entries = tokens[0], []
-        port: str | None = None
-        outside = re.sub(r"\[[^\]]*\]", "", pattern)
-        if outside.count(":") == 1 and re.search(r":\d+$", pattern):
-            pattern, _, port = pattern.rpartition(":")
-        names = self._host_names(pattern, path, lineno)
-        if port is not None:
-            entries.append(_Entry("ansible_port", port, path, lineno, "host line", text=True))
-        for i, tok in enumerate(tokens[1:], start=2):
-            key, sep, value = tok.partition("=")
-            if not sep or not key:
-                shown = f"word {i}" if secret else repr(tok)
-                self.problem(f"expected key=value after the host name, got {shown}",
-                             line=lineno, fix="write host ansible_host=10.0.0.21 key=value "
-                             "(no spaces around =)")
-                continue
-            entries.append(_Entry(key, value, path, lineno, "", text=True))
-        for name in names:
-            host_entries = [replace(e, where=f"host {name}") for e in entries]
-            self._add_host(name, group, path, lineno, host_entries)
-
-    # ---------------------------------------------------------------- --set
-
     def _read_overrides(self) -> None:
         items: list[tuple[str, Any, bool]] = []
         over = self.overrides
@@ -552,8 +145,6 @@ class _Builder:
                 is_text = False
             self.override_entries.append(_Entry(key, value, "--set", None, "--set",
                                                 text=is_text))
-
-    # ---------------------------------------------------------------- group_vars, host_vars
 
     def _read_vars_dirs(self) -> None:
         names = {"group_vars": {"all": "all"}, "host_vars": {}}
@@ -616,8 +207,6 @@ class _Builder:
         self._duplicates(data, shown, "variable")
         return self._entries(data, shown, "")
 
-    # ---------------------------------------------------------------- structure checks
-
     def _check_graph(self) -> None:
         for name, host in self.hosts.items():
             clash = next((g for g in self.groups.values() if name in (g.name, *g.written)),
@@ -650,8 +239,6 @@ class _Builder:
             for child, _, _ in group.children:
                 parents[child].add(name)
         return parents
-
-    # ---------------------------------------------------------------- entries
 
     def _check_entry(self, e: _Entry) -> bool:
         """Validate (once) and normalise an entry; False when it has a problem."""
@@ -774,8 +361,6 @@ class _Builder:
                 values[e.key] = e.result
                 origins[e.key] = e.origin
         return VarLayer(values, origins, label)
-
-    # ---------------------------------------------------------------- assemble
 
     def _assemble(self) -> Inventory:
         parents = self._parents()
