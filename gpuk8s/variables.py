@@ -648,21 +648,26 @@ def check_combination(values: Mapping[str, Any]) -> list[VarProblem]:
 # --------------------------------------------------------------------------- overrides
 
 
-def parse_override_value(spec: VarSpec | None, text: str) -> Any:
-    """A ``--set`` value: parsed as YAML, except that a string variable keeps the text as
-    typed when YAML would read it as a number (``--set kubernetes_version=1.30`` is "1.30")."""
-    if spec is not None and spec.type is str and text == "":
+def parse_set_value(text: str, *, as_string: bool = False) -> Any:
+    """One ``--set`` value, the same rule for inventories and workloads: parsed as YAML, except
+    that where a string is wanted (``as_string``) the text is kept as typed when YAML would
+    read a number or null (``--set kubernetes_version=1.30`` is "1.30", never 1.3)."""
+    if as_string and text == "":
         return ""
     try:
         value = yaml.safe_load(text)
     except (yaml.YAMLError, ValueError, TypeError, RecursionError):
         return text
-    if spec is not None and spec.type is str and isinstance(value, (int, float)) \
-            and not isinstance(value, bool):
+    if as_string and isinstance(value, (int, float)) and not isinstance(value, bool):
         return text.strip()
-    if spec is not None and spec.type is str and value is None:
+    if as_string and value is None:
         return text
     return value
+
+
+def parse_override_value(spec: VarSpec | None, text: str) -> Any:
+    """An inventory ``--set`` value (see parse_set_value)."""
+    return parse_set_value(text, as_string=spec is not None and spec.type is str)
 
 
 # --------------------------------------------------------------------------- merge

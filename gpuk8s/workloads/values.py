@@ -13,6 +13,7 @@ import yaml
 
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.roles import project_root
+from gpuk8s.variables import parse_set_value
 
 WORKLOADS = ("storage", "jupyter", "tensorflow-job", "distributed-tf", "tensorboard", "eval")
 
@@ -249,17 +250,14 @@ def _assign(tree: dict[str, Any], base: Mapping[str, Any] | None, keys: Sequence
 
 
 def parse_set(expr: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], value typed as YAML: 2 -> int, true -> bool)."""
+    """``a.b=value`` -> (["a", "b"], the value's text); load_values types it against the
+    default, by the rule inventories use too (variables.parse_set_value)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
     if not sep or not _SET_KEY.match(key):
         raise WorkloadError(f"--set {expr}: expected key.sub=value, e.g. --set gpus=2 "
                             "or --set service.nodePort=30999")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
+    return key.split("."), raw
 
 
 def check_values(values: Mapping[str, Any], origin: str = "values") -> None:
@@ -286,7 +284,11 @@ def load_values(name: str, values_files: Iterable[str | Path] = (),
         for key, value in data.items():
             _assign(values, base, [str(key)], value, f"values file {path}")
     for expr in sets:
-        keys, value = parse_set(expr)
+        keys, raw = parse_set(expr)
+        default: Any = base
+        for key in keys:
+            default = default.get(key) if isinstance(default, Mapping) else None
+        value = parse_set_value(raw, as_string=isinstance(default, str)) if raw.strip() else ""
         # a control character is refused below; the message shows the value once, escaped
         origin = f"--set {'.'.join(keys)}=..." if _CONTROL.search(expr) else f"--set {expr}"
         _assign(values, base, keys, value, origin)

@@ -356,3 +356,9 @@ def test_manifest_goes_in_a_heredoc_not_argv() -> None:
     assert "kind: Deployment" in rest and "kind:" not in first
     docs = list(yaml.safe_load_all(rest.rsplit("GPUK8S_EOF_", 1)[0]))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
+
+
+def test_set_keeps_a_number_typed_for_a_string_value_as_written() -> None:
+    # the rule inventories use for --set too: "1.30" stays "1.30" where a string is wanted
+    values = w.load_values("tensorflow-job", sets=["run=1.30", "epochs=2", "gpus=1"])
+    assert values["run"] == "1.30" and values["epochs"] == 2 and values["gpus"] == 1
