@@ -61,13 +61,15 @@ class HostResult:
 Listener = Callable[[str, str, str], None]
 
 
-def build_script(ops: Sequence[Op], marker: str) -> str:
-    """One script running the ops in order, each delimited, stopping at the first failure."""
+def build_script(ops: Sequence[Op], marker: str, *, keep_going: bool = False) -> str:
+    """One script running the ops in order, each delimited, stopping at the first failure
+    (with ``keep_going``, every op runs whatever the others' exit codes)."""
     parts = [PREAMBLE]
+    stop = "" if keep_going else " [ $rc -eq 0 ] || exit $rc;"
     for i, op in enumerate(ops):
         body = "\n".join(op.commands)
         parts.append(f"echo '{marker} B {i}'\n( set -e\n{body}\n)\n"
-                     f"rc=$?; echo \"\n{marker} E {i} $rc\"; [ $rc -eq 0 ] || exit $rc\n")
+                     f"rc=$?; echo \"\n{marker} E {i} $rc\";{stop}\n")
     return "".join(parts)
 
 
@@ -149,6 +151,44 @@ class HostRunner:
             raise CommandFailed(self.host, todo[-1].id, "(script)", res.exit_code,
                                 _tail(self.redact(res.stdout)))
         return changed
+
+    def run_now(self, ops: Sequence[Op], *, keep_going: bool = False
+                ) -> list[tuple[int, str]]:
+        """Run ``ops`` now, outside a phase (day-2 steps, workloads, hand-offs), as one script
+        built, logged and redacted as a phase's ops are; return each op's (exit code, output).
+
+        The output comes back as the host printed it (a hand-off may carry a secret, such as
+        admin.conf); the log gets it redacted, and gets nothing of a secret op. An op that
+        never ran reads as exit code -1. Without ``keep_going`` the first failure raises
+        CommandFailed naming the op, as in a phase."""
+        marker = "@@GPUK8S-OP-" + secrets.token_hex(6)
+        for op in ops:
+            self.log(f"--> {op.id}: {op.reason}")
+            if not op.secret:
+                self.log(self.redact("\n".join(op.commands)))
+        started = time.monotonic()
+        try:
+            res = self.transport.run(build_script(ops, marker, keep_going=keep_going),
+                                     timeout=max((op.timeout or 900.0) for op in ops))
+        except ConnectionLost as exc:
+            raise ConnectError(self.host, f"connection lost while running [{ops[0].id}] "
+                               f"(after {time.monotonic() - started:.0f}s): the host went "
+                               f"down or off the network ({exc.cause})") from None
+        sections = split_sections(res.stdout, marker)
+        out: list[tuple[int, str]] = []
+        for i, op in enumerate(ops):
+            text, code = sections.get(i, ("", None))
+            if text and not op.secret:
+                self.log(self.redact(text))
+            if code is None and i in sections and res.exit_code == -1:
+                raise ConnectError(self.host, f"connection lost while running [{op.id}]: the "
+                                   "host went down or off the network")
+            rc = -1 if code is None else code
+            self.log(f"<-- {op.id}: exit {rc}")
+            if rc != 0 and not keep_going:
+                raise CommandFailed(self.host, op.id, "", rc, _tail(self.redact(text)))
+            out.append((rc, text))
+        return out
 
     def reboot(self, op: Op, result: HostResult) -> None:
         self.listener(self.host, "reboot", op.id)

@@ -11,11 +11,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.errors import Gpuk8sError
+from gpuk8s.facts.gather import gather
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import PciDevices
+from gpuk8s.ops import Op
 from gpuk8s.report import Reporter
+from gpuk8s.session import open_session
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
 TORCH_CHECK = """\
@@ -89,19 +91,20 @@ def verify_local(inventory: str | Path, *, limit: str | None = None,
                  opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
                  ) -> list[dict[str, Any]]:
     """Run the node GPU check on every GPU host in scope; return one row per host."""
-    session = api.open_session(inventory, limit=limit, sets=(), command="verify-local",
+    session = open_session(inventory, limit=limit, sets=(), command="verify-local",
                                reporter=reporter, opener=opener)
     with closing(session):
-        api.gather(session, session.scope)
+        gather(session, session.scope)
         rows: list[dict[str, Any]] = []
         for host in session.scope:
             pci = [d for d in session.facts[host][PciDevices()] if d.is_gpu]
             if not pci:
                 continue
-            result = session.transports[host].run(check_script(), timeout=600)
-            session.runlog.host_logger(host)(result.stdout)
+            op = Op("verify-local | GPU check", ("set +e", check_script()),
+                    "+ nvidia-smi and a CUDA vecadd on every GPU", timeout=600)
+            rc, out = session.runner(host).run_now([op], keep_going=True)[0]
             rows.append({"host": host, "driver": session.facts[host][Nvidia()].loaded_version,
-                         **parse_check(result.stdout, result.exit_code, len(pci))})
+                         **parse_check(out, rc, len(pci))})
         _print(session.reporter, rows)
         session.runlog.write_report(verify_local=rows)
         if not rows:

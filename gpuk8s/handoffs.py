@@ -18,7 +18,7 @@ from gpuk8s.errors import (
 )
 from gpuk8s.executor import HostResult
 from gpuk8s.facts.kube import ADMIN_CONF
-from gpuk8s.ops import q
+from gpuk8s.ops import Op, q
 from gpuk8s.session import Session
 
 _JOIN_RE = re.compile(r"kubeadm join (\S+) --token (\S+)\s+--discovery-token-ca-cert-hash (\S+)")
@@ -28,13 +28,14 @@ def mint_join(session: Session) -> None:
     """A fresh short-lived token on the first control plane, kept in memory only."""
     cp = session.first_cp
     ttl = session.host(cp).vars["join_token_ttl"]
-    result = session.transports[cp].run(
-        f"kubeadm token create --ttl {q(str(ttl))} --print-join-command 2>&1", timeout=120)
-    match = _JOIN_RE.search(result.stdout)
-    if result.exit_code != 0 or not match:
+    op = Op("join | token", (f"kubeadm token create --ttl {q(str(ttl))} --print-join-command",),
+            f"+ a join token valid {ttl}", timeout=120, secret=True)
+    rc, out = session.runner(cp).run_now([op], keep_going=True)[0]
+    match = _JOIN_RE.search(out)
+    if rc != 0 or not match:
         raise PhaseFailed("join", {cp: HostResult(cp, error=Gpuk8sError(
-            f"{cp}: kubeadm token create failed (exit {result.exit_code}): "
-            + session.redact(result.stdout.strip()[-500:])))})
+            f"{cp}: kubeadm token create failed (exit {rc}): "
+            + session.redact(out.strip()[-500:])))})
     session.redact.add(match.group(2), match.group(2).split(".")[-1])
     session.cluster["join"] = {"endpoint": match.group(1), "token": match.group(2),
                                "ca_hash": match.group(3)}
@@ -111,10 +112,12 @@ def fetch_admin_conf(session: Session) -> Path | None:
     """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine,
     once it is checked to be plain kubeadm material (see check_admin_conf)."""
     cp = session.first_cp
-    result = session.transports[cp].run(f"cat {ADMIN_CONF}")
-    if result.exit_code != 0:
+    op = Op("control_plane | fetch admin.conf", (f"cat {ADMIN_CONF}",),
+            "+ admin.conf to the admin machine", timeout=60, secret=True)
+    rc, data = session.runner(cp).run_now([op], keep_going=True)[0]
+    if rc != 0:
         return None
-    data = result.stdout
+    data += "\n"  # the executor's sections drop the file's last newline
     for line in data.splitlines():
         key, _, value = line.strip().partition(":")
         if key.endswith("-data") and value.strip():

@@ -17,7 +17,7 @@ from gpuk8s.errors import (
     PhaseFailed,
     PreflightError,
 )
-from gpuk8s.executor import HostResult, HostRunner, RoleWork, run_phase
+from gpuk8s.executor import HostResult, RoleWork, run_phase
 from gpuk8s.facts.gather import _file_exists, cluster_values, gather
 from gpuk8s.facts.system import System
 from gpuk8s.handoffs import fetch_admin_conf, mint_join
@@ -93,9 +93,7 @@ def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
 
 def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[RoleWork]]
                 ) -> dict[str, HostResult]:
-    runners = {h: HostRunner(h, session.transports[h], session.redact,
-                             session.runlog.host_logger(h), session.reporter.event,
-                             float(session.host(h).vars["reboot_timeout"])) for h in work}
+    runners = {h: session.runner(h) for h in work}
     changing = [h for h, items in work.items() if any(op.changes for rw in items
                                                       for op in rw.ops)]
     session.reporter.start(changing)

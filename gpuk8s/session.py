@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ from gpuk8s.errors import (
     InventoryError,
     PhaseFailed,
 )
-from gpuk8s.executor import HostResult
+from gpuk8s.executor import HostResult, HostRunner
 from gpuk8s.facts import HostFacts
 from gpuk8s.inventory import Host, Inventory, load_inventory
+from gpuk8s.ops import Op
 from gpuk8s.playbook import (
     package_cache_host,
 )
@@ -55,6 +56,19 @@ class Session:
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
+
+    def runner(self, name: str) -> HostRunner:
+        """The executor for one host of this run: its transport, log, redaction and events."""
+        return HostRunner(name, self.transports[name], self.redact,
+                          self.runlog.host_logger(name), self.reporter.event,
+                          float(self.host(name).vars["reboot_timeout"]))
+
+    def run(self, host: str, op: Op) -> str:
+        """Run one op now on ``host`` through the executor; its output (CommandFailed when it
+        fails). The script runs as ``sh`` runs a script (``set +e``: its exit code is its last
+        command's), not under the ``set -e`` of a role's ops."""
+        plain = replace(op, commands=("set +e", *op.commands))
+        return self.runner(host).run_now([plain])[0][1]
 
 
 def connect_spec(host: Host, env: Mapping[str, str] | None = None) -> ConnectSpec:

@@ -13,6 +13,7 @@ from typing import Any
 from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
 from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
+from gpuk8s.ops import Op
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session
@@ -40,17 +41,9 @@ if systemctl is-active --quiet containerd; then systemctl restart containerd; fi
 
 def run_step(session: Session, host: str, script: str, what: str, *,
              timeout: float = 600) -> str:
-    """Run one script on a host; log it; raise CommandFailed on a non-zero exit."""
-    log = session.runlog.host_logger(host)
-    log(f"--> {what}")
-    result = session.transports[host].run("exec 2>&1\n" + script, timeout=timeout)
-    text = session.redact(result.stdout)
-    if text.strip():
-        log(text.rstrip())
-    if result.exit_code != 0:
-        raise CommandFailed(host, what, "", result.exit_code,
-                            "\n".join(text.rstrip().splitlines()[-15:]))
-    return result.stdout
+    """Run one script on a host through the executor (logged and redacted like a phase's
+    ops); its output; CommandFailed naming ``what`` on a non-zero exit."""
+    return session.run(host, Op(what, (script,), f"+ {what}", timeout=timeout))
 
 
 def node_name(session: Session, host: str) -> str:

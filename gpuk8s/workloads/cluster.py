@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.inventory import load_inventory
+from gpuk8s.ops import Op
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
@@ -41,40 +42,31 @@ class Remote:
     def host(self) -> str:
         return self.session.first_cp
 
-    def run(self, script: str, timeout: float = 120) -> CommandResult:
-        log = self.session.runlog.host_logger(self.host)
-        log(f"$ {script}")
-        result = self.session.transports[self.host].run(script, timeout=timeout)
-        log(f"exit {result.exit_code}\n{result.stdout}")
-        return result
+    def run(self, script: str, timeout: float = 120, what: str = "kubectl") -> CommandResult:
+        """One script on the control plane through the executor; its exit code and output."""
+        # set +e: the script runs as sh runs it; its exit code is its last command's
+        op = Op(f"workload | {what}", ("set +e", script), f"+ {what}", timeout=timeout)
+        rc, out = self.session.runner(self.host).run_now([op], keep_going=True)[0]
+        return CommandResult(rc, out)
 
     def probe(self, commands: Mapping[str, str], timeout: float = 120
               ) -> dict[str, tuple[int, str]]:
-        """Several kubectl commands in one round trip: {key: (exit code, output)}."""
-        marker = f"##gpuk8s-{secrets.token_hex(4)}"
-        parts = [f'k="{KUBECTL}"']
-        for key, cmd in commands.items():
-            parts.append(f"echo '{marker} {key}'; ( {cmd} ) 2>&1; rc=$?; echo; "
-                         f"echo \"{marker}-rc $rc\"")
-        out = self.run("\n".join(parts), timeout).stdout
-        results: dict[str, tuple[int, str]] = {}
-        for chunk in out.split(f"{marker} ")[1:]:
-            key, _, rest = chunk.partition("\n")
-            body, _, rc = rest.rpartition(f"{marker}-rc ")
-            results[key.strip()] = (int(rc.split()[0]) if rc.strip() else 1, body.rstrip("\n"))
-        missing = set(commands) - set(results)
-        if missing:
-            raise WorkloadError(f"{self.host}: kubectl probe lost its output for "
-                                f"{', '.join(sorted(missing))}: "
-                                + self.session.redact(out.strip()[-300:]))
-        return results
+        """Several kubectl commands in one round trip: {key: (exit code, output)}; each is an
+        op of one script (the executor's sections), run whatever the others' exit codes."""
+        keys = list(commands)
+        # set +e: a check's exit code is its last command's, as the check reads it
+        ops = [Op(f"workload | {key}", (f'set +e\nk="{KUBECTL}"\n{commands[key]}',), f"? {key}",
+                  timeout=timeout) for key in keys]
+        results = self.session.runner(self.host).run_now(ops, keep_going=True)
+        return {key: (rc, out.rstrip("\n")) for key, (rc, out) in zip(keys, results,
+                                                                     strict=True)}
 
     def apply(self, docs: Sequence[Mapping[str, Any]]) -> str:
         text = dump(docs)
         eof = "GPUK8S_EOF_" + secrets.token_hex(4)
         script = (f"{KUBECTL} apply --server-side --force-conflicts --field-manager=gpuk8s "
                   f"-f - <<'{eof}'\n{text}{eof}\n")
-        result = self.run(script, timeout=180)
+        result = self.run(script, timeout=180, what="apply")
         if not result.ok:
             raise WorkloadError(f"{self.host}: kubectl apply failed (exit {result.exit_code}):\n"
                                 + self.session.redact(result.stdout.strip()[-1500:]))

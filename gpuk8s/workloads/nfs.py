@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuk8s.executor import parallel as in_parallel
-from gpuk8s.ops import q
+from gpuk8s.ops import Op, q
 from gpuk8s.session import Session
 from gpuk8s.transport import CommandResult
 from gpuk8s.workloads.cluster import Remote
@@ -109,7 +109,8 @@ def _setup_nfs(session: Session, values: Mapping[str, Any]) -> str:
     cp = session.first_cp
     rep = session.reporter
     nodes = [session.host(h).address for h in dict.fromkeys([cp, *session.scope])]
-    result = Remote(session).run(nfs_server_script(values, nodes), timeout=600)
+    result = Remote(session).run(nfs_server_script(values, nodes), timeout=600,
+                                 what="nfs export")
     if not result.ok:
         raise WorkloadError(f"{cp}: NFS export failed (exit {result.exit_code}):\n"
                             + session.redact(result.stdout.strip()[-800:]))
@@ -120,10 +121,9 @@ def _setup_nfs(session: Session, values: Mapping[str, Any]) -> str:
         hosts = [h for h in session.scope if h in session.transports]
 
         def one(host: str) -> CommandResult:
-            log = session.runlog.host_logger(host)
-            res = session.transports[host].run(NFS_CLIENT_SCRIPT, timeout=600)
-            log(f"nfs client: exit {res.exit_code}\n{res.stdout}")
-            return res
+            op = Op("storage | nfs client", (NFS_CLIENT_SCRIPT,), "+ nfs-common", timeout=600)
+            rc, out = session.runner(host).run_now([op], keep_going=True)[0]
+            return CommandResult(rc, out)
 
         failed = []
         for host, res in in_parallel(hosts, one).items():

@@ -4,6 +4,7 @@ imports included), and roles/ import only the engine's public layers."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,3 +86,22 @@ def test_the_walk_sees_real_imports() -> None:
 
 def test_no_import_cycle_in_gpuk8s() -> None:
     assert cycles(import_graph()) == []
+
+
+#: the modules that may run a command on a host's transport themselves: the transport, the
+#: executor, and the fact probe (facts/gather.py); everything else goes through the executor
+MAY_RUN = {"gpuk8s/transport.py", "gpuk8s/executor.py", "gpuk8s/facts/gather.py"}
+_TRANSPORT_RUN = re.compile(r"transports\[[^\]]+\]\.run\(|\btransport\.run\(")
+
+
+def test_only_the_executor_runs_commands_on_hosts() -> None:
+    offenders = []
+    for path in sorted((ROOT / "gpuk8s").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in MAY_RUN:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _TRANSPORT_RUN.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == []
+    assert _TRANSPORT_RUN.search("result = session.transports[cp].run(f'cat x')")

@@ -27,6 +27,7 @@ from gpuk8s.ops.kube import labels
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.sinks import UnsafeValue, apt_conf_string, node_arg, unix_user, url_has_secret
 from gpuk8s.variables import check_combination, check_value, load_variable_specs, render_value
+from tests.unit.fakes import op_bodies, runner_for, sectioned
 from tests.unit.scenarios import default_vars, fresh_facts
 
 SPECS = load_variable_specs()
@@ -163,14 +164,18 @@ def test_join_token_ttl_is_quoted() -> None:
     class T:
         def run(self, cmd: str, timeout: float = 0) -> Any:
             seen.append(cmd)
-            raise Gpuk8sError("stop")
+            return sectioned(cmd, "kubeadm: error", rc=1)
 
-    session = type("S", (), {"first_cp": "cp", "transports": {"cp": T()},
+    transports = {"cp": T()}
+    session = type("S", (), {"first_cp": "cp", "transports": transports,
+                             "runner": staticmethod(runner_for(transports)),
+                             "redact": staticmethod(lambda t: t),
                              "host": lambda self, n: type("H", (), {"vars": {
                                  "join_token_ttl": "15m0s"}})()})()
-    with pytest.raises(Gpuk8sError):
+    with pytest.raises(Gpuk8sError, match="kubeadm token create failed"):
         handoffs.mint_join(session)  # type: ignore[arg-type]
-    assert seen == ["kubeadm token create --ttl 15m0s --print-join-command 2>&1"]
+    assert [op_bodies(s) for s in seen] == [[
+        "kubeadm token create --ttl 15m0s --print-join-command"]]
 
 
 # -- 7. apt keys are pinned by fingerprint ------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 
 from gpuk8s import workloads as w
 from gpuk8s.transport import CommandResult
+from tests.unit.fakes import runner_for, sectioned
 
 #: a new object (with newlines), and a new key in a flow or block mapping (without any)
 NEWLINE_PAYLOAD = ("x\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
@@ -365,7 +366,7 @@ def test_setup_nfs_exports_to_every_inventory_node() -> None:
 
         def run(self, script: str, timeout: float | None = None) -> CommandResult:
             sent.setdefault(self.name, []).append(script)
-            return CommandResult(0, "changed: /etc/exports.d/gpuk8s.exports\n")
+            return sectioned(script, "changed: /etc/exports.d/gpuk8s.exports")
 
     class H:
         def __init__(self, address: str) -> None:
@@ -377,6 +378,7 @@ def test_setup_nfs_exports_to_every_inventory_node() -> None:
         first_cp = "cp-01"
         scope = ["gpu-01", "gpu-02", "cp-01"]
         transports = {h: T(h) for h in hosts}
+        runner = staticmethod(runner_for(transports))
 
         class runlog:
             @staticmethod

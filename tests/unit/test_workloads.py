@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gpuk8s import workloads as w
+from tests.unit.fakes import op_bodies, runner_for, sectioned
 
 GOLDEN = Path(__file__).parent / "golden" / "workloads"
 #: newest schema kubernetes-validate ships that is <= the default kubernetes_version (1.36)
@@ -331,12 +332,12 @@ def test_manifest_goes_in_a_heredoc_not_argv() -> None:
     class T:
         def run(self, script: str, timeout: float | None = None) -> Any:
             sent.append(script)
-            from gpuk8s.transport import CommandResult
-            return CommandResult(0, "deployment.apps/jupyter serverside-applied\n")
+            return sectioned(script, "deployment.apps/jupyter serverside-applied")
 
     class S:
         first_cp = "cp-01"
         transports = {"cp-01": T()}
+        runner = staticmethod(runner_for(transports))
 
         class runlog:
             @staticmethod
@@ -348,7 +349,9 @@ def test_manifest_goes_in_a_heredoc_not_argv() -> None:
             return text
 
     w.Remote(S()).apply(rendered("jupyter-default"))  # type: ignore[arg-type]
-    (script,) = sent
+    (sent_script,) = sent
+    (body,) = op_bodies(sent_script)
+    script = body.removeprefix("set +e\n")
     first, _, rest = script.partition("\n")
     assert first.startswith("kubectl --kubeconfig /etc/kubernetes/admin.conf")
     assert "apply --server-side --force-conflicts --field-manager=gpuk8s -f - <<'GPUK8S_EOF_" \
