@@ -5,9 +5,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import functools
-import ipaddress
 import re
-import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,33 +16,45 @@ import jinja2.meta
 import jinja2.sandbox
 import yaml
 
+from gpuk8s.checks import (
+    JINJA_MARK,
+    Rule,
+    VarProblem,
+    check_positive,
+    check_url,
+    parse_network,
+    show,
+)
 from gpuk8s.errors import InventoryError, PlanError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
 
-SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
-SUPPORTED_DRIVER_BRANCHES = ("535", "550", "570", "575", "580", "590", "595")
 
 # Variables whose value is one of a few words. nvidia_fabricmanager also takes a YAML bool.
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "container_runtime": ("containerd", "docker"),
-    "cni": ("flannel", "calico"),
-    "nvidia_driver_source": ("auto", "ubuntu", "cuda"),
-    "nvidia_driver_flavor": ("auto", "open", "proprietary"),
-    "nvidia_fabricmanager": ("auto", True, False),
+#: the cluster-level variables' rules (gpuk8s/defaults.yaml); each role declares its own
+#: variables' rules in its RULES (roles/<role>/role.py)
+CLUSTER_RULES: dict[str, Rule] = {
+    "apt_proxy": Rule(functools.partial(check_url, allow_empty=True)),
 }
 
-# Values that must be the same on every host of one cluster.
-CLUSTER_WIDE = (
-    "kubernetes_version", "pod_cidr", "service_cidr", "cni", "cluster_dns_domain",
-    "control_plane_endpoint", "flannel_version", "calico_version", "calico_registry",
-    "calico_block_size", "calico_mtu",
-    "nvidia_device_plugin_version", "join_token_ttl", "package_cache", "package_cache_host",
-    # the control plane's components and every kubelet (through the cluster's kubelet config)
-    # get one set of gates: set on some workers only, gates would silently do nothing
-    "feature_gates",
-)
+
+@functools.cache
+def rules() -> dict[str, Rule]:
+    """Every variable's rule: the cluster's and each role's (its check, choices and scope)."""
+    from gpuk8s.playbook import ALL_ROLES
+    from gpuk8s.roles import load_role
+
+    out = dict(CLUSTER_RULES)
+    for role in dict.fromkeys(ALL_ROLES):
+        out.update(getattr(load_role(role).module, "RULES", {}))
+    return out
+
+
+def cluster_wide() -> tuple[str, ...]:
+    """Variables that must be the same on every host of one cluster."""
+    return tuple(name for name, rule in rules().items() if rule.cluster_wide)
+
 
 _KINDS: dict[type, str] = {bool: "bool", int: "int", str: "str", list: "list", dict: "dict"}
 _WORDS: dict[type, str] = {bool: "boolean", int: "whole number", str: "string", list: "list",
@@ -55,8 +65,6 @@ FOREIGN_VARIABLES = {
     "access_ip": "kubespray's access_ip is not used: gpuk8s connects to ansible_host; remove it",
     "etcd_member_name": "gpuk8s runs etcd on the control planes; remove it",
 }
-_JINJA_MARK = re.compile(r"{{|{%")
-_JINJA_EXPR = re.compile(r"{{.*?}}|{%.*?%}", re.S)
 
 
 @dataclass(frozen=True)
@@ -75,20 +83,6 @@ class VarSpec:
     @property
     def type_name(self) -> str:
         return _KINDS[self.type]
-
-
-@dataclass(frozen=True)
-class VarProblem:
-    """A value that is wrong: which variable, why, and what to write instead.
-
-    ``subkey`` names an entry inside a mapping value (a feature gate) when the problem is there.
-    """
-
-    key: str
-    message: str
-    fix: str
-    subkey: str | None = None
-    others: tuple[str, ...] = ()  # other variables involved (combination checks)
 
 
 # --------------------------------------------------------------------------- specs
@@ -123,6 +117,11 @@ def _load_specs_cached(root: Path) -> dict[str, VarSpec]:
     return specs
 
 
+def _choices(name: str) -> tuple[Any, ...] | None:
+    rule = rules().get(name)
+    return rule.choices if rule else None
+
+
 def _read_defaults(path: Path, rel: str, role: str) -> list[VarSpec]:
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
@@ -155,7 +154,7 @@ def _read_defaults(path: Path, rel: str, role: str) -> list[VarSpec]:
             help_lines.insert(0, lines[i].lstrip()[1:].strip())
             i -= 1
         out.append(VarSpec(name=name, default=default, type=kind, help=" ".join(help_lines),
-                           role=role, source=rel, line=line, choices=CHOICES.get(name)))
+                           role=role, source=rel, line=line, choices=_choices(name)))
     return out
 
 
@@ -182,12 +181,7 @@ def unknown_variable(name: str, specs: Iterable[str]) -> VarProblem:
 
 
 def has_jinja(value: Any) -> bool:
-    return isinstance(value, str) and bool(_JINJA_MARK.search(value))
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return isinstance(value, str) and bool(JINJA_MARK.search(value))
 
 
 def coerce_value(spec: VarSpec, value: Any,
@@ -236,7 +230,7 @@ def coerce_value(spec: VarSpec, value: Any,
             list: f"{name}: [a, b] (a YAML list)",
             dict: f"{name}: {{key: value}} (a YAML mapping)"}[spec.type]
     return value, VarProblem(name, f"{name} must be a {_WORDS[spec.type]}, got {kind} "
-                             f"{_show(value)}", f"write {hint}")
+                             f"{show(value)}", f"write {hint}")
 
 
 def check_value(spec: VarSpec, value: Any, raw: str | None = None) -> tuple[Any, VarProblem | None]:
@@ -255,22 +249,23 @@ def check_value(spec: VarSpec, value: Any, raw: str | None = None) -> tuple[Any,
             best = suggest(str(value), [str(c) for c in spec.choices if isinstance(c, str)])
             fix = f"write {spec.name}: {best}" if best else f"use one of {words}"
             return value, VarProblem(spec.name, f"{spec.name} must be one of {words}, got "
-                                     f"{_show(value)}", fix)
+                                     f"{show(value)}", fix)
         return value, None
     if has_jinja(value):
         if not is_rendered(spec.name):
             return value, VarProblem(
                 spec.name, f"{spec.name} holds a placeholder ({{{{ or {{%), but gpuk8s expands "
                 "placeholders only in the *_url variables; this value would be used as written",
-                f"write the value itself, e.g. {spec.name}: {_show(spec.default)}")
+                f"write the value itself, e.g. {spec.name}: {show(spec.default)}")
         problem = _check_jinja_syntax(spec.name, value)
         if problem:
             return value, problem
-    check = _CHECKS.get(spec.name)
+    rule = rules().get(spec.name)
+    check = rule.check if rule else None
     if check is None and spec.name.endswith("_url"):
-        check = _check_url
+        check = check_url
     if check is None and spec.type is int:
-        check = _check_positive
+        check = check_positive
     if check is None:
         return value, None
     return value, check(spec.name, value)
@@ -286,288 +281,12 @@ def _check_jinja_syntax(name: str, value: str) -> VarProblem | None:
     return None
 
 
-def _check_positive(name: str, value: int) -> VarProblem | None:
-    if value <= 0:
-        return VarProblem(name, f"{name} must be a positive number, got {value}",
-                          f"write {name}: 600 (seconds/units, greater than 0)")
-    return None
-
-
-def _check_kubernetes_version(name: str, value: str) -> VarProblem | None:
-    supported = ", ".join(SUPPORTED_KUBERNETES)
-    v = value.strip()
-    if v.lower().startswith("v"):
-        return VarProblem(name, f"{name} is written without the v: {value!r}",
-                          f'write {name}: "{v[1:]}"')
-    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:-.*)?", v)
-    if m:
-        minor = f"{m[1]}.{m[2]}"
-        return VarProblem(
-            name, f"{name} is a minor version (major.minor), not a full version {value!r}",
-            f'use {name}: "{minor}" and kubernetes_package_version: "{m[1]}.{m[2]}.{m[3]}-1.1" '
-            f"for an exact pin")
-    if not re.fullmatch(r"\d+\.\d+", v):
-        return VarProblem(name, f"{name} must be major.minor like \"1.36\", got {value!r}",
-                          f'write {name}: "1.36" (supported: {supported})')
-    if v not in SUPPORTED_KUBERNETES:
-        return VarProblem(name, f"Kubernetes {v} is not supported (supported: {supported})",
-                          f'write {name}: "{SUPPORTED_KUBERNETES[-2]}"')
-    return None
-
-
-def _check_package_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+", value):
-        return VarProblem(name, f"{name} must be an apt version like \"1.36.2-1.1\", got "
-                          f"{value!r}", f'write {name}: "1.36.2-1.1" or "" for the newest patch')
-    return None
-
-
-def _check_driver_branch(name: str, value: str) -> VarProblem | None:
-    branches = ", ".join(SUPPORTED_DRIVER_BRANCHES)
-    m = re.fullmatch(r"(\d{3})\.\d+(?:\.\d+)?(?:-.*)?", value)
-    if m:
-        return VarProblem(name, f"{name} is the branch (3 digits), not a driver version "
-                          f"{value!r}", f'use {name}: "{m[1]}" and nvidia_driver_version: '
-                          f'"{value}" for an exact pin')
-    if not re.fullmatch(r"\d{3}", value):
-        return VarProblem(name, f"{name} must be 3 digits like \"580\", got {value!r}",
-                          f'write {name}: "580" (supported: {branches})')
-    if value not in SUPPORTED_DRIVER_BRANCHES:
-        return VarProblem(name, f"NVIDIA driver branch {value} is not supported "
-                          f"(supported: {branches})", f'write {name}: "580"')
-    return None
-
-
-def _check_driver_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d{3}\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.+~]+)?", value):
-        return VarProblem(name, f"{name} must be a driver package version like "
-                          f"\"580.159.04-1\", got {value!r}",
-                          f'write {name}: "580.159.04-1" or "" for the newest of the branch')
-    return None
-
-
-def _check_major_minor(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"\d+\.\d+", value):
-        return VarProblem(name, f"{name} must be major.minor like \"13.0\", got {value!r}",
-                          f'write {name}: "13.0"')
-    return None
-
-
-def _check_xyz(name: str, value: str) -> VarProblem | None:
-    if re.fullmatch(r"v\d+\.\d+\.\d+", value):
-        return VarProblem(name, f"{name} is written without the v: {value!r}",
-                          f'write {name}: "{value[1:]}"')
-    if not re.fullmatch(r"\d+\.\d+\.\d+", value):
-        return VarProblem(name, f"{name} must be a version x.y.z like \"1.20.0\", got {value!r}",
-                          f'write {name}: "1.2.3" (three numbers)')
-    return None
-
-
-def _check_calico_block_size(name: str, value: int) -> VarProblem | None:
-    if not 20 <= value <= 32:
-        return VarProblem(name, f"{name} must be a prefix length from 20 to 32, got {value}",
-                          f"write {name}: 26 (Calico's default: 64 addresses a block)")
-    return None
-
-
-def _check_mtu(name: str, value: int) -> VarProblem | None:
-    if value != 0 and not 1280 <= value <= 9000:
-        return VarProblem(name, f"{name} must be 0 (detect) or from 1280 to 9000, got {value}",
-                          f"write {name}: 0 to let Calico detect it")
-    return None
-
-
-def _check_registry(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9._-]+)*", value):
-        return VarProblem(name, f"{name} must be a registry host (and optional path) without "
-                          f"a scheme, got {value!r}", f"write {name}: quay.io")
-    return None
-
-
-def _check_containerd_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?", value):
-        return VarProblem(name, f"{name} must be \"\" or a version like \"2.1.4\", got {value!r}",
-                          f'write {name}: "2.1.4" or "" for the newest')
-    return None
-
-
-def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    try:
-        return ipaddress.ip_network(value, strict=True)
-    except ValueError:
-        return None
-
-
-def _check_cidr(name: str, value: str) -> VarProblem | None:
-    try:
-        net = ipaddress.ip_network(value, strict=True)
-    except ValueError as exc:
-        try:
-            loose = ipaddress.ip_network(value, strict=False)
-        except ValueError:
-            example = "10.96.0.0/12" if name == "service_cidr" else "10.244.0.0/16"
-            return VarProblem(name, f"{name} is not a network in CIDR form: {value!r} ({exc})",
-                              f'write {name}: "{example}"')
-        return VarProblem(name, f"{name} {value!r} has host bits set",
-                          f'write {name}: "{loose}"')
-    if name == "service_cidr" and net.max_prefixlen - net.prefixlen > 20:
-        most = net.max_prefixlen - 20
-        return VarProblem(name, f"{name} {value} is too large: the API server allows at most "
-                          f"/{most} for services", f'write {name}: "10.96.0.0/12"')
-    if name == "pod_cidr" and net.version == 4 and net.prefixlen > 24:
-        return VarProblem(name, f"{name} {value} is too small: every node gets a /24 of it",
-                          f'write {name}: "10.244.0.0/16"')
-    return None
-
-
-def _check_feature_gates(name: str, value: dict[Any, Any]) -> VarProblem | None:
-    for gate, on in value.items():
-        if gate == "Accelerators":
-            return VarProblem(
-                name, "feature gate Accelerators was removed in Kubernetes 1.11 (kubelet refuses "
-                "to start with it); GPUs are now exposed by the NVIDIA device plugin as "
-                "nvidia.com/gpu, enabled by default with gpuk8s",
-                "remove Accelerators from feature_gates; request GPUs with "
-                "resources.limits: {nvidia.com/gpu: 1}", subkey="Accelerators")
-        if gate == "DevicePlugins":
-            return VarProblem(
-                name, "feature gate DevicePlugins went GA in Kubernetes 1.26 and the gate was "
-                "removed; device plugins (the NVIDIA one serves nvidia.com/gpu) are always on",
-                "remove DevicePlugins from feature_gates", subkey="DevicePlugins")
-        if not isinstance(gate, str) or not re.fullmatch(r"[A-Z][A-Za-z0-9]*", gate):
-            return VarProblem(name, f"feature gate name {_show(gate)} is not CamelCase",
-                              f"write {name}: {{DynamicResourceAllocation: true}}",
-                              subkey=gate if isinstance(gate, str) else None)
-        if not isinstance(on, bool):
-            return VarProblem(name, f"feature gate {gate} must be true or false, got {_show(on)}",
-                              f"write {gate}: true", subkey=gate)
-    return None
-
-
-def _check_endpoint(name: str, value: str) -> VarProblem | None:
-    if value == "":
-        return None
-    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})",
-                     value)
-    if not m or not 1 <= int(m[3]) <= 65535:
-        return VarProblem(name, f"{name} must be \"host:port\" (or \"\"), got {value!r}",
-                          f'write {name}: "k8s-api.example.lan:6443"')
-    return None
-
-
-#: what a URL may hold besides letters and digits: no quote, backslash, semicolon, brace,
-#: space or control character, so it cannot end an apt.conf string or a sources.list field
-_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#@!$&()*+,=%-]+")
-_URL_IPV6_HOST = re.compile(r"^[a-z]+://([^/@]*@)?\[[0-9A-Fa-f:.]+\]")
-
-
-def _check_url(name: str, value: str, *, allow_empty: bool = False,
-               rendered: bool = False) -> VarProblem | None:
-    if allow_empty and value == "":
-        return None
-    example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
-    fix = f'write {name}: "{example}"' + (' or ""' if allow_empty else "")
-    plain = value if rendered else _JINJA_EXPR.sub("x", value)
-    if value.lstrip().startswith(("{{", "{%")) and not rendered:
-        return None  # scheme and host come from a placeholder: checked once rendered
-    bare = _URL_IPV6_HOST.sub(lambda m: m[0].replace("[", "").replace("]", ""), plain)
-    if not _URL_CHARS.fullmatch(bare):
-        bad = sorted({c for c in bare if not _URL_CHARS.fullmatch(c)})
-        shown = ", ".join(repr(c) for c in bad) or "nothing"
-        return VarProblem(name, f"{name} holds characters a URL may not ({shown}): {value!r}",
-                          fix + "; percent-encode such characters (%20 for a space)")
-    parts = urllib.parse.urlsplit(plain)
-    try:
-        bad_port = parts.port == 0
-    except ValueError:  # not a number, or out of 0-65535
-        bad_port = True
-    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
-        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}", fix)
-    return None
-
-
-def _check_fingerprint(name: str, value: str) -> VarProblem | None:
-    text = value.replace(" ", "")
-    text = text[2:] if text.lower().startswith("0x") else text
-    if value and not re.fullmatch(r"[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64}", text):
-        return VarProblem(name, f"{name} must be a full OpenPGP key fingerprint (40 hex digits, "
-                          f"or 64 for a v6 key) or \"\", got {value!r}",
-                          f"write {name}: the fingerprint `gpg --show-keys KEYFILE` prints "
-                          "(a short key id is not enough)")
-    return None
-
-
 #: each repo's key URL and the fingerprint that pins it
 KEY_PINS = {
     "kubernetes_repo_key_url": "kubernetes_repo_key_fingerprint",
     "docker_repo_key_url": "docker_repo_key_fingerprint",
     "nvidia_cuda_repo_key_url": "nvidia_cuda_repo_key_fingerprint",
     "nvidia_container_toolkit_repo_key_url": "nvidia_container_toolkit_repo_key_fingerprint",
-}
-
-
-def _check_duration(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0", value):
-        return VarProblem(name, f"{name} must be a duration like \"15m0s\" or \"1h\", got "
-                          f"{value!r}", f'write {name}: "15m0s"')
-    return None
-
-
-def _check_dns_domain(name: str, value: str) -> VarProblem | None:
-    label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-    if not re.fullmatch(rf"{label}(\.{label})*", value):
-        return VarProblem(name, f"{name} must be a lower-case DNS domain, got {value!r}",
-                          f"write {name}: cluster.local")
-    return None
-
-
-def _check_str_list(name: str, value: list[Any]) -> VarProblem | None:
-    for item in value:
-        if not isinstance(item, str):
-            return VarProblem(name, f"{name} must be a list of strings, got {_show(item)} in it",
-                              f'write {name}: ["time_sync"]')
-    return None
-
-
-def _check_sysctls(name: str, value: dict[Any, Any]) -> VarProblem | None:
-    for key, val in value.items():
-        if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9_][a-z0-9_./-]*", key):
-            return VarProblem(name, f"{name}: {_show(key)} is not a sysctl name",
-                              f'write {name}: {{"net.ipv4.ip_forward": 1}}')
-        if isinstance(val, (dict, list)) or val is None:
-            return VarProblem(name, f"{name}: {key} must be a number or string, got {_show(val)}",
-                              f"write {key}: 1", subkey=key)
-        if not isinstance(val, bool) and not re.fullmatch(r"[0-9A-Za-z_.:/ -]+", str(val)):
-            return VarProblem(name, f"{name}: {key} value {_show(val)} holds characters no "
-                              "sysctl value needs", f'write {key}: "4096 87380 6291456" (numbers, '
-                              "words, spaces, '.', ':', '/', '-')", subkey=key)
-    return None
-
-
-_CHECKS: dict[str, Any] = {
-    "kubernetes_version": _check_kubernetes_version,
-    "kubernetes_package_version": _check_package_version,
-    "nvidia_driver_branch": _check_driver_branch,
-    "nvidia_driver_version": _check_driver_version,
-    "cuda_version": _check_major_minor,
-    "nvidia_container_toolkit_version": _check_xyz,
-    "nvidia_device_plugin_version": _check_xyz,
-    "flannel_version": _check_xyz,
-    "calico_version": _check_xyz,
-    "calico_block_size": _check_calico_block_size,
-    "calico_mtu": _check_mtu,
-    "calico_registry": _check_registry,
-    "containerd_version": _check_containerd_version,
-    "pod_cidr": _check_cidr,
-    "service_cidr": _check_cidr,
-    "feature_gates": _check_feature_gates,
-    "control_plane_endpoint": _check_endpoint,
-    "apt_proxy": functools.partial(_check_url, allow_empty=True),
-    "join_token_ttl": _check_duration,
-    "cluster_dns_domain": _check_dns_domain,
-    "preflight_ignore": _check_str_list,
-    "base_sysctls": _check_sysctls,
-    **dict.fromkeys(KEY_PINS.values(), _check_fingerprint),
 }
 
 
@@ -821,7 +540,7 @@ class _Renderer:
         return self.done[key]
 
     def text(self, text: str, stack: tuple[str, ...]) -> str:
-        if not _JINJA_MARK.search(text):
+        if not JINJA_MARK.search(text):
             return text
         label = f"{self.name}: " if self.name else ""
         try:
@@ -843,7 +562,7 @@ def render_url(vars: Mapping[str, Any], name: str, **data: str) -> str:
     """The URL variable ``name`` rendered (host facts in ``data`` as plain text), then
     checked like any URL the inventory gives; PlanError names the variable otherwise."""
     url = render_value(vars[name], vars, name=name, data=data)
-    problem = _check_url(name, url, rendered=True)
+    problem = check_url(name, url, rendered=True)
     if problem:
         raise PlanError(f"{problem.message} once its placeholders are filled in"
                         f"\n  fix: {problem.fix}")

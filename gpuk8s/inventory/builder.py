@@ -44,13 +44,13 @@ from gpuk8s.inventory.text import (
 from gpuk8s.inventory.yaml_reader import _YamlReader
 from gpuk8s.inventory.yamlio import _Fatal, _LineDict, _load_yaml, _nested_duplicates, _plain
 from gpuk8s.variables import (
-    CLUSTER_WIDE,
     MergedVars,
     Origin,
     VarLayer,
     VarProblem,
     check_combination,
     check_value,
+    cluster_wide,
     defaults_layer,
     load_variable_specs,
     merge_vars,
@@ -464,7 +464,7 @@ class _Builder(_YamlReader, _IniReader):
     def _check_cluster(self, hosts: Mapping[str, Host]) -> None:
         first: dict[str, tuple[str, Any]] = {}
         for name, host in hosts.items():
-            for key in CLUSTER_WIDE:
+            for key in cluster_wide():
                 if key not in host.vars:
                     continue
                 value = host.vars[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_sysctls
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import DpkgHealth, Files, KernelModules, Packages, Sysctls, System
 from gpuk8s.ops import Op, change, files, noop, q, warn
@@ -22,6 +23,12 @@ K8S_SYSCTLS = {
     "net.bridge.bridge-nf-call-ip6tables": "1",
 }
 BASE_PACKAGES = ("ca-certificates", "curl", "gnupg", "conntrack", "iptables")
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "base_sysctls": Rule(check_sysctls),
+}
 
 
 def _sysctls(vars: Mapping[str, Any]) -> dict[str, str]:

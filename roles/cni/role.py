@@ -5,12 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_calico_block_size, check_mtu, check_registry, check_xyz
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op
 from gpuk8s.ops.kube import apply
 from gpuk8s.roles import HostContext
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "calico_block_size": Rule(check_calico_block_size, cluster_wide=True),
+    "calico_mtu": Rule(check_mtu, cluster_wide=True),
+    "calico_registry": Rule(check_registry, cluster_wide=True),
+    "calico_version": Rule(check_xyz, cluster_wide=True),
+    "cni": Rule(choices=("flannel", "calico"), cluster_wide=True),
+    "flannel_version": Rule(check_xyz, cluster_wide=True),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

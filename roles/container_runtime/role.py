@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_containerd_version, check_fingerprint
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
 from gpuk8s.facts.system import Files, OsRelease, Packages, Services
@@ -21,6 +22,14 @@ KEYRING = "/etc/apt/keyrings/docker.gpg"
 #: sandbox (pause) image kubeadm expects, by Kubernetes minor
 PAUSE = {"1.34": "3.10.1", "1.35": "3.10.1", "1.36": "3.10.1", "1.37": "3.10.1"}
 PACKAGES = ("containerd.io", "docker-ce", "docker-ce-cli")
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "container_runtime": Rule(choices=("containerd", "docker")),
+    "containerd_version": Rule(check_containerd_version),
+    "docker_repo_key_fingerprint": Rule(check_fingerprint),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

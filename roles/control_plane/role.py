@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_cidr, check_dns_domain, check_endpoint, check_feature_gates
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster
 from gpuk8s.facts.system import Files, Packages
@@ -48,6 +49,18 @@ fi
 """
 ROOT_KUBECONFIG = "/root/.kube/config"
 CP_TAINT = "node-role.kubernetes.io/control-plane"
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "cluster_dns_domain": Rule(check_dns_domain, cluster_wide=True),
+    "control_plane_endpoint": Rule(check_endpoint, cluster_wide=True),
+    # one set of gates for the control plane and every kubelet: set on some hosts only,
+    # gates would silently do nothing
+    "feature_gates": Rule(check_feature_gates, cluster_wide=True),
+    "pod_cidr": Rule(check_cidr, cluster_wide=True),
+    "service_cidr": Rule(check_cidr, cluster_wide=True),
+}
 
 
 def user_kubeconfig(vars: Mapping[str, Any]) -> str:

@@ -5,12 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_major_minor
 from gpuk8s.facts import Fact
 from gpuk8s.facts.nvidia import CudaToolkits
 from gpuk8s.facts.system import OsRelease, Packages, PciDevices
 from gpuk8s.ops import Op, noop
 from gpuk8s.ops.apt import packages
 from gpuk8s.roles import HostContext, load_role
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "cuda_version": Rule(check_major_minor),
+}
 
 
 def _package(vars: Mapping[str, Any]) -> str:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_xyz
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op, change, noop
@@ -15,6 +16,12 @@ from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_arg
 
 GPU_PATH = "'{.status.allocatable.nvidia\\.com/gpu}'"
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "nvidia_device_plugin_version": Rule(check_xyz, cluster_wide=True),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

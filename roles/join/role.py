@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_duration
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, write_file
@@ -16,6 +17,12 @@ JOIN_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-join.yaml"
 #: what a `kubeadm join` that was interrupted before it wrote kubelet.conf leaves behind; the
 #: next join's preflight refuses them (FileAvailable--...), so they are reset first
 LEFTOVERS = ("/etc/kubernetes/bootstrap-kubelet.conf", "/etc/kubernetes/pki/ca.crt")
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "join_token_ttl": Rule(check_duration, cluster_wide=True),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

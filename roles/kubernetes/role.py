@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_fingerprint, check_kubernetes_version, check_package_version
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, noop
@@ -16,6 +17,14 @@ from gpuk8s.variables import render_url
 LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
 PACKAGES = KUBE_PACKAGES
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "kubernetes_package_version": Rule(check_package_version),
+    "kubernetes_repo_key_fingerprint": Rule(check_fingerprint),
+    "kubernetes_version": Rule(check_kubernetes_version, cluster_wide=True),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

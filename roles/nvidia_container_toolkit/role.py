@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_fingerprint, check_xyz
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
 from gpuk8s.facts.system import Files, Packages, PciDevices
@@ -19,6 +20,13 @@ KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg"
 DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
             "libnvidia-container-tools", "libnvidia-container1")
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "nvidia_container_toolkit_repo_key_fingerprint": Rule(check_fingerprint),
+    "nvidia_container_toolkit_version": Rule(check_xyz),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_driver_branch, check_driver_version, check_fingerprint
 from gpuk8s.facts import Fact
 from gpuk8s.facts.nvidia import GpuTopology, Nvidia
 from gpuk8s.facts.system import (
@@ -28,6 +29,17 @@ CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
 CUDA_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
 #: PCI device ids of GPUs older than Turing: proprietary modules only
 PRE_TURING = {"0x1db4", "0x1db1", "0x1db5", "0x1db6", "0x1b38", "0x15f8", "0x15f7"}
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "nvidia_cuda_repo_key_fingerprint": Rule(check_fingerprint),
+    "nvidia_driver_branch": Rule(check_driver_branch),
+    "nvidia_driver_flavor": Rule(choices=("auto", "open", "proprietary")),
+    "nvidia_driver_source": Rule(choices=("auto", "ubuntu", "cuda")),
+    "nvidia_driver_version": Rule(check_driver_version),
+    "nvidia_fabricmanager": Rule(choices=("auto", True, False)),
+}
 
 
 def cuda_distro(os_: Mapping[str, str]) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, files, noop
@@ -34,6 +35,13 @@ UNIT = "apt-cacher-ng"
 WAIT = (f"for i in $(seq 1 300); do curl -s -o /dev/null --noproxy '*' "
         f"http://127.0.0.1:{PORT}/ && exit 0; sleep 0.1; done; "
         f"echo 'apt-cacher-ng does not answer on port {PORT}' >&2; exit 1")
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "package_cache": Rule(cluster_wide=True),
+    "package_cache_host": Rule(cluster_wide=True),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s.checks import Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
 from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
@@ -20,6 +21,12 @@ WORKER_PORTS = (10250,)
 NEVER_IGNORED = {"hostname"}
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
+
+
+#: this role's variables beyond their type (their defaults are in defaults.yaml)
+RULES: dict[str, Rule] = {
+    "preflight_ignore": Rule(check_str_list),
+}
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:

@@ -105,3 +105,17 @@ def test_only_the_executor_runs_commands_on_hosts() -> None:
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert offenders == []
     assert _TRANSPORT_RUN.search("result = session.transports[cp].run(f'cat x')")
+
+
+def test_every_rule_names_a_variable_its_role_owns() -> None:
+    from gpuk8s.variables import CLUSTER_RULES, load_variable_specs, rules
+
+    specs = load_variable_specs()
+    for name in rules():
+        assert name in specs, f"a RULES entry names no variable: {name}"
+        owner = specs[name].role
+        if name not in CLUSTER_RULES:
+            from gpuk8s.roles import load_role
+
+            assert name in getattr(load_role(owner).module, "RULES", {}), \
+                f"{name} is {owner}'s variable but another role declares its rule"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuk8s.checks import SUPPORTED_KUBERNETES
 from gpuk8s.errors import InventoryError, PlanError
 from gpuk8s.variables import (
-    SUPPORTED_KUBERNETES,
     MergedVars,
     Origin,
     VarLayer,

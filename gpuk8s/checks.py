@@ -1,0 +1,305 @@
+"""Value checks of inventory variables: each takes the variable's name and value and returns
+a VarProblem (what is wrong and what to write instead) or None. Roles name the checks of their
+variables in their RULES (roles/<role>/role.py); variables.check_value applies them."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
+
+
+SUPPORTED_DRIVER_BRANCHES = ("535", "550", "570", "575", "580", "590", "595")
+
+
+JINJA_MARK = re.compile(r"{{|{%")
+
+
+JINJA_EXPR = re.compile(r"{{.*?}}|{%.*?%}", re.S)
+
+
+@dataclass(frozen=True)
+class VarProblem:
+    """A value that is wrong: which variable, why, and what to write instead.
+
+    ``subkey`` names an entry inside a mapping value (a feature gate) when the problem is there.
+    """
+
+    key: str
+    message: str
+    fix: str
+    subkey: str | None = None
+    others: tuple[str, ...] = ()  # other variables involved (combination checks)
+
+
+def show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_positive(name: str, value: int) -> VarProblem | None:
+    if value <= 0:
+        return VarProblem(name, f"{name} must be a positive number, got {value}",
+                          f"write {name}: 600 (seconds/units, greater than 0)")
+    return None
+
+
+def check_kubernetes_version(name: str, value: str) -> VarProblem | None:
+    supported = ", ".join(SUPPORTED_KUBERNETES)
+    v = value.strip()
+    if v.lower().startswith("v"):
+        return VarProblem(name, f"{name} is written without the v: {value!r}",
+                          f'write {name}: "{v[1:]}"')
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:-.*)?", v)
+    if m:
+        minor = f"{m[1]}.{m[2]}"
+        return VarProblem(
+            name, f"{name} is a minor version (major.minor), not a full version {value!r}",
+            f'use {name}: "{minor}" and kubernetes_package_version: "{m[1]}.{m[2]}.{m[3]}-1.1" '
+            f"for an exact pin")
+    if not re.fullmatch(r"\d+\.\d+", v):
+        return VarProblem(name, f"{name} must be major.minor like \"1.36\", got {value!r}",
+                          f'write {name}: "1.36" (supported: {supported})')
+    if v not in SUPPORTED_KUBERNETES:
+        return VarProblem(name, f"Kubernetes {v} is not supported (supported: {supported})",
+                          f'write {name}: "{SUPPORTED_KUBERNETES[-2]}"')
+    return None
+
+
+def check_package_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+", value):
+        return VarProblem(name, f"{name} must be an apt version like \"1.36.2-1.1\", got "
+                          f"{value!r}", f'write {name}: "1.36.2-1.1" or "" for the newest patch')
+    return None
+
+
+def check_driver_branch(name: str, value: str) -> VarProblem | None:
+    branches = ", ".join(SUPPORTED_DRIVER_BRANCHES)
+    m = re.fullmatch(r"(\d{3})\.\d+(?:\.\d+)?(?:-.*)?", value)
+    if m:
+        return VarProblem(name, f"{name} is the branch (3 digits), not a driver version "
+                          f"{value!r}", f'use {name}: "{m[1]}" and nvidia_driver_version: '
+                          f'"{value}" for an exact pin')
+    if not re.fullmatch(r"\d{3}", value):
+        return VarProblem(name, f"{name} must be 3 digits like \"580\", got {value!r}",
+                          f'write {name}: "580" (supported: {branches})')
+    if value not in SUPPORTED_DRIVER_BRANCHES:
+        return VarProblem(name, f"NVIDIA driver branch {value} is not supported "
+                          f"(supported: {branches})", f'write {name}: "580"')
+    return None
+
+
+def check_driver_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d{3}\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.+~]+)?", value):
+        return VarProblem(name, f"{name} must be a driver package version like "
+                          f"\"580.159.04-1\", got {value!r}",
+                          f'write {name}: "580.159.04-1" or "" for the newest of the branch')
+    return None
+
+
+def check_major_minor(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"\d+\.\d+", value):
+        return VarProblem(name, f"{name} must be major.minor like \"13.0\", got {value!r}",
+                          f'write {name}: "13.0"')
+    return None
+
+
+def check_xyz(name: str, value: str) -> VarProblem | None:
+    if re.fullmatch(r"v\d+\.\d+\.\d+", value):
+        return VarProblem(name, f"{name} is written without the v: {value!r}",
+                          f'write {name}: "{value[1:]}"')
+    if not re.fullmatch(r"\d+\.\d+\.\d+", value):
+        return VarProblem(name, f"{name} must be a version x.y.z like \"1.20.0\", got {value!r}",
+                          f'write {name}: "1.2.3" (three numbers)')
+    return None
+
+
+def check_calico_block_size(name: str, value: int) -> VarProblem | None:
+    if not 20 <= value <= 32:
+        return VarProblem(name, f"{name} must be a prefix length from 20 to 32, got {value}",
+                          f"write {name}: 26 (Calico's default: 64 addresses a block)")
+    return None
+
+
+def check_mtu(name: str, value: int) -> VarProblem | None:
+    if value != 0 and not 1280 <= value <= 9000:
+        return VarProblem(name, f"{name} must be 0 (detect) or from 1280 to 9000, got {value}",
+                          f"write {name}: 0 to let Calico detect it")
+    return None
+
+
+def check_registry(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9._-]+)*", value):
+        return VarProblem(name, f"{name} must be a registry host (and optional path) without "
+                          f"a scheme, got {value!r}", f"write {name}: quay.io")
+    return None
+
+
+def check_containerd_version(name: str, value: str) -> VarProblem | None:
+    if value and not re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?", value):
+        return VarProblem(name, f"{name} must be \"\" or a version like \"2.1.4\", got {value!r}",
+                          f'write {name}: "2.1.4" or "" for the newest')
+    return None
+
+
+def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        return None
+
+
+def check_cidr(name: str, value: str) -> VarProblem | None:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        try:
+            loose = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            example = "10.96.0.0/12" if name == "service_cidr" else "10.244.0.0/16"
+            return VarProblem(name, f"{name} is not a network in CIDR form: {value!r} ({exc})",
+                              f'write {name}: "{example}"')
+        return VarProblem(name, f"{name} {value!r} has host bits set",
+                          f'write {name}: "{loose}"')
+    if name == "service_cidr" and net.max_prefixlen - net.prefixlen > 20:
+        most = net.max_prefixlen - 20
+        return VarProblem(name, f"{name} {value} is too large: the API server allows at most "
+                          f"/{most} for services", f'write {name}: "10.96.0.0/12"')
+    if name == "pod_cidr" and net.version == 4 and net.prefixlen > 24:
+        return VarProblem(name, f"{name} {value} is too small: every node gets a /24 of it",
+                          f'write {name}: "10.244.0.0/16"')
+    return None
+
+
+def check_feature_gates(name: str, value: dict[Any, Any]) -> VarProblem | None:
+    for gate, on in value.items():
+        if gate == "Accelerators":
+            return VarProblem(
+                name, "feature gate Accelerators was removed in Kubernetes 1.11 (kubelet refuses "
+                "to start with it); GPUs are now exposed by the NVIDIA device plugin as "
+                "nvidia.com/gpu, enabled by default with gpuk8s",
+                "remove Accelerators from feature_gates; request GPUs with "
+                "resources.limits: {nvidia.com/gpu: 1}", subkey="Accelerators")
+        if gate == "DevicePlugins":
+            return VarProblem(
+                name, "feature gate DevicePlugins went GA in Kubernetes 1.26 and the gate was "
+                "removed; device plugins (the NVIDIA one serves nvidia.com/gpu) are always on",
+                "remove DevicePlugins from feature_gates", subkey="DevicePlugins")
+        if not isinstance(gate, str) or not re.fullmatch(r"[A-Z][A-Za-z0-9]*", gate):
+            return VarProblem(name, f"feature gate name {show(gate)} is not CamelCase",
+                              f"write {name}: {{DynamicResourceAllocation: true}}",
+                              subkey=gate if isinstance(gate, str) else None)
+        if not isinstance(on, bool):
+            return VarProblem(name, f"feature gate {gate} must be true or false, got {show(on)}",
+                              f"write {gate}: true", subkey=gate)
+    return None
+
+
+def check_endpoint(name: str, value: str) -> VarProblem | None:
+    if value == "":
+        return None
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})",
+                     value)
+    if not m or not 1 <= int(m[3]) <= 65535:
+        return VarProblem(name, f"{name} must be \"host:port\" (or \"\"), got {value!r}",
+                          f'write {name}: "k8s-api.example.lan:6443"')
+    return None
+
+
+#: what a URL may hold besides letters and digits: no quote, backslash, semicolon, brace,
+#: space or control character, so it cannot end an apt.conf string or a sources.list field
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#@!$&()*+,=%-]+")
+
+
+_URL_IPV6_HOST = re.compile(r"^[a-z]+://([^/@]*@)?\[[0-9A-Fa-f:.]+\]")
+
+
+def check_url(name: str, value: str, *, allow_empty: bool = False,
+               rendered: bool = False) -> VarProblem | None:
+    if allow_empty and value == "":
+        return None
+    example = "http://10.0.0.1:3142" if allow_empty else "https://mirror.example.lan/path/"
+    fix = f'write {name}: "{example}"' + (' or ""' if allow_empty else "")
+    plain = value if rendered else JINJA_EXPR.sub("x", value)
+    if value.lstrip().startswith(("{{", "{%")) and not rendered:
+        return None  # scheme and host come from a placeholder: checked once rendered
+    bare = _URL_IPV6_HOST.sub(lambda m: m[0].replace("[", "").replace("]", ""), plain)
+    if not _URL_CHARS.fullmatch(bare):
+        bad = sorted({c for c in bare if not _URL_CHARS.fullmatch(c)})
+        shown = ", ".join(repr(c) for c in bad) or "nothing"
+        return VarProblem(name, f"{name} holds characters a URL may not ({shown}): {value!r}",
+                          fix + "; percent-encode such characters (%20 for a space)")
+    parts = urllib.parse.urlsplit(plain)
+    try:
+        bad_port = parts.port == 0
+    except ValueError:  # not a number, or out of 0-65535
+        bad_port = True
+    if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
+        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}", fix)
+    return None
+
+
+def check_fingerprint(name: str, value: str) -> VarProblem | None:
+    text = value.replace(" ", "")
+    text = text[2:] if text.lower().startswith("0x") else text
+    if value and not re.fullmatch(r"[0-9A-Fa-f]{40}|[0-9A-Fa-f]{64}", text):
+        return VarProblem(name, f"{name} must be a full OpenPGP key fingerprint (40 hex digits, "
+                          f"or 64 for a v6 key) or \"\", got {value!r}",
+                          f"write {name}: the fingerprint `gpg --show-keys KEYFILE` prints "
+                          "(a short key id is not enough)")
+    return None
+
+
+def check_duration(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0", value):
+        return VarProblem(name, f"{name} must be a duration like \"15m0s\" or \"1h\", got "
+                          f"{value!r}", f'write {name}: "15m0s"')
+    return None
+
+
+def check_dns_domain(name: str, value: str) -> VarProblem | None:
+    label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    if not re.fullmatch(rf"{label}(\.{label})*", value):
+        return VarProblem(name, f"{name} must be a lower-case DNS domain, got {value!r}",
+                          f"write {name}: cluster.local")
+    return None
+
+
+def check_str_list(name: str, value: list[Any]) -> VarProblem | None:
+    for item in value:
+        if not isinstance(item, str):
+            return VarProblem(name, f"{name} must be a list of strings, got {show(item)} in it",
+                              f'write {name}: ["time_sync"]')
+    return None
+
+
+def check_sysctls(name: str, value: dict[Any, Any]) -> VarProblem | None:
+    for key, val in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9_][a-z0-9_./-]*", key):
+            return VarProblem(name, f"{name}: {show(key)} is not a sysctl name",
+                              f'write {name}: {{"net.ipv4.ip_forward": 1}}')
+        if isinstance(val, (dict, list)) or val is None:
+            return VarProblem(name, f"{name}: {key} must be a number or string, got {show(val)}",
+                              f"write {key}: 1", subkey=key)
+        if not isinstance(val, bool) and not re.fullmatch(r"[0-9A-Za-z_.:/ -]+", str(val)):
+            return VarProblem(name, f"{name}: {key} value {show(val)} holds characters no "
+                              "sysctl value needs", f'write {key}: "4096 87380 6291456" (numbers, '
+                              "words, spaces, '.', ':', '/', '-')", subkey=key)
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a role declares about one of its variables, beside its default: the check of its
+    value, the values allowed (choices), and whether it must be the same on every host of a
+    cluster (cluster_wide)."""
+
+    check: Callable[[str, Any], VarProblem | None] | None = None
+    choices: tuple[Any, ...] | None = None
+    cluster_wide: bool = False
+
