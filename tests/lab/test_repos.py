@@ -343,7 +343,10 @@ def test_mirror_settings_resolve_on_the_server(base_url: str) -> None:
         "nvidia_container_toolkit_repo_key_url",
         "docker_repo_url",
         "docker_repo_key_url",
+        *repos.key_pins(),
     }
+    # every key the server hands out is the lab key the settings pin
+    assert set(repos.key_pins().values()) == {repos.LAB_KEY_FINGERPRINT}
     assert (
         s["kubernetes_repo_url"]
         == f"{base_url}/pkgs.k8s.io/core:/stable:/v{{{{ kubernetes_version }}}}/deb/"
@@ -353,6 +356,7 @@ def test_mirror_settings_resolve_on_the_server(base_url: str) -> None:
             "{{ nvidia_cuda_distro }}", "debian12"
         )
         for k, v in s.items()
+        if k.endswith("_url")
     }
     for k, url in render.items():
         if k.endswith("_key_url"):

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.lab
 HOSTILE_HOSTNAME = "gpu-01$(touch /tmp/gpuk8s-hostname-ran)"
 K8S_KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
 K8S_LIST = "/etc/apt/sources.list.d/kubernetes.list"
+#: wide enough that rich's preflight table never wraps or shortens a cell the tests read
+WIDE = {"COLUMNS": "400"}
 #: the pkgs.k8s.io key, as the real upstream pins it; the lab serves its own key instead
 UPSTREAM_K8S_FINGERPRINT = "DE15B14486CD377B9E876E1A234654DA9A296436"
 
@@ -47,7 +49,7 @@ def test_a_hostname_that_is_a_shell_payload_is_refused_by_preflight(
     lab = hostile_hostname
     path = cut_inventory(lab, tmp_path, ("cp-01", "gpu-01"))
     for command in ("plan", "bootstrap"):
-        run = Bootstrap(path, tmp_path / "runs", command=command)
+        run = Bootstrap(path, tmp_path / "runs", command=command, env=WIDE)
         assert run.finish() != 0, run.stdout[-3000:]
         out = run.stdout + run.stderr
         assert "gpu-01" in out and "hostname" in out
@@ -77,7 +79,7 @@ def test_an_os_release_id_that_is_a_template_is_an_unsupported_os(
     lab, marker = hostile_os_release
     path = cut_inventory(lab, tmp_path, ("cp-01", "cpu-01"))
     for command in ("plan", "status", "bootstrap"):
-        run = Bootstrap(path, tmp_path / "runs", command=command)
+        run = Bootstrap(path, tmp_path / "runs", command=command, env=WIDE)
         code = run.finish()
         out = run.stdout + run.stderr
         if command != "status":
