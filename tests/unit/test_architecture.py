@@ -90,7 +90,9 @@ def test_no_import_cycle_in_gpuk8s() -> None:
 
 #: the modules that may run a command on a host's transport themselves: the transport, the
 #: executor, and the fact probe (facts/gather.py); everything else goes through the executor
-MAY_RUN = {"gpuk8s/transport.py", "gpuk8s/executor.py", "gpuk8s/facts/gather.py"}
+MAY_RUN = {"gpuk8s/transport/__init__.py", "gpuk8s/transport/base.py",
+           "gpuk8s/transport/ssh.py", "gpuk8s/transport/local.py",
+           "gpuk8s/transport/known_hosts.py", "gpuk8s/executor.py", "gpuk8s/facts/gather.py"}
 _TRANSPORT_RUN = re.compile(r"transports\[[^\]]+\]\.run\(|\btransport\.run\(")
 
 
@@ -119,3 +121,15 @@ def test_every_rule_names_a_variable_its_role_owns() -> None:
 
             assert name in getattr(load_role(owner).module, "RULES", {}), \
                 f"{name} is {owner}'s variable but another role declares its rule"
+
+
+def test_only_the_transport_imports_paramiko_and_fabric() -> None:
+    graph_files = sorted((ROOT / "gpuk8s").rglob("*.py"))
+    importers = set()
+    for path in graph_files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] in ("paramiko", "fabric", "invoke") for n in names):
+                importers.add(str(path.relative_to(ROOT).parent))
+    assert importers == {"gpuk8s/transport"}

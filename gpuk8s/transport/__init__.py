@@ -1,0 +1,81 @@
+"""SSH and local connections: the only module that imports fabric and paramiko.
+
+Every command is a POSIX sh script sent on stdin to ``sh -s`` (through ``sudo`` when the login user
+is not root), so nothing a script contains, secrets included, appears in a process list. stderr is
+merged into stdout; the executor and the probe delimit their sections with markers.
+
+Trust: every hop (the host and each bastion, from the inventory or from ``~/.ssh/config``) has its
+host key checked against the same known_hosts files with the same policy. Output from a node is
+untrusted text: at most ``MAX_OUTPUT_BYTES`` of it is read per command. The sudo password is sent
+only to a host whose sudo asks for one (``sudo -n true`` fails there).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpuk8s.errors import ConnectError
+from gpuk8s.transport.base import (
+    MAX_OUTPUT_BYTES,
+    CommandResult,
+    ConnectSpec,
+    Counters,
+    OutputTooLarge,
+    Redactor,
+    Transport,
+)
+from gpuk8s.transport.known_hosts import KnownHosts
+from gpuk8s.transport.local import LocalTransport
+from gpuk8s.transport.ssh import SSHTransport
+
+
+def open_transport(spec: ConnectSpec, redact: Redactor) -> SSHTransport | LocalTransport:
+    """A connected transport for one host (raises ConnectError)."""
+    transport: SSHTransport | LocalTransport
+    transport = LocalTransport(spec, redact) if spec.local else SSHTransport(spec, redact)
+    transport.connect()
+    if spec.user != "root" and spec.become:
+        transport.check_sudo()
+    return transport
+
+
+def open_all(specs: Iterable[ConnectSpec], redact: Redactor,
+             opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+             ) -> tuple[dict[str, Any], dict[str, ConnectError]]:
+    """Connect to every host in parallel; return (transports, errors) keyed by host name."""
+    transports: dict[str, Any] = {}
+    errors: dict[str, ConnectError] = {}
+    lock = threading.Lock()
+
+    def one(spec: ConnectSpec) -> None:
+        try:
+            t = opener(spec, redact)
+            with lock:
+                transports[spec.name] = t
+        except ConnectError as exc:
+            with lock:
+                errors[spec.name] = exc
+        except Exception as exc:  # whatever went wrong, this host is reported, never lost
+            with lock:
+                errors[spec.name] = ConnectError(spec.name, redact(
+                    f"cannot connect to {spec.address}:{spec.port}: unexpected "
+                    f"{type(exc).__name__}: {exc}"))
+
+    specs = list(specs)
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for spec in specs:
+        if spec.name not in transports and spec.name not in errors:
+            errors[spec.name] = ConnectError(spec.name, "the connection attempt ended without "
+                                             "a result (see the messages above)")
+    return transports, errors
+
+
+__all__ = ["MAX_OUTPUT_BYTES", "CommandResult", "ConnectSpec", "Counters", "KnownHosts",
+           "LocalTransport", "OutputTooLarge", "Redactor", "SSHTransport", "Transport",
+           "open_all", "open_transport"]
