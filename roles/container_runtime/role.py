@@ -14,7 +14,7 @@ from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_url
+from gpuk8s.templating import render_url
 
 CONFIG = "/etc/containerd/config.toml"
 LIST = "/etc/apt/sources.list.d/docker.list"

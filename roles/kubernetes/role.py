@@ -12,7 +12,7 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_url
+from gpuk8s.templating import render_url
 
 LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"

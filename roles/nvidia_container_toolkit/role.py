@@ -13,7 +13,7 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_url
+from gpuk8s.templating import render_url
 
 LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg"

@@ -22,7 +22,7 @@ from gpuk8s.facts.system import (
 from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.roles import HostContext
-from gpuk8s.variables import render_url
+from gpuk8s.templating import render_url
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"

@@ -26,7 +26,8 @@ from gpuk8s.ops.apt import keyring_fingerprints, repo
 from gpuk8s.ops.kube import labels
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.sinks import UnsafeValue, apt_conf_string, node_arg, unix_user, url_has_secret
-from gpuk8s.variables import check_combination, check_value, load_variable_specs, render_value
+from gpuk8s.templating import render_value
+from gpuk8s.variables import check_combination, check_value, load_variable_specs
 from tests.unit.fakes import op_bodies, runner_for, sectioned
 from tests.unit.scenarios import default_vars, fresh_facts
 

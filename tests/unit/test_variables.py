@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gpuk8s.checks import SUPPORTED_KUBERNETES
 from gpuk8s.errors import InventoryError, PlanError
+from gpuk8s.templating import render_value
 from gpuk8s.variables import (
     MergedVars,
     Origin,
@@ -21,7 +22,6 @@ from gpuk8s.variables import (
     load_variable_specs,
     merge_vars,
     parse_override_value,
-    render_value,
 )
 
 SPECS = load_variable_specs()
