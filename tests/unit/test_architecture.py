@@ -133,3 +133,9 @@ def test_only_the_transport_imports_paramiko_and_fabric() -> None:
             if any(n.split(".")[0] in ("paramiko", "fabric", "invoke") for n in names):
                 importers.add(str(path.relative_to(ROOT).parent))
     assert importers == {"gpuk8s/transport"}
+
+
+def test_no_module_in_gpuk8s_is_over_500_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "gpuk8s").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}, "split these by subject: " + ", ".join(f"{p} ({n})" for p, n in long.items())
