@@ -22,9 +22,11 @@ from gpuk8s.day2.steps import (
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.executor import HostResult
 from gpuk8s.executor import parallel as in_parallel
+from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
-from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.ops.apt import Apt, purge_script
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge
 from gpuk8s.session import Session, open_session
@@ -61,13 +63,13 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         steps = [f"drain {node} and delete its Node object", f"kubeadm reset on {host} and "
                  "clean CNI config, kubelet state and cni/flannel links (iptables untouched)"]
         purge: list[str] = []
+        host_facts = session.facts[host]
         if reinstall_driver or full:
             installed = session.facts[host].get(Packages(*_driver_names(session, host))) or {}
             purge += sorted(installed)
-        if full:
-            purge += ["kubeadm", "kubelet", "kubectl", "containerd.io",
-                      "nvidia-container-toolkit", "nvidia-container-toolkit-base",
-                      "libnvidia-container-tools", "libnvidia-container1"]
+        if full:  # what the roles install, by their own package lists
+            purge += [*KUBE_PACKAGES, *_role_packages("container_runtime", host_facts),
+                      *_role_packages("nvidia_container_toolkit", host_facts)]
         if purge:
             steps.append(f"purge {' '.join(purge)}")
         steps.append("bootstrap it again: node stack, join with a fresh token, GPU checks")
@@ -83,14 +85,24 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                      f"delete node {node}")
         run_step(session, host, CLEANUP, "kubeadm reset and cleanup")
         if purge:
-            run_step(session, host, "apt-mark unhold " + " ".join(purge) + " >/dev/null 2>&1; "
-                     "DEBIAN_FRONTEND=noninteractive apt-get -q -y purge --autoremove "
-                     + " ".join(purge),
-                     "purge packages", timeout=1800)
+            run_step(session, host, purge_script(purge, _apt(session, host)), "purge packages",
+                     timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
         result = converge(session, yes=True)
         result["wall_time"] = time.monotonic() - started
         return result
+
+
+def _role_packages(role: str, facts: HostFacts) -> list[str]:
+    """The packages a role installs that this host has (its PACKAGES, as the probe saw them)."""
+    from gpuk8s.roles import load_role
+
+    names: tuple[str, ...] = load_role(role).module.PACKAGES
+    return sorted(facts.get(Packages(*names)) or {})
+
+
+def _apt(session: Session, host: str) -> Apt:
+    return Apt(int(session.host(host).vars["apt_lock_timeout"]))
 
 
 def _driver_names(session: Session, host: str) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuk8s.facts.system import FileState, PackageState
@@ -179,6 +179,13 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
     return change(op_id, reason, *commands, timeout=1800)
+
+
+def purge_script(names: Sequence[str], apt: Apt = DEFAULT_APT) -> str:
+    """Unhold and purge ``names`` (with the dependencies only they needed)."""
+    words = " ".join(q(n) for n in names)
+    return apt.script(f"apt-mark unhold {words} >/dev/null 2>&1; "
+                      f"{apt.cmd} purge --autoremove {words}")
 
 
 #: shell helpers: r NAME PREFIX -> newest version of NAME starting with PREFIX;

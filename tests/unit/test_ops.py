@@ -124,3 +124,12 @@ def test_node_labels() -> None:
     assert not labels(cluster, "g | l", "gpu-01", {"nvidia.com/gpu.present": "true"}).changes
     op = labels(cluster, "g | l", "gpu-01", {"nvidia.com/gpu.count": "2"})
     assert op.commands[0].endswith("label node gpu-01 nvidia.com/gpu.count=2 --overwrite")
+
+
+def test_purge_script_unholds_then_purges_with_the_hosts_lock_wait() -> None:
+    from gpuk8s.ops.apt import Apt, purge_script
+
+    script = purge_script(["kubeadm", "nvidia-open-580"], Apt(lock_timeout=42))
+    assert script.startswith("apt-mark unhold kubeadm nvidia-open-580 >/dev/null 2>&1; ")
+    assert "-o DPkg::Lock::Timeout=42" in script
+    assert script.endswith("purge --autoremove kubeadm nvidia-open-580")
