@@ -4,7 +4,7 @@ helper of the place it lands in, and nowhere else is such a value formatted by h
 - :func:`shell`: a word in a POSIX shell command (quoted, never interpreted).
 - :func:`node_name` / :func:`node_arg`: a Kubernetes node name (validated as the DNS-1123
   subdomain the kubelet requires anyway, then quoted; a name can never be an option).
-- :func:`manifest_scalar`: a scalar in a YAML manifest (emitted as JSON, which YAML reads as the
+- a scalar in a YAML manifest: the templates' ``| tojson`` filter (JSON, which YAML reads as the
   same scalar; a newline or ``---`` stays inside the string).
 - :func:`apt_conf_string`: a quoted string in an apt.conf file (apt has no escape for ``"``,
   so a value that holds one, or any control character, is refused).
@@ -15,16 +15,14 @@ the value, the sink and the fix.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-from typing import Any
 
 from gpuk8s.errors import Gpuk8sError
 
 #: RFC 1123 subdomain as Kubernetes checks node names (IsDNS1123Subdomain): at most 253
 #: characters of lower-case labels joined by dots.
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -43,7 +41,7 @@ def node_name_problem(name: str) -> str | None:
         return "it is empty"
     if len(name) > 253:
         return f"it is {len(name)} characters long (at most 253)"
-    if not _DNS1123_SUBDOMAIN.fullmatch(name):
+    if not DNS1123_SUBDOMAIN.fullmatch(name):
         return ("it is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
                 "starting and ending with a letter or digit)")
     return None
@@ -72,13 +70,6 @@ def unix_user(name: str) -> str:
     return name
 
 
-def manifest_scalar(value: Any) -> str:
-    """A string, number, boolean or null as a YAML scalar (JSON syntax)."""
-    if not isinstance(value, (str, int, float, bool)) and value is not None:
-        raise UnsafeValue(f"{value!r} is not a scalar and cannot be written as one in a manifest")
-    return json.dumps(value)
-
-
 def apt_conf_string(value: str, what: str) -> str:
     """``value`` as a double-quoted apt.conf string; ``what`` names it in the error."""
     if '"' in value or _CONTROL.search(value):
@@ -92,8 +83,3 @@ def url_has_secret(url: str) -> bool:
     """Whether ``url`` carries a password (``http://user:pass@host``)."""
     userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
     return ":" in userinfo
-
-
-def has_control(value: str) -> bool:
-    """Whether ``value`` holds a C0 or C1 control character (newline and tab included)."""
-    return bool(_CONTROL.search(value))

@@ -13,6 +13,7 @@ import yaml
 
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.roles import project_root
+from gpuk8s.sinks import DNS1123_SUBDOMAIN
 from gpuk8s.variables import parse_set_value
 
 WORKLOADS = ("storage", "jupyter", "tensorflow-job", "distributed-tf", "tensorboard", "eval")
@@ -23,14 +24,7 @@ _SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 #: control characters, and the characters YAML 1.1 also reads as line breaks (NEL, LS, PS)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
 #: an NFS export path: absolute, made of plain path characters only (no whitespace, quotes,
 #: $, `, ;, |, &, parentheses, globs...), so it means the same in a shell, in /etc/exports and
 #: in exportfs -v ("/" only for an existing server's NFSv4 root; gpuk8s never exports it)
@@ -157,7 +151,7 @@ def _namespace_problem(value: str) -> str | None:
 
 
 def _object_name_problem(value: str) -> str | None:
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.fullmatch(value):
         return ("a Kubernetes object name must be a DNS-1123 subdomain: lower-case letters, "
                 "digits, '-' and '.', starting and ending with a letter or digit "
                 "(e.g. gpuk8s-shared)")
