@@ -43,7 +43,7 @@ class HostContext:
     @property
     def apt(self) -> Apt:
         """How this host's apt-get runs (its apt_lock_timeout)."""
-        return Apt(int(self.vars.get("apt_lock_timeout", 300)))
+        return Apt.for_host(self.vars)
 
     def template(self, name: str, **extra: Any) -> bytes:
         """Render roles/<role>/templates/<name> (or templates/<name>) with vars + extra."""

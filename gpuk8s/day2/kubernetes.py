@@ -81,9 +81,6 @@ def check_inventory(session: Session, target: str) -> None:
                 f'"{target}-1.1", then run the upgrade')
 
 
-def _apt(session: Session, host: str) -> Apt:
-    return Apt(int(session.host(host).vars["apt_lock_timeout"]))
-
 
 def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_APT) -> str:
     """Script: find the newest package version of ``target`` with apt's resolver helper
@@ -190,7 +187,8 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
     names = {h: node_name(session, h) for h in batch}
     for h in batch:
         rep.print(f"  [{h}] kubeadm {target}")
-        run_step(session, h, _resolve_and_install(["kubeadm"], target, _apt(session, h)),
+        apt = Apt.for_host(session.host(h).vars)
+        run_step(session, h, _resolve_and_install(["kubeadm"], target, apt),
                  f"{h}: kubeadm {target}", timeout=1800)
         if h == cp:
             rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
@@ -208,7 +206,7 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
     for h in batch:
         rep.print(f"  [{h}] kubelet, kubectl {target}; restart kubelet")
         run_step(session, h, _resolve_and_install(["kubelet", "kubectl"], target,
-                                                  _apt(session, h))
+                                                  Apt.for_host(session.host(h).vars))
                  + "systemctl daemon-reload\nsystemctl restart kubelet\n",
                  f"{h}: kubelet {target}", timeout=1800)
     for h in batch:

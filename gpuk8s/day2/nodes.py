@@ -85,8 +85,8 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                      f"delete node {node}")
         run_step(session, host, CLEANUP, "kubeadm reset and cleanup")
         if purge:
-            run_step(session, host, purge_script(purge, _apt(session, host)), "purge packages",
-                     timeout=1800)
+            run_step(session, host, purge_script(purge, Apt.for_host(session.host(host).vars)),
+                     "purge packages", timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
         result = converge(session, yes=True)
         result["wall_time"] = time.monotonic() - started
@@ -100,9 +100,6 @@ def _role_packages(role: str, facts: HostFacts) -> list[str]:
     names: tuple[str, ...] = load_role(role).module.PACKAGES
     return sorted(facts.get(Packages(*names)) or {})
 
-
-def _apt(session: Session, host: str) -> Apt:
-    return Apt(int(session.host(host).vars["apt_lock_timeout"]))
 
 
 def _driver_names(session: Session, host: str) -> list[str]:

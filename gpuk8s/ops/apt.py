@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, sha256, write_file
+from gpuk8s.sinks import apt_conf_string
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,11 @@ class Apt:
 
     lock_timeout: int = 300
     conf: str = ""
+
+    @classmethod
+    def for_host(cls, vars: Mapping[str, Any], conf: str = "") -> Apt:
+        """apt as a host's variables say (its apt_lock_timeout)."""
+        return cls(int(vars.get("apt_lock_timeout", 300)), conf)
 
     @property
     def cmd(self) -> str:
@@ -33,6 +40,11 @@ class Apt:
             return body
         return (f"(c=$(mktemp) && trap 'rm -f \"$c\"' EXIT && printf '%s\\n' {q(self.conf)} "
                 f'> "$c"\n{body}\n)')
+
+
+def proxy_conf(proxy: str) -> str:
+    """The apt.conf line that sends apt's http through ``proxy`` ("DIRECT": no proxy)."""
+    return f"Acquire::http::Proxy {apt_conf_string(proxy, 'apt_proxy')};"
 
 
 #: apt-get with the default lock wait and no extra settings

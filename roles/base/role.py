@@ -9,9 +9,9 @@ from gpuk8s.checks import Rule, check_sysctls
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import DpkgHealth, Files, KernelModules, Packages, Sysctls, System
 from gpuk8s.ops import Op, change, files, noop, q, warn
-from gpuk8s.ops.apt import packages
+from gpuk8s.ops.apt import packages, proxy_conf
 from gpuk8s.roles import HostContext
-from gpuk8s.sinks import apt_conf_string, url_has_secret
+from gpuk8s.sinks import url_has_secret
 
 MODULES = ("overlay", "br_netfilter")
 MODULES_FILE = "/etc/modules-load.d/k8s.conf"
@@ -58,8 +58,8 @@ def plan(ctx: HostContext) -> list[Op]:
     if proxy:
         # a proxy with a password in it is for root's eyes only
         ops.append(files.content(file_states[PROXY_FILE], "base | apt proxy",
-                                 f"Acquire::http::Proxy {apt_conf_string(proxy, 'apt_proxy')};"
-                                 "\n".encode(), mode="0600" if url_has_secret(proxy) else "0644",
+                                 (proxy_conf(proxy) + "\n").encode(),
+                                 mode="0600" if url_has_secret(proxy) else "0644",
                                  secret=url_has_secret(proxy)))
     elif file_states[PROXY_FILE].exists:
         ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))

@@ -23,9 +23,9 @@ from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, files, noop
-from gpuk8s.ops.apt import Apt, packages
+from gpuk8s.ops.apt import Apt, packages, proxy_conf
 from gpuk8s.roles import HostContext
-from gpuk8s.sinks import apt_conf_string, url_has_secret
+from gpuk8s.sinks import url_has_secret
 
 PORT = 3142
 CONF = "/etc/apt-cacher-ng/zz-gpuk8s.conf"
@@ -65,8 +65,7 @@ def _through(ctx: HostContext) -> Apt:
     """apt for installing the cache itself: through ``apt_proxy`` (or directly, apt's DIRECT),
     whatever the host's apt proxy file says (it may name this very cache, not yet running)."""
     proxy = ctx.var("apt_proxy")
-    return Apt(ctx.apt.lock_timeout,
-               conf=f"Acquire::http::Proxy {apt_conf_string(proxy or 'DIRECT', 'apt_proxy')};")
+    return Apt.for_host(ctx.vars, conf=proxy_conf(proxy or "DIRECT"))
 
 
 def plan(ctx: HostContext) -> list[Op]:
