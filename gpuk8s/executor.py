@@ -104,23 +104,11 @@ class HostRunner:
                                                "warning" if op.warning else "ok"))
         if not todo:
             return []
-        marker = "@@GPUK8S-OP-" + secrets.token_hex(6)
         for op in todo:
             self.listener(self.host, "op", op.id)
-            self.log(f"--> {op.id}: {op.reason}")
-            if not op.secret:
-                self.log(self.redact("\n".join(op.commands)))
-        timeout = max((op.timeout or 900.0) for op in todo)
         started = time.monotonic()
-        try:
-            res: CommandResult = self.transport.run(build_script(todo, marker),
-                                                    timeout=timeout)
-        except ConnectionLost as exc:
-            raise ConnectError(self.host, f"connection lost while running [{todo[0].id}] "
-                               f"(after {time.monotonic() - started:.0f}s): the host went "
-                               f"down or off the network ({exc.cause})") from None
+        res, sections = self._send(todo)
         elapsed = time.monotonic() - started
-        sections = split_sections(res.stdout, marker)
         if res.exit_code == -1 and any(code is None for _, code in sections.values()):
             # the channel closed with no exit status: the host went away under the script
             current = todo[max(sections)].id if sections else todo[0].id
@@ -152,15 +140,10 @@ class HostRunner:
                                 _tail(self.redact(res.stdout)))
         return changed
 
-    def run_now(self, ops: Sequence[Op], *, keep_going: bool = False
-                ) -> list[tuple[int, str]]:
-        """Run ``ops`` now, outside a phase (day-2 steps, workloads, hand-offs), as one script
-        built, logged and redacted as a phase's ops are; return each op's (exit code, output).
-
-        The output comes back as the host printed it (a hand-off may carry a secret, such as
-        admin.conf); the log gets it redacted, and gets nothing of a secret op. An op that
-        never ran reads as exit code -1. Without ``keep_going`` the first failure raises
-        CommandFailed naming the op, as in a phase."""
+    def _send(self, ops: Sequence[Op], *, keep_going: bool = False
+              ) -> tuple[CommandResult, dict[int, tuple[str, int | None]]]:
+        """Log the ops, run them as one script, return the result and its sections; a
+        connection that drops under the script is a ConnectError naming the first op."""
         marker = "@@GPUK8S-OP-" + secrets.token_hex(6)
         for op in ops:
             self.log(f"--> {op.id}: {op.reason}")
@@ -174,7 +157,18 @@ class HostRunner:
             raise ConnectError(self.host, f"connection lost while running [{ops[0].id}] "
                                f"(after {time.monotonic() - started:.0f}s): the host went "
                                f"down or off the network ({exc.cause})") from None
-        sections = split_sections(res.stdout, marker)
+        return res, split_sections(res.stdout, marker)
+
+    def run_now(self, ops: Sequence[Op], *, keep_going: bool = False
+                ) -> list[tuple[int, str]]:
+        """Run ``ops`` now, outside a phase (day-2 steps, workloads, hand-offs), as one script
+        built, logged and redacted as a phase's ops are; return each op's (exit code, output).
+
+        The output comes back as the host printed it (a hand-off may carry a secret, such as
+        admin.conf); the log gets it redacted, and gets nothing of a secret op. An op that
+        never ran reads as exit code -1. Without ``keep_going`` the first failure raises
+        CommandFailed naming the op, as in a phase."""
+        res, sections = self._send(ops, keep_going=keep_going)
         out: list[tuple[int, str]] = []
         for i, op in enumerate(ops):
             text, code = sections.get(i, ("", None))
