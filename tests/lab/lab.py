@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import os
 import secrets
@@ -66,9 +67,23 @@ def sshd_ready(ip: str, timeout: float = 1.0) -> bool:
 
 
 
+def _lab_sources() -> str:
+    """A digest of what the lab installs on nodes beside the base image: the stand-ins and the
+    lab packages' definitions (a bootstrapped snapshot holds the binaries built from them)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for sub in ("standins", "packages"):
+        for path in sorted((root / sub).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def snapshot_inputs() -> str:
-    """What a snapshot's nodes were built from: the base image and the lab signing key."""
-    return f"base {base.base_key()}\nlab-key {LAB_KEY_FINGERPRINT}\n"
+    """What a snapshot's nodes were built from: the base image, the lab signing key and the
+    lab's stand-ins and packages."""
+    return (f"base {base.base_key()}\nlab-key {LAB_KEY_FINGERPRINT}\n"
+            f"lab-sources {_lab_sources()}\n")
 
 class Lab:
     """Booted Debian 12 system containers on one bridge, reachable over real SSH."""

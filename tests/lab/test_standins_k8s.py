@@ -1051,6 +1051,41 @@ class TestControlPlaneEndToEnd:
         assert "[ERROR FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml]" in r.stderr
         assert "[ERROR Port-10250]: Port 10250 is in use" in r.stderr
 
+    def test_reconfigure_feature_gates_with_init_phases(
+            self, control_plane: tuple[Node, str]) -> None:
+        """kubeadm's documented reconfiguration: upload-config and control-plane phases on the
+        control plane, `upgrade node phase kubelet-config` + a kubelet restart on each node."""
+        node, kc = control_plane
+        k = lambda *a: node.run("kubectl", "--kubeconfig", kc, *a)  # noqa: E731
+        port = (node.root / "_kubeadm.yaml").read_text().split("bindPort: ")[1].split("}")[0]
+        cfg = node.root / "_kubeadm2.yaml"
+        cfg.write_text(INIT_CFG.format(port=port)
+                       .replace("DRAPartitionableDevices=true", "DRAPartitionableDevices=false")
+                       .replace("{ImageVolume: true}", "{ImageVolume: false}"))
+        for args in (("upload-config", "all"), ("control-plane", "all")):
+            r = node.run("kubeadm", "init", "phase", *args, "--config", str(cfg),
+                         "--kubeconfig", kc)
+            assert r.returncode == 0, r.stdout + r.stderr
+        assert 'Creating static Pod manifest for "kube-scheduler"' in r.stdout
+        man = (node.root / "etc/kubernetes/manifests/kube-apiserver.yaml").read_text()
+        assert "--feature-gates=DRAPartitionableDevices=false" in man
+        # the kubelet restarts the API server for its changed manifest
+        wait_for(lambda: 'kubernetes_feature_enabled{name="DRAPartitionableDevices",stage='
+                 '"BETA"} 0' in k("get", "--raw", "/metrics").stdout, 60)
+        cm = json.loads(k("get", "configmap", "kubelet-config", "-n", "kube-system", "-o",
+                          "json").stdout)
+        assert "ImageVolume: false" in cm["data"]["kubelet"]
+        r = node.run("kubeadm", "upgrade", "node", "phase", "kubelet-config", "--kubeconfig", kc)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "ImageVolume: false" in (node.root / "var/lib/kubelet/config.yaml").read_text()
+        subprocess.run(["systemctl", "restart", "kubelet"], env=node.env(), check=True)
+        wait_for(lambda: json.loads(k("get", "--raw", "/api/v1/nodes/cp-01/proxy/configz"
+                                      ).stdout or "{}").get("kubeletconfig", {}).get(
+            "featureGates") == {"ImageVolume": False}, 60)
+        r = node.run("kubeadm", "init", "phase", "control-plane", "etcd", "--config", str(cfg))
+        assert r.returncode == 1
+        assert 'unknown command "etcd" for "kubeadm init phase control-plane"' in r.stderr
+
     def test_upgrade_version_policy_and_apply(self, control_plane: tuple[Node, str]) -> None:
         node, kc = control_plane
         r = node.run("kubeadm", "upgrade", "apply", "v1.36.2", "--yes", "--kubeconfig", kc)

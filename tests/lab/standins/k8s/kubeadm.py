@@ -41,6 +41,7 @@ Obj = dict[str, Any]
 STACK = "To see the stack trace of this error execute with --v=5 or higher"
 PKI = "/etc/kubernetes/pki"
 MANIFESTS = "/etc/kubernetes/manifests"
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 #: lab-only: `kubeadm init` dies at the point this file names (see _fault)
 FAULT_FILE = "/run/gpuk8s-lab/kubeadm-init-fault"
 KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kubelet.conf",
@@ -263,6 +264,9 @@ class Kubeadm:
 
     # -------------------------------------------------------------- init
     def cmd_init(self) -> None:
+        if self.args.args[:1] == ["phase"]:
+            self._init_phase(self.args.args[1:])
+            return
         cfg = self.load_config()
         ic, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
         kc = kubelet_defaults(cfg.get("KubeletConfiguration"))
@@ -371,7 +375,6 @@ class Kubeadm:
         self._fault("after-kubeconfig")
         # manifests
         out(f'[etcd] Creating static Pod manifest for local etcd in "{MANIFESTS}"')
-        minor_img = k8s_version
         write(f"{MANIFESTS}/etcd.yaml", static_pod(
             "etcd", "registry.k8s.io/etcd:3.6.5-0",
             ["etcd", f"--advertise-client-urls=https://{adv}:2379", "--data-dir=/var/lib/etcd",
@@ -379,56 +382,7 @@ class Kubeadm:
              f"--name={node}", "--cert-file=/etc/kubernetes/pki/etcd/server.crt",
              "--key-file=/etc/kubernetes/pki/etcd/server.key"],
             "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
-        out(f'[control-plane] Using manifest folder "{MANIFESTS}"')
-        api_args = {
-            "advertise-address": adv, "allow-privileged": "true",
-            "authorization-mode": "Node,RBAC", "client-ca-file": f"{PKI}/ca.crt",
-            "enable-admission-plugins": "NodeRestriction", "enable-bootstrap-token-auth": "true",
-            "etcd-cafile": f"{PKI}/etcd/ca.crt",
-            "etcd-certfile": f"{PKI}/apiserver-etcd-client.crt",
-            "etcd-keyfile": f"{PKI}/apiserver-etcd-client.key",
-            "etcd-servers": "https://127.0.0.1:2379",
-            "kubelet-client-certificate": f"{PKI}/apiserver-kubelet-client.crt",
-            "kubelet-client-key": f"{PKI}/apiserver-kubelet-client.key",
-            "kubelet-preferred-address-types": "InternalIP,ExternalIP,Hostname",
-            "secure-port": str(port),
-            "service-account-issuer": "https://kubernetes.default.svc.cluster.local",
-            "service-account-key-file": f"{PKI}/sa.pub",
-            "service-account-signing-key-file": f"{PKI}/sa.key",
-            "service-cluster-ip-range": svc_subnet,
-            "tls-cert-file": f"{PKI}/apiserver.crt",
-            "tls-private-key-file": f"{PKI}/apiserver.key",
-        }
-        api_args.update(args_dict((cc.get("apiServer") or {}).get("extraArgs")))
-        out('[control-plane] Creating static Pod manifest for "kube-apiserver"')
-        write(f"{MANIFESTS}/kube-apiserver.yaml", static_pod(
-            "kube-apiserver", f"registry.k8s.io/kube-apiserver:{minor_img}",
-            ["kube-apiserver", *(f"--{k}={v}" for k, v in sorted(api_args.items()))],
-            adv, port, "HTTPS", "/livez"), 0o600)
-        cm_args = {"allocate-node-cidrs": "true" if net.get("podSubnet") else "false",
-                   "authentication-kubeconfig": "/etc/kubernetes/controller-manager.conf",
-                   "bind-address": "127.0.0.1", "cluster-signing-cert-file": f"{PKI}/ca.crt",
-                   "cluster-signing-key-file": f"{PKI}/ca.key",
-                   "kubeconfig": "/etc/kubernetes/controller-manager.conf",
-                   "service-cluster-ip-range": svc_subnet, "use-service-account-credentials":
-                   "true"}
-        if net.get("podSubnet"):
-            cm_args["cluster-cidr"] = net["podSubnet"]
-        cm_args.update(args_dict((cc.get("controllerManager") or {}).get("extraArgs")))
-        out('[control-plane] Creating static Pod manifest for "kube-controller-manager"')
-        write(f"{MANIFESTS}/kube-controller-manager.yaml", static_pod(
-            "kube-controller-manager", f"registry.k8s.io/kube-controller-manager:{minor_img}",
-            ["kube-controller-manager", *(f"--{k}={v}" for k, v in sorted(cm_args.items()))],
-            "127.0.0.1", 10257, "HTTPS", "/healthz"), 0o600)
-        sch_args = {"authentication-kubeconfig": "/etc/kubernetes/scheduler.conf",
-                    "bind-address": "127.0.0.1", "kubeconfig": "/etc/kubernetes/scheduler.conf",
-                    "leader-elect": "true"}
-        sch_args.update(args_dict((cc.get("scheduler") or {}).get("extraArgs")))
-        out('[control-plane] Creating static Pod manifest for "kube-scheduler"')
-        write(f"{MANIFESTS}/kube-scheduler.yaml", static_pod(
-            "kube-scheduler", f"registry.k8s.io/kube-scheduler:{minor_img}",
-            ["kube-scheduler", *(f"--{k}={v}" for k, v in sorted(sch_args.items()))],
-            "127.0.0.1", 10259, "HTTPS", "/livez"), 0o600)
+        self._write_control_plane(cc, adv, port, k8s_version)
 
         self._kubelet_start(kc, cri, nr)
         out(f'[wait-control-plane] Waiting for the kubelet to boot up the control plane as '
@@ -462,6 +416,113 @@ class Kubeadm:
         self._fault("before-upload-config")
         c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")))
         self._post_init(c, cfg, kc, node, ca_pem, server, endpoint)
+
+    def _init_phase(self, args: list[str]) -> None:
+        """`kubeadm init phase upload-config kubeadm|kubelet|all` and `kubeadm init phase
+        control-plane apiserver|controller-manager|scheduler|all` (kubeadm's documented way to
+        reconfigure a running cluster), each with --config."""
+        phase, sub = [*args, "", ""][:2]
+        if phase not in ("upload-config", "control-plane"):
+            raise Fail(f'unknown command "{phase}" for "kubeadm init phase"' if phase else
+                       "missing subcommand; \"phase\" is not meant to be run on its own")
+        names = {"upload-config": ("kubeadm", "kubelet"),
+                 "control-plane": ("apiserver", "controller-manager", "scheduler")}[phase]
+        if sub not in (*names, "all"):
+            raise Fail(f'unknown command "{sub}" for "kubeadm init phase {phase}"' if sub else
+                       f'missing subcommand; "{phase}" is not meant to be run on its own')
+        chosen = names if sub == "all" else (sub,)
+        cfg = self.load_config()
+        ic, cc = cfg.get("InitConfiguration", {}), dict(cfg.get("ClusterConfiguration", {}))
+        k8s_version = self._check_k8s_version(cc)
+        if phase == "control-plane":
+            lae = ic.get("localAPIEndpoint") or {}
+            adv = lae.get("advertiseAddress") or nodeinfo.ipv4()
+            self._write_control_plane(cc, adv, int(lae.get("bindPort") or 6443), k8s_version,
+                                      tuple(f"kube-{n}" for n in chosen))
+            return
+        c = self._admin()
+        if "kubeadm" in chosen:
+            cc.setdefault("apiVersion", "kubeadm.k8s.io/v1beta4")
+            cc.setdefault("kind", "ClusterConfiguration")
+            cc["kubernetesVersion"] = k8s_version
+            out('[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in '
+                'the "kube-system" Namespace')
+            self._put_configmap(c, "kubeadm-config", {"ClusterConfiguration": yaml_dump(cc)})
+        if "kubelet" in chosen:
+            kc = kubelet_defaults(cfg.get("KubeletConfiguration"))
+            kc.pop("containerRuntimeEndpoint", None)
+            out('[kubelet] Creating a ConfigMap "kubelet-config" in namespace kube-system with the '
+                "configuration for the kubelets in the cluster")
+            self._put_configmap(c, "kubelet-config", {"kubelet": yaml_dump(kc)})
+
+    @staticmethod
+    def _put_configmap(c: Client, name: str, data: dict[str, str]) -> None:
+        path = f"/api/v1/namespaces/kube-system/configmaps/{name}"
+        try:
+            cm = c.get(path)
+        except ApiError:
+            Kubeadm._create(c, "/api/v1/namespaces/kube-system/configmaps", {
+                "metadata": {"name": name, "namespace": "kube-system"}, "data": data})
+            return
+        cm["data"] = data
+        c.request("PUT", path, cm)
+
+    @staticmethod
+    def _write_control_plane(cc: Obj, adv: str, port: int, k8s_version: str,
+                             components: tuple[str, ...] = CONTROL_PLANE) -> None:
+        """The static pod manifests of ``components`` from the ClusterConfiguration (init and
+        `kubeadm init phase control-plane`)."""
+        net = cc.get("networking") or {}
+        svc_subnet = net.get("serviceSubnet") or "10.96.0.0/12"
+        args: dict[str, dict[str, str]] = {
+            "kube-apiserver": {
+                "advertise-address": adv, "allow-privileged": "true",
+                "authorization-mode": "Node,RBAC", "client-ca-file": f"{PKI}/ca.crt",
+                "enable-admission-plugins": "NodeRestriction",
+                "enable-bootstrap-token-auth": "true",
+                "etcd-cafile": f"{PKI}/etcd/ca.crt",
+                "etcd-certfile": f"{PKI}/apiserver-etcd-client.crt",
+                "etcd-keyfile": f"{PKI}/apiserver-etcd-client.key",
+                "etcd-servers": "https://127.0.0.1:2379",
+                "kubelet-client-certificate": f"{PKI}/apiserver-kubelet-client.crt",
+                "kubelet-client-key": f"{PKI}/apiserver-kubelet-client.key",
+                "kubelet-preferred-address-types": "InternalIP,ExternalIP,Hostname",
+                "secure-port": str(port),
+                "service-account-issuer": "https://kubernetes.default.svc.cluster.local",
+                "service-account-key-file": f"{PKI}/sa.pub",
+                "service-account-signing-key-file": f"{PKI}/sa.key",
+                "service-cluster-ip-range": svc_subnet,
+                "tls-cert-file": f"{PKI}/apiserver.crt",
+                "tls-private-key-file": f"{PKI}/apiserver.key"},
+            "kube-controller-manager": {
+                "allocate-node-cidrs": "true" if net.get("podSubnet") else "false",
+                "authentication-kubeconfig": "/etc/kubernetes/controller-manager.conf",
+                "bind-address": "127.0.0.1", "cluster-signing-cert-file": f"{PKI}/ca.crt",
+                "cluster-signing-key-file": f"{PKI}/ca.key",
+                "kubeconfig": "/etc/kubernetes/controller-manager.conf",
+                "service-cluster-ip-range": svc_subnet,
+                "use-service-account-credentials": "true",
+                **({"cluster-cidr": net["podSubnet"]} if net.get("podSubnet") else {})},
+            "kube-scheduler": {
+                "authentication-kubeconfig": "/etc/kubernetes/scheduler.conf",
+                "bind-address": "127.0.0.1", "kubeconfig": "/etc/kubernetes/scheduler.conf",
+                "leader-elect": "true"},
+        }
+        section = {"kube-apiserver": "apiServer", "kube-controller-manager": "controllerManager",
+                   "kube-scheduler": "scheduler"}
+        probe = {"kube-apiserver": (adv, port, "/livez"),
+                 "kube-controller-manager": ("127.0.0.1", 10257, "/healthz"),
+                 "kube-scheduler": ("127.0.0.1", 10259, "/livez")}
+        out(f'[control-plane] Using manifest folder "{MANIFESTS}"')
+        for comp in components:
+            flags = args[comp]
+            flags.update(args_dict((cc.get(section[comp]) or {}).get("extraArgs")))
+            host, probe_port, path = probe[comp]
+            out(f'[control-plane] Creating static Pod manifest for "{comp}"')
+            write(f"{MANIFESTS}/{comp}.yaml", static_pod(
+                comp, f"registry.k8s.io/{comp}:{k8s_version}",
+                [comp, *(f"--{k}={v}" for k, v in sorted(flags.items()))],
+                host, probe_port, "HTTPS", path), 0o600)
 
     @staticmethod
     def _fault(point: str) -> None:
@@ -974,6 +1035,11 @@ class Kubeadm:
             self._upgrade_plan(c, cluster)
         elif sub == "apply":
             self._upgrade_apply(c, cm, cc, cluster)
+        elif self.args.args[1:] == ["phase", "kubelet-config"]:
+            self._upgrade_kubelet_config(c)
+        elif len(self.args.args) > 1:
+            raise Fail(f'unknown command "{" ".join(self.args.args[1:])}" for "kubeadm upgrade '
+                       'node"')
         else:
             self._upgrade_node(c, cluster)
 
@@ -1140,6 +1206,15 @@ class Kubeadm:
             out("[upgrade/preflight] Skipping prepull. Not a control plane node.")
             out("[upgrade/control-plane] Skipping phase. Not a control plane node.")
             out("[upgrade/kubeconfig] Skipping phase. Not a control plane node.")
+        self._upgrade_kubelet_config(c)
+        if not is_cp:
+            out("[upgrade/addon] Skipping the addon/coredns phase. Not a control plane node.")
+            out("[upgrade/addon] Skipping the addon/kube-proxy phase. Not a control plane node.")
+
+    @staticmethod
+    def _upgrade_kubelet_config(c: Client) -> None:
+        """`kubeadm upgrade node`'s kubelet-config phase: /var/lib/kubelet/config.yaml from the
+        kubelet-config ConfigMap (the node keeps its own runtime endpoint)."""
         from .common import yaml_load_all
 
         try:
@@ -1157,9 +1232,6 @@ class Kubeadm:
         write("/var/lib/kubelet/config.yaml", yaml_dump(kc))
         out("[upgrade/kubelet-config] The kubelet configuration for this node was successfully "
             "upgraded!")
-        if not is_cp:
-            out("[upgrade/addon] Skipping the addon/coredns phase. Not a control plane node.")
-            out("[upgrade/addon] Skipping the addon/kube-proxy phase. Not a control plane node.")
 
     def cmd_reset(self) -> None:
         if not self.args.force:
