@@ -23,6 +23,9 @@ class Phase:
     #: hand-offs this phase makes once applied: "admin_conf", the cluster's admin kubeconfig
     #: saved (checked, 0600) beside the inventory
     provides: tuple[str, ...] = ()
+    #: apply to this many hosts at a time, stopping at the first batch that fails (a rolling
+    #: restart); 0: every host at once
+    serial: int = 0
 
 
 PREFLIGHT = "preflight"
@@ -39,6 +42,9 @@ PHASES: tuple[Phase, ...] = (
           provides=("admin_conf",)),
     Phase("join", "joiners", ("join",), "join: workers into the cluster",
           needs=("join_token",)),
+    # after the control plane phase stored the gates in kube-system/kubelet-config
+    Phase("kubelets", "all", ("kubelet",),
+          "kubelets: the inventory's feature gates, one node at a time", serial=1),
     Phase("cluster", "first_control_plane", ("gpu_cluster",),
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable"),
 )

@@ -93,14 +93,28 @@ def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
 
 def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[RoleWork]]
                 ) -> dict[str, HostResult]:
-    runners = {h: session.runner(h) for h in work}
+    """Apply a phase's work: every host at once, or ``phase.serial`` changing hosts at a time
+    (hosts with nothing to change go first, together), stopping after a batch that failed."""
     changing = [h for h, items in work.items() if any(op.changes for rw in items
                                                       for op in rw.ops)]
-    session.reporter.start(changing)
-    try:
-        results = run_phase(work, runners)
-    finally:
-        session.reporter.stop()
+    batches = [list(work)]
+    if phase.serial:
+        quiet = [h for h in work if h not in changing]
+        batches = ([quiet] if quiet else []) + [changing[i:i + phase.serial]
+                                                for i in range(0, len(changing), phase.serial)]
+    results: dict[str, HostResult] = {}
+    for n, batch in enumerate(batches):
+        session.reporter.start([h for h in batch if h in changing])
+        try:
+            results.update(run_phase({h: work[h] for h in batch},
+                                     {h: session.runner(h) for h in batch}))
+        finally:
+            session.reporter.stop()
+        if any(results[h].error for h in batch) and n + 1 < len(batches):
+            left = [h for b in batches[n + 1:] for h in b]
+            session.reporter.print(f"{phase.name}: stopped after a failed batch; not started "
+                                   f"on {', '.join(left)}", style="red")
+            break
     return results
 
 

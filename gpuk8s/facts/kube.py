@@ -11,6 +11,10 @@ from gpuk8s.errors import FactError
 from gpuk8s.facts import Fact
 
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
+#: kubeadm's static pods that take --feature-gates (etcd does not)
+GATED_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+MANIFESTS = "/etc/kubernetes/manifests"
+KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 
 
 @dataclass(frozen=True)
@@ -150,3 +154,74 @@ cat "$d/n"; echo '## managed'; cat "$d/m"
         except (AttributeError, TypeError) as exc:  # JSON, but not the shape kubectl gives
             raise FactError(f"kubectl returned JSON of an unexpected shape: {exc}") from None
         return ClusterState(True, "", nodes, managed)
+
+
+@dataclass(frozen=True)
+class GateState:
+    """The feature gates a node runs with, read from kubeadm's files (not the inventory)."""
+
+    #: static pod -> the gates of its --feature-gates flag; absent: no such manifest here
+    components: dict[str, dict[str, bool]] = field(default_factory=dict)
+    #: featureGates of /var/lib/kubelet/config.yaml; None: the file does not exist (not joined)
+    kubelet: dict[str, bool] | None = None
+
+
+_GATE = re.compile(r"([A-Za-z][A-Za-z0-9]*)=(true|false)", re.IGNORECASE)
+
+
+def parse_gate_flag(value: str) -> dict[str, bool]:
+    """``A=true,B=false`` -> {A: True, B: False}; FactError on anything else."""
+    gates = {}
+    for item in filter(None, value.split(",")):
+        m = _GATE.fullmatch(item.strip())
+        if not m:
+            raise FactError(f"unreadable --feature-gates entry {item[:80]!r}")
+        gates[m.group(1)] = m.group(2).lower() == "true"
+    return dict(sorted(gates.items()))
+
+
+class FeatureGates(Fact[GateState]):
+    """--feature-gates of the control plane's static pod manifests and featureGates of the
+    kubelet's config, as kubeadm wrote them."""
+
+    def command(self) -> str:
+        return f"""for c in {' '.join(GATED_COMPONENTS)}; do
+  f={MANIFESTS}/$c.yaml; [ -f "$f" ] || continue
+  echo "## $c"; grep -o -e '--feature-gates=[A-Za-z0-9=,]*' "$f" | head -n 1
+done
+if [ -f {KUBELET_CONFIG} ]; then
+  echo '## kubelet'
+  awk '/^featureGates:/ {{p=1; print; next}} p && /^[[:space:]]/ {{print; next}} {{p=0}}' \\
+    {KUBELET_CONFIG} | head -n 500
+fi
+true"""
+
+    def parse(self, output: str, exit_code: int) -> GateState:
+        import yaml
+
+        sections: dict[str, list[str]] = {}
+        current = None
+        for line in output.splitlines():
+            if line.startswith("## "):
+                current = line[3:].strip()
+                sections[current] = []
+            elif current is not None:
+                sections[current].append(line)
+        components = {}
+        for name in GATED_COMPONENTS:
+            if name in sections:
+                flag = "".join(sections[name]).strip()
+                components[name] = parse_gate_flag(flag.split("=", 1)[1] if flag else "")
+        kubelet = None
+        if "kubelet" in sections:
+            try:
+                block = yaml.safe_load("\n".join(sections["kubelet"])) or {}
+            except yaml.YAMLError:
+                raise FactError(f"{KUBELET_CONFIG}: featureGates is not YAML") from None
+            raw = block.get("featureGates") if isinstance(block, dict) else None
+            if raw is not None and not (isinstance(raw, dict) and all(
+                    isinstance(k, str) and isinstance(v, bool) for k, v in raw.items())):
+                raise FactError(f"{KUBELET_CONFIG}: featureGates is not a map of names to "
+                                "true/false")
+            kubelet = dict(sorted((raw or {}).items()))
+        return GateState(components, kubelet)

@@ -71,5 +71,28 @@ def labels(cluster: ClusterState, op_id: str, node: str, wanted: Mapping[str, st
                   f"{KUBECTL} label node {node_arg(node)} {words} --overwrite")
 
 
-def feature_gate_arg(gates: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(gates.items()))
+def feature_gates(value: Mapping[str, Any]) -> dict[str, bool]:
+    """The inventory's ``feature_gates`` in the one form every consumer takes: name -> bool,
+    sorted (the control plane's ``--feature-gates`` flag, the kubelets' ``featureGates``, the
+    facts' view of both)."""
+    return {str(name): bool(on) for name, on in sorted(value.items())}
+
+
+def feature_gate_arg(gates: Mapping[str, bool]) -> str:
+    """``A=true,B=false``: the ``--feature-gates`` flag of kube-apiserver, -scheduler and
+    -controller-manager (empty when there are no gates)."""
+    return ",".join(f"{k}={'true' if v else 'false'}" for k, v in feature_gates(gates).items())
+
+
+def gate_change(have: Mapping[str, bool], want: Mapping[str, bool]) -> str:
+    """``A=true -> false, +B=true, -C``: what moving from ``have`` to ``want`` changes."""
+    words = []
+    for name in sorted(set(have) | set(want)):
+        if name not in want:
+            words.append(f"-{name}")
+        elif name not in have:
+            words.append(f"+{name}={'true' if want[name] else 'false'}")
+        elif have[name] != want[name]:
+            words.append(f"{name}={'true' if have[name] else 'false'} -> "
+                         f"{'true' if want[name] else 'false'}")
+    return ", ".join(words)

@@ -8,10 +8,17 @@ from typing import Any
 
 from gpuk8s.checks import Rule, check_cidr, check_dns_domain, check_endpoint, check_feature_gates
 from gpuk8s.facts import Fact
-from gpuk8s.facts.kube import ADMIN_CONF, Cluster
+from gpuk8s.facts.kube import ADMIN_CONF, GATED_COMPONENTS, Cluster, FeatureGates, GateState
 from gpuk8s.facts.system import Files, Packages
 from gpuk8s.ops import Op, change, files, noop, q, warn
-from gpuk8s.ops.kube import KUBEADM_CONFIG, KUBEADM_RESET, KUBECTL, feature_gate_arg
+from gpuk8s.ops.kube import (
+    KUBEADM_CONFIG,
+    KUBEADM_RESET,
+    KUBECTL,
+    feature_gate_arg,
+    feature_gates,
+    gate_change,
+)
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import unix_user
 
@@ -48,6 +55,9 @@ fi
 {INIT[2]}
 """
 ROOT_KUBECONFIG = "/root/.kube/config"
+#: seconds a restarted API server has to answer with new feature gates before its previous
+#: manifests are put back
+APISERVER_WAIT = 180
 CP_TAINT = "node-role.kubernetes.io/control-plane"
 
 
@@ -75,15 +85,79 @@ def _kubeconfig_files(vars: Mapping[str, Any]) -> Files:
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster()]
+    return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster(), FeatureGates()]
 
 
 def kubeadm_config(ctx: HostContext) -> bytes:
     version = ctx.facts[Packages("kubeadm")].get("kubeadm")
     kubeadm_version = ("v" + version.version.split("-")[0]) if version else \
         f"v{ctx.var('kubernetes_version')}.0"
+    gates = feature_gates(ctx.var("feature_gates"))
     return ctx.template("kubeadm-config.yaml.j2", kubeadm_version=kubeadm_version,
-                        feature_gate_arg=feature_gate_arg(ctx.var("feature_gates")))
+                        feature_gates=gates, feature_gate_arg=feature_gate_arg(gates))
+
+
+def _without_gates(text: bytes | None) -> list[Any] | None:
+    """The kubeadm config's documents with every feature gate taken out (None: not YAML):
+    two configs equal this way differ in their gates only."""
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text or b"") if d]
+    except yaml.YAMLError:
+        return None
+    for doc in docs:
+        if not isinstance(doc, dict):
+            return None
+        doc.pop("featureGates", None)
+        for section in ("apiServer", "controllerManager", "scheduler"):
+            part = doc.get(section)
+            if not isinstance(part, dict):
+                continue
+            args = [a for a in part.get("extraArgs") or []
+                    if not (isinstance(a, dict) and a.get("name") == "feature-gates")]
+            part.pop("extraArgs", None)
+            if args:
+                part["extraArgs"] = args
+            if not part:
+                doc.pop(section)
+    return docs
+
+
+def _converge_gates(ctx: HostContext, running: GateState) -> Op:
+    """Move the control plane's static pods to the inventory's gates the way kubeadm documents
+    reconfiguring a cluster: `init phase control-plane` rewrites the manifests from the
+    kubeadm config, the kubelet restarts each changed static pod; once the API server answers
+    with the new flag, `init phase upload-config` stores the config for joins and upgrades.
+    An API server that does not come back (an unknown gate) gets its old manifests back."""
+    want = feature_gates(ctx.var("feature_gates"))
+    stale = {c: g for c, g in running.components.items() if g != want}
+    flag = feature_gate_arg(want)
+    pod = f"kube-apiserver-{ctx.cluster['nodes'][ctx.host]['name']}"
+    quoted = '"--feature-gates=' + flag + '"'   # as it stands in the pod's JSON
+    has_flag = f"grep -qF -- {q(quoted)}" if flag else "! grep -qF -- '\"--feature-gates='"
+    script = f"""\
+b=$(mktemp -d /etc/kubernetes/gpuk8s/manifests-before-gates.XXXXXX)
+cp -p {' '.join(f'/etc/kubernetes/manifests/{c}.yaml' for c in GATED_COMPONENTS)} "$b"/
+kubeadm init phase control-plane all --config {CONFIG} >/dev/null
+end=$(( $(date +%s) + {APISERVER_WAIT} )); k="{KUBECTL} --request-timeout=5s"
+until $k -n kube-system get pod {q(pod)} -o json 2>/dev/null | {has_flag} \\
+    && $k get --raw /readyz >/dev/null 2>&1; do
+  if [ "$(date +%s)" -ge "$end" ]; then
+    cp -p "$b"/*.yaml /etc/kubernetes/manifests/
+    echo "kube-apiserver did not come back with --feature-gates={flag} within" \
+      "{APISERVER_WAIT}s;" \
+      "its manifests are restored from $b. See: crictl ps -a | grep kube-apiserver" >&2
+    exit 1
+  fi
+  sleep 2
+done
+kubeadm init phase upload-config all --config {CONFIG} >/dev/null
+rm -rf "$b"
+"""
+    now = "; ".join(f"{c}: {gate_change(g, want)}" for c, g in sorted(stale.items()))
+    return change("control_plane | feature gates", f"+ feature gates {now} (static pods "
+                  "rewritten by kubeadm, restarted by the kubelet)", script, timeout=300)
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -92,17 +166,28 @@ def plan(ctx: HostContext) -> list[Op]:
     ops: list[Op] = []
     config = kubeadm_config(ctx)
     initialised = states[ADMIN_CONF].exists
-    if initialised and states[CONFIG].exists and \
-            files.content(states[CONFIG], "x", config, mode="0600").changes:
+    config_op = files.content(states[CONFIG], "control_plane | kubeadm config", config,
+                              mode="0600")
+    gates_only = _without_gates(states[CONFIG].content) == _without_gates(config)
+    if initialised and states[CONFIG].exists and config_op.changes and not gates_only:
         ops.append(warn("control_plane | kubeadm config",
-                        f"! {CONFIG} differs from the inventory, but the cluster is already "
-                        "initialised: kubeadm init does not run twice. Apply control-plane "
-                        "changes with `kubeadm upgrade apply` or `invoke reset` + bootstrap."))
+                        f"! {CONFIG} differs from the inventory beyond feature_gates, but the "
+                        "cluster is already initialised: kubeadm init does not run twice. "
+                        "Apply control-plane changes with `kubeadm upgrade apply` or `invoke "
+                        "reset` + bootstrap."))
     else:
-        ops.append(files.content(states[CONFIG], "control_plane | kubeadm config", config,
-                                 mode="0600"))
+        ops.append(config_op)
     if initialised and states[MARKER].exists:
         ops.append(noop("control_plane | kubeadm init", f"= {ADMIN_CONF} exists: initialised"))
+        running = ctx.facts[FeatureGates()]
+        want = feature_gates(ctx.var("feature_gates"))
+        if any(g != want for g in running.components.values()) and \
+                (gates_only or not states[CONFIG].exists):
+            ops.append(_converge_gates(ctx, running))
+        else:
+            ops.append(noop("control_plane | feature gates",
+                            f"= static pods run with the inventory's gates "
+                            f"({feature_gate_arg(want) or 'none'})"))
     elif initialised:
         ops.append(change("control_plane | kubeadm init",
                           f"+ finish kubeadm init: {ADMIN_CONF} exists but {MARKER} does not "

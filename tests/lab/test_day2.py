@@ -218,3 +218,61 @@ def test_reset_then_bootstrap_again(cluster: Lab, inv: Path) -> None:
     assert [h for h, r in status.items() if r["state"] == "Ready"] == \
         ["cp-01", "gpu-01", "gpu-02"]
     assert status["cpu-01"]["state"] == "absent"
+
+
+def test_changing_feature_gates_rolls_through_the_cluster(cluster: Lab, inv: Path) -> None:
+    """feature_gates changed on a running cluster: plan names every component and node, the
+    run rewrites the static pods, then restarts one kubelet at a time; a second run is a no-op."""
+    new = {"ImageVolume": True, "InPlacePodVerticalScaling": True,
+           "UserNamespacesSupport": False}
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["vars"]["feature_gates"] = new
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
+    nodes = sorted(h for h, r in rows(inv).items() if r["state"] != "absent")
+
+    def report(result: dict[str, Any]) -> dict[str, Any]:
+        path = Path(result["run_dir"]) / "report.json"
+        return {p["phase"]: p["hosts"] for p in json.loads(path.read_text())["phases"]}
+
+    planned, _ = call(api.plan, inv)
+    phases = report(planned)
+    [cp_op] = [o for o in phases["control-plane"]["cp-01"]["ops"]
+               if o["id"] == "control_plane | feature gates"]
+    assert cp_op["status"] == "planned"
+    assert "kube-scheduler: +ImageVolume=true, UserNamespacesSupport=true -> false" in \
+        cp_op["reason"]
+    for name in nodes:
+        [op] = phases["kubelets"][name]["ops"]
+        assert op["status"] == "planned", op
+        assert op["reason"] == ("+ kubelet feature gates +ImageVolume=true, "
+                                "UserNamespacesSupport=true -> false; restart the kubelet")
+
+    applied, _ = call(api.bootstrap, inv, yes=True)
+    phases = report(applied)
+    assert sorted(phases["kubelets"]) == nodes
+    assert all(h["error"] is None for h in phases["kubelets"].values())
+    # one node at a time: the phase took as long as its hosts together, not as the slowest
+    ran = json.loads((Path(applied["run_dir"]) / "report.json").read_text())["phases"]
+    took = next(p["elapsed"] for p in ran if p["phase"] == "kubelets")
+    each = [h["elapsed"] for h in phases["kubelets"].values()]
+    assert took >= 0.95 * sum(each) > 1.5 * max(each), (took, each)
+
+    flag = "--feature-gates=ImageVolume=true,InPlacePodVerticalScaling=true," \
+        "UserNamespacesSupport=false"
+    for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        pod = json.loads(kubectl_cp(cluster, f"-n kube-system get pod {component}-cp-01 -o json"))
+        assert flag in pod["spec"]["containers"][0]["command"], component
+    metrics = kubectl_cp(cluster, "get --raw /metrics")
+    assert 'kubernetes_feature_enabled{name="UserNamespacesSupport",stage="BETA"} 0' in metrics
+    assert 'kubernetes_feature_enabled{name="ImageVolume",stage="BETA"} 1' in metrics
+    for name in nodes:
+        configz = json.loads(kubectl_cp(cluster, f"get --raw /api/v1/nodes/{name}/proxy/configz"))
+        assert configz["kubeletconfig"]["featureGates"] == new, name
+    stored = json.loads(kubectl_cp(cluster, "-n kube-system get configmap kubeadm-config "
+                                   "-o json"))["data"]["ClusterConfiguration"]
+    assert flag.split("=", 1)[1] in stored  # later joins and upgrades keep the gates
+    assert [r["state"] for r in rows(inv).values() if r["state"] != "absent"] == \
+        ["Ready"] * len(nodes)
+
+    again, text = call(api.bootstrap, inv, yes=True)
+    assert again["changed"] == 0, text

@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.gather import fact_requests
-from gpuk8s.facts.kube import ClusterState, ContainerdState
+from gpuk8s.facts.kube import ClusterState, ContainerdState, GateState
 from gpuk8s.facts.nvidia import NvidiaState, Topology
 from gpuk8s.facts.system import FileState, PciDevice, SystemInfo, Unit
 from gpuk8s.variables import load_variable_specs
@@ -64,6 +64,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return Topology()
     if kind == "Cluster":
         return ClusterState()
+    if kind == "FeatureGates":
+        return GateState()
     raise AssertionError(f"no scenario value for fact {kind}")
 
 
