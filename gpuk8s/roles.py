@@ -15,8 +15,10 @@ import jinja2
 
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.system import OsRelease
 from gpuk8s.ops import Op
 from gpuk8s.ops.apt import Apt
+from gpuk8s.templating import HostVars, host_placeholders
 
 
 def project_root() -> Path:
@@ -37,7 +39,14 @@ class HostContext:
     cluster: dict[str, Any] = field(default_factory=dict)
     groups: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.vars, HostVars):
+            facts = self.facts
+            self.vars = HostVars(self.vars, lambda: host_placeholders(
+                facts.get(OsRelease(), None) or {}))
+
     def var(self, name: str) -> Any:
+        """The variable ``name``; a URL comes with its placeholders filled in and checked."""
         return self.vars[name]
 
     @property
@@ -47,7 +56,8 @@ class HostContext:
 
     def template(self, name: str, **extra: Any) -> bytes:
         """Render roles/<role>/templates/<name> (or templates/<name>) with vars + extra."""
-        return render(self.role, name, {**self.vars, **self.cluster, **extra}).encode()
+        raw = self.vars.raw if isinstance(self.vars, HostVars) else self.vars
+        return render(self.role, name, {**raw, **self.cluster, **extra}).encode()
 
 
 @cache

@@ -3,7 +3,7 @@ in Jinja's sandbox, with host facts inserted as plain text, never rendered thems
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jinja2
@@ -94,3 +94,37 @@ def render_url(vars: Mapping[str, Any], name: str, **data: str) -> str:
         raise PlanError(f"{problem.message} once its placeholders are filled in"
                         f"\n  fix: {problem.fix}")
     return str(url)
+
+
+def host_placeholders(os_release: Mapping[str, str]) -> dict[str, str]:
+    """What a URL placeholder may take from the host itself (inserted as plain text, never
+    rendered): ``os_id`` (ubuntu, debian) and ``nvidia_cuda_distro`` (ubuntu2404, debian12:
+    the folder names of NVIDIA's CUDA repositories)."""
+    os_id = os_release.get("ID", "debian")
+    return {"os_id": os_id, "nvidia_cuda_distro":
+            f"{os_release.get('ID', '')}{os_release.get('VERSION_ID', '').replace('.', '')}"}
+
+
+class HostVars(Mapping[str, Any]):
+    """One host's variables as roles see them: every variable that takes placeholders (the
+    URLs) is rendered once, on first use, with the host's placeholder data, and checked; the
+    others are as the inventory gives them. Roles never render anything themselves."""
+
+    def __init__(self, raw: Mapping[str, Any], data: Callable[[], Mapping[str, str]]) -> None:
+        self.raw = raw
+        self._data = data
+        self._done: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        value = self.raw[name]
+        if not is_rendered(name) or not isinstance(value, str):
+            return value
+        if name not in self._done:
+            self._done[name] = render_url(self.raw, name, **self._data())
+        return self._done[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)

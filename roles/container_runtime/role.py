@@ -14,7 +14,6 @@ from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.templating import render_url
 
 CONFIG = "/etc/containerd/config.toml"
 LIST = "/etc/apt/sources.list.d/docker.list"
@@ -45,12 +44,11 @@ def sandbox_image(vars: Mapping[str, Any]) -> str:
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     os_ = f[OsRelease()]
-    os_id = os_.get("ID", "debian")
     states = f[Files(LIST, "+" + KEYRING, "+" + CONFIG)]
     ops = [repo(states[LIST], states[KEYRING], "container_runtime | docker apt repo",
-                name="docker", url=render_url(ctx.vars, "docker_repo_url", os_id=os_id),
+                name="docker", url=ctx.var("docker_repo_url"),
                 suite=os_.get("VERSION_CODENAME", ""), components="stable",
-                key_url=render_url(ctx.vars, "docker_repo_key_url", os_id=os_id),
+                key_url=ctx.var("docker_repo_key_url"),
                 fingerprint=ctx.var("docker_repo_key_fingerprint"),
                 fingerprint_var="docker_repo_key_fingerprint", apt=ctx.apt)]
     wanted = {"containerd.io": ctx.var("containerd_version")}

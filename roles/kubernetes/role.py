@@ -12,7 +12,6 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.roles import HostContext
-from gpuk8s.templating import render_url
 
 LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
@@ -39,9 +38,9 @@ def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     states = f[Files(LIST, "+" + KEYRING)]
     ops = [repo(states[LIST], states[KEYRING], "kubernetes | pkgs.k8s.io repo",
-                name="kubernetes", url=render_url(ctx.vars, "kubernetes_repo_url"),
+                name="kubernetes", url=ctx.var("kubernetes_repo_url"),
                 suite="/", components="",
-                key_url=render_url(ctx.vars, "kubernetes_repo_key_url"),
+                key_url=ctx.var("kubernetes_repo_key_url"),
                 fingerprint=ctx.var("kubernetes_repo_key_fingerprint"),
                 fingerprint_var="kubernetes_repo_key_fingerprint", apt=ctx.apt)]
     prefix = version_prefix(ctx.vars)

@@ -13,7 +13,6 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
-from gpuk8s.templating import render_url
 
 LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -40,9 +39,9 @@ def plan(ctx: HostContext) -> list[Op]:
     states = f[Files(LIST, "+" + KEYRING, DROP_IN)]
     ops = [repo(states[LIST], states[KEYRING], "nvidia_container_toolkit | apt repo",
                 name="nvidia-container-toolkit",
-                url=render_url(ctx.vars, "nvidia_container_toolkit_repo_url"),
+                url=ctx.var("nvidia_container_toolkit_repo_url"),
                 suite="/", components="",
-                key_url=render_url(ctx.vars, "nvidia_container_toolkit_repo_key_url"),
+                key_url=ctx.var("nvidia_container_toolkit_repo_key_url"),
                 fingerprint=ctx.var("nvidia_container_toolkit_repo_key_fingerprint"),
                 fingerprint_var="nvidia_container_toolkit_repo_key_fingerprint",
                 apt=ctx.apt)]

@@ -22,7 +22,6 @@ from gpuk8s.facts.system import (
 from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.roles import HostContext
-from gpuk8s.templating import render_url
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
@@ -40,10 +39,6 @@ RULES: dict[str, Rule] = {
     "nvidia_driver_version": Rule(check_driver_version),
     "nvidia_fabricmanager": Rule(choices=("auto", True, False)),
 }
-
-
-def cuda_distro(os_: Mapping[str, str]) -> str:
-    return f"{os_.get('ID', '')}{os_.get('VERSION_ID', '').replace('.', '')}"
 
 
 def driver_source(vars: Mapping[str, Any], os_: Mapping[str, str]) -> str:
@@ -92,14 +87,10 @@ def driver_package_names(vars: Mapping[str, Any]) -> list[str]:
 
 def cuda_repo_op(ctx: HostContext, op_id: str) -> Op:
     """The NVIDIA CUDA apt repo (drivers, CUDA toolkit, Fabric Manager)."""
-    os_ = ctx.facts[OsRelease()]
     states = ctx.facts[Files("+" + BLACKLIST, CUDA_LIST, "+" + CUDA_KEYRING)]
-    distro = cuda_distro(os_)
     return repo(states[CUDA_LIST], states[CUDA_KEYRING], op_id, name="cuda",
-                url=render_url(ctx.vars, "nvidia_cuda_repo_url", nvidia_cuda_distro=distro),
-                suite="/", components="",
-                key_url=render_url(ctx.vars, "nvidia_cuda_repo_key_url",
-                                   nvidia_cuda_distro=distro),
+                url=ctx.var("nvidia_cuda_repo_url"), suite="/", components="",
+                key_url=ctx.var("nvidia_cuda_repo_key_url"),
                 fingerprint=ctx.var("nvidia_cuda_repo_key_fingerprint"),
                 fingerprint_var="nvidia_cuda_repo_key_fingerprint", apt=ctx.apt)
 

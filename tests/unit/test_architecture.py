@@ -139,3 +139,24 @@ def test_no_module_in_gpuk8s_is_over_500_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "gpuk8s").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 500}
     assert long == {}, "split these by subject: " + ", ".join(f"{p} ({n})" for p, n in long.items())
+
+
+def test_roles_never_render_placeholders_themselves() -> None:
+    """URL variables reach roles rendered (HostContext.var): no role imports the renderer."""
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "roles").rglob("*.py")
+                 if re.search(r"gpuk8s\.templating|render_(url|value)", p.read_text())]
+    assert offenders == []
+
+
+def test_a_role_sees_its_url_rendered_with_the_host_facts() -> None:
+    from gpuk8s.facts import HostFacts
+    from gpuk8s.facts.system import OsRelease
+    from gpuk8s.roles import HostContext
+
+    facts = HostFacts("n", {OsRelease(): {"ID": "ubuntu", "VERSION_ID": "24.04"}})
+    ctx = HostContext("n", "nvidia_driver", {
+        "nvidia_cuda_repo_url": "https://x.example/{{ nvidia_cuda_distro }}/",
+        "docker_repo_url": "https://d.example/{{ os_id }}", "apt_lock_timeout": 5}, facts)
+    assert ctx.var("nvidia_cuda_repo_url") == "https://x.example/ubuntu2404/"
+    assert ctx.var("docker_repo_url") == "https://d.example/ubuntu"
+    assert ctx.var("apt_lock_timeout") == 5
