@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -23,6 +23,18 @@ _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
                   "customresourcedefinition"}
 
 
+#: the label on every object gpuk8s applies (cluster add-ons and workloads alike)
+MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def label(doc: dict[str, Any], labels: Mapping[str, str],
+          also: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Put ``labels`` on an object (and on the nested objects in ``also``: pod templates)."""
+    for obj in (doc, *also):
+        obj.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    return doc
+
+
 def stamp(manifest: str, component: str) -> tuple[str, list[str], str]:
     """Label and annotate every object of a manifest as gpuk8s-managed.
 
@@ -35,12 +47,19 @@ def stamp(manifest: str, component: str) -> tuple[str, list[str], str]:
         if kind.lower() not in _MANAGED_KINDS:
             raise ValueError(f"{component}: kind {kind} is not tracked by the Cluster fact "
                              f"({MANAGED_KINDS}); add it there")
-        meta = doc.setdefault("metadata", {})
-        meta.setdefault("labels", {}).update({"app.kubernetes.io/managed-by": "gpuk8s",
-                                              "gpuk8s.io/component": component})
+        label(doc, {MANAGED_BY: "gpuk8s", "gpuk8s.io/component": component})
+        meta = doc["metadata"]
         meta.setdefault("annotations", {})["gpuk8s.io/sha256"] = digest
         keys.append(f"{kind}/{meta.get('namespace', '')}/{meta['name']}")
     return yaml.safe_dump_all(docs, sort_keys=False), keys, digest
+
+
+def apply_script(text: str, kubectl: str = KUBECTL) -> str:
+    """Server-side apply of a YAML stream, sent in a quoted heredoc whose delimiter is derived
+    from the text (so no line of the text can end it early)."""
+    eof = "GPUK8S_EOF_" + sha256(text.encode())[:12]
+    return (f"{kubectl} apply --server-side --force-conflicts --field-manager=gpuk8s -f - "
+            f"<<'{eof}'\n{text}{eof}\n")
 
 
 def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> Op:
@@ -53,9 +72,8 @@ def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> O
     if cluster.reachable and not stale:
         return noop(op_id, f"= {component}: {len(keys)} objects applied")
     what = "create" if all(k not in cluster.managed for k in keys) else "update"
-    cmd = (f"{KUBECTL} apply --server-side --force-conflicts --field-manager=gpuk8s -f - "
-           f"<<'GPUK8S_EOF'\n{text}GPUK8S_EOF")
-    return change(op_id, f"+ {what} {component} ({len(stale)} of {len(keys)} objects)", cmd,
+    return change(op_id, f"+ {what} {component} ({len(stale)} of {len(keys)} objects)",
+                  apply_script(text),
                   meta={"objects": ",".join(stale)})
 
 

@@ -4,7 +4,6 @@ wait for a workload's objects and pods."""
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,9 +12,9 @@ from typing import Any
 
 from rich.table import Table
 
-from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.inventory import load_inventory
-from gpuk8s.ops import Op
+from gpuk8s.ops import Op, kube
+from gpuk8s.ops.kube import apply_script
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
@@ -23,7 +22,9 @@ from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transpor
 from gpuk8s.workloads.rendering import dump
 from gpuk8s.workloads.values import WorkloadError
 
-KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF} --request-timeout=20s"
+#: the one kubectl (gpuk8s.ops.kube), with a bound on each request: workload commands wait
+#: in their own loops, not in a hung request
+KUBECTL = f"{kube.KUBECTL} --request-timeout=20s"
 
 
 #: namespaced kinds a workload may create (undeploy deletes these by label)
@@ -62,11 +63,7 @@ class Remote:
                                                                      strict=True)}
 
     def apply(self, docs: Sequence[Mapping[str, Any]]) -> str:
-        text = dump(docs)
-        eof = "GPUK8S_EOF_" + secrets.token_hex(4)
-        script = (f"{KUBECTL} apply --server-side --force-conflicts --field-manager=gpuk8s "
-                  f"-f - <<'{eof}'\n{text}{eof}\n")
-        result = self.run(script, timeout=180, what="apply")
+        result = self.run(apply_script(dump(docs), KUBECTL), timeout=180, what="apply")
         if not result.ok:
             raise WorkloadError(f"{self.host}: kubectl apply failed (exit {result.exit_code}):\n"
                                 + self.session.redact(result.stdout.strip()[-1500:]))

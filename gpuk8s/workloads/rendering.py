@@ -9,12 +9,13 @@ from typing import Any
 import jinja2
 import yaml
 
+from gpuk8s.ops.kube import MANAGED_BY, label
 from gpuk8s.workloads.values import WorkloadError, _namespace_problem, workloads_dir
 
 LABEL = "gpuk8s.io/workload"
 
 
-MANAGED = "app.kubernetes.io/managed-by"
+MANAGED = MANAGED_BY
 
 
 #: per workload, the (apiVersion, kind) of every object its templates legitimately render; any
@@ -63,11 +64,7 @@ def pod_templates(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def stamp(doc: dict[str, Any], name: str) -> dict[str, Any]:
     """Label an object and its pod templates as this workload's."""
-    labels = {MANAGED: "gpuk8s", LABEL: name}
-    doc.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
-    for tpl in pod_templates(doc):
-        tpl.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
-    return doc
+    return label(doc, {MANAGED: "gpuk8s", LABEL: name}, pod_templates(doc))
 
 
 def context(name: str, values: Mapping[str, Any], **extra: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from gpuk8s.roles import HostContext, load_role
 from tests.unit.scenarios import OSES, default_vars, fresh_facts
 
 GOLDEN = Path(__file__).parent / "golden"
-_B64 = re.compile(r"<<'GPUK8S_EOF'\n.*?GPUK8S_EOF", re.S)
+_B64 = re.compile(r"<<'(GPUK8S_EOF\w*)'\n.*?\1", re.S)
 
 
 def summarise(cmd: str) -> str:

@@ -405,3 +405,21 @@ def test_setup_nfs_exports_to_every_inventory_node() -> None:
     opts = values["nfs"]["exportOptions"]
     assert want == (f"want='/srv/gpuk8s 10.88.0.11({opts}) 10.88.0.12({opts}) "
                     f"gpu-02.lab.example({opts})'")
+
+
+def test_one_apply_for_cluster_and_workloads_and_its_heredoc_cannot_be_ended_early(
+        tmp_path: Path) -> None:
+    """Cluster add-ons and workloads share ops.kube.apply_script; a value holding a line that
+    looks like a heredoc end stays data."""
+    from gpuk8s.ops.kube import apply_script
+    from gpuk8s.workloads import cluster
+
+    text = "data:\n  x: |\n    GPUK8S_EOF\n    GPUK8S_EOF_0\n    echo pwned\n"
+    fake = tmp_path / "kubectl"
+    fake.write_text(f"#!/bin/sh\ncat > {tmp_path / 'got'}\n")
+    fake.chmod(0o755)
+    script = apply_script(text, kubectl=str(fake))
+    subprocess.run(["sh", "-c", script], check=True)
+    assert (tmp_path / "got").read_text() == text
+    assert apply_script(text) == apply_script(text)  # deterministic: plans compare equal
+    assert cluster.KUBECTL.startswith("kubectl --kubeconfig /etc/kubernetes/admin.conf ")
