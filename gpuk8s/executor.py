@@ -87,13 +87,16 @@ class HostRunner:
 
     def __init__(self, host: str, transport: Transport, redact: Redactor,
                  log: Callable[[str], None], listener: Listener,
-                 reboot_timeout: float = 600.0) -> None:
+                 reboot_timeout: float = 600.0,
+                 record: Callable[[str, Op, int, float], None] | None = None) -> None:
         self.host = host
         self.transport = transport
         self.redact = redact
         self.log = log
         self.listener = listener
         self.reboot_timeout = reboot_timeout
+        #: record(host, op, exit code, seconds) for each op run outside a phase (report.json)
+        self.record = record
 
     def run_ops(self, ops: Sequence[Op], result: HostResult) -> list[Op]:
         """Run ops that change something as one script; record every op; return changed ones."""
@@ -168,10 +171,14 @@ class HostRunner:
         admin.conf); the log gets it redacted, and gets nothing of a secret op. An op that
         never ran reads as exit code -1. Without ``keep_going`` the first failure raises
         CommandFailed naming the op, as in a phase."""
+        started = time.monotonic()
         res, sections = self._send(ops, keep_going=keep_going)
+        took = time.monotonic() - started
         out: list[tuple[int, str]] = []
         for i, op in enumerate(ops):
             text, code = sections.get(i, ("", None))
+            if self.record is not None:
+                self.record(self.host, op, -1 if code is None else code, took / len(ops))
             if text and not op.secret:
                 self.log(self.redact(text))
             if code is None and i in sections and res.exit_code == -1:

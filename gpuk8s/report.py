@@ -85,6 +85,8 @@ class RunLog:
         self.command = command
         self.started = time.time()
         self.phases: list[dict[str, Any]] = []
+        #: ops run outside the playbook's phases (day-2 steps, workload applies, hand-offs)
+        self.steps: list[dict[str, Any]] = []
         #: SSH connections and exec channels per host, per step of the run (see mark())
         self.round_trips: list[dict[str, Any]] = []
         self._counters: Callable[[], Mapping[str, Any]] | None = None
@@ -137,10 +139,17 @@ class RunLog:
         self.phases.append({"phase": name, "elapsed": round(elapsed, 3), "hosts": hosts})
         self.mark(name)
 
+    def add_step(self, host: str, op: Op, exit_code: int, elapsed: float) -> None:
+        """One op run outside a phase, as report.json lists it: host, op, exit code, time."""
+        with self._lock:
+            self.steps.append({"host": host, "id": op.id, "exit": exit_code,
+                               "status": "ok" if exit_code == 0 else "failed",
+                               "reason": self.redact(op.reason), "elapsed": round(elapsed, 3)})
+
     def write_report(self, **extra: Any) -> Path:
         report = {"command": self.command, "started": datetime.fromtimestamp(
             self.started, UTC).isoformat(), "elapsed": round(time.time() - self.started, 3),
-            "phases": self.phases, "round_trips": self.round_trips,
+            "phases": self.phases, "steps": self.steps, "round_trips": self.round_trips,
             "peak_rss_kb": peak_rss_kb(), **extra}
         path = self.path / "report.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -61,7 +61,8 @@ class Session:
         """The executor for one host of this run: its transport, log, redaction and events."""
         return HostRunner(name, self.transports[name], self.redact,
                           self.runlog.host_logger(name), self.reporter.event,
-                          float(self.host(name).vars["reboot_timeout"]))
+                          float(self.host(name).vars["reboot_timeout"]),
+                          record=self.runlog.add_step)
 
     def run(self, host: str, op: Op) -> str:
         """Run one op now on ``host`` through the executor; its output (CommandFailed when it

@@ -221,3 +221,32 @@ def test_a_host_lost_during_the_fact_probe_is_named_as_such() -> None:
     error = err.value.results["lost"].error
     assert isinstance(error, ConnectError) and not isinstance(error, ConnectionLost)
     assert str(error) == "lost: connection lost during the fact probe: EOFError()"
+
+
+def test_ops_run_outside_a_phase_reach_the_report(tmp_path: object) -> None:
+    """Day-2 steps and workload applies (run_now) are logged, redacted and listed in
+    report.json's steps, failures included."""
+    import json
+    from pathlib import Path
+
+    from gpuk8s.report import RunLog
+
+    redact = Redactor()
+    redact.add("s3cret")
+    runlog = RunLog(Path(str(tmp_path)), "upgrade", redact)
+    t = ShellTransport("gpu-01")
+    r = HostRunner("gpu-01", t, redact, runlog.host_logger("gpu-01"), lambda *a: None,
+                   record=runlog.add_step)
+    assert r.run_now([Op("day2 | drain", ("echo drained",), "+ drain s3cret")]) == \
+        [(0, "drained")]
+    try:
+        r.run_now([Op("day2 | kubeadm", ("exit 3",), "+ kubeadm upgrade node")])
+    except CommandFailed:
+        pass
+    else:
+        raise AssertionError("a failed step must raise")
+    report = json.loads(runlog.write_report().read_text())
+    assert [(s["host"], s["id"], s["exit"], s["status"]) for s in report["steps"]] == [
+        ("gpu-01", "day2 | drain", 0, "ok"), ("gpu-01", "day2 | kubeadm", 3, "failed")]
+    assert report["steps"][0]["reason"] == "+ drain <redacted>"
+    assert "s3cret" not in (runlog.path / "gpu-01.log").read_text()
