@@ -104,6 +104,16 @@ def kubeconfig(c, inventory=INVENTORY):
     _done(run("kubeconfig", inventory=inventory))
 
 
+@task(help={"inventory": "inventory file", "set": "key=value override (repeatable)",
+            "values": "workload values file (repeatable)",
+            "output": "table (default), json, or list (one image per line)"},
+      iterable=["set", "values"])
+def images(c, inventory=INVENTORY, set=None, values=None, output="table"):
+    """Every image the cluster and the workloads pull at the inventory's versions (to mirror)."""
+    _done(run("images", inventory=inventory, sets=set or [], values_files=values or [],
+              output=output))
+
+
 @task(help={"name": "workload: storage, jupyter, tensorflow-job, distributed-tf, tensorboard, "
                     "eval", "inventory": "inventory file",
             "values": "values file (repeatable)", "set": "key.sub=value (repeatable)",
@@ -144,6 +154,7 @@ ns = Collection(bootstrap, plan, facts, reprovision, add_node, remove_node, rese
 ns.add_task(deploy)
 ns.add_task(undeploy)
 ns.add_task(verify)
+ns.add_task(images)
 try:  # the lab lives in the checkout's tests/; it is not part of the gpuk8s package
     from tests.lab.tasks import lab as _lab
 

@@ -12,6 +12,7 @@ fi
 packages=(
     debootstrap systemd-container apt-cacher-ng apt-utils gnupg iproute2 iptables
     openssh-client dpkg-dev openssl ca-certificates curl
+    docker-registry busybox-static
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -19,7 +20,8 @@ for p in "${packages[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    # apt-cacher-ng's postinst would start the system service; the lab runs its own instance
+    # apt-cacher-ng's and docker-registry's postinsts would start their system services; the
+    # lab runs its own instances on the lab bridge
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
     chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT

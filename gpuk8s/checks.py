@@ -303,3 +303,86 @@ class Rule:
     choices: tuple[Any, ...] | None = None
     cluster_wide: bool = False
 
+
+
+#: a registry as images name it: a DNS name or address, maybe a port (docker.io, nvcr.io,
+#: registry.k8s.io, 10.0.0.5:5000), or containerd's "_default" (every registry without its own)
+_REGISTRY = re.compile(r"_default|[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+                       r"(:[0-9]{1,5})?")
+MIRROR_KEYS = ("url", "ca_file", "insecure")
+
+
+def check_registry_mirrors(name: str, value: dict[Any, Any]) -> VarProblem | None:
+    """{registry: [mirror, ...]}; a mirror is a URL or {url, ca_file, insecure}."""
+    example = (f'write {name}: {{docker.io: ["http://10.0.0.5:5000"]}} or, for a registry '
+               'with its own CA, {url: "https://reg.lab:5000", ca_file: /etc/ssl/lab-ca.pem}')
+    for registry, mirrors in value.items():
+        if not isinstance(registry, str) or not _REGISTRY.fullmatch(registry):
+            return VarProblem(name, f"{name}: {show(registry)} is not a registry name (a host "
+                              "like docker.io, nvcr.io or 10.0.0.5:5000, lower case)", example,
+                              subkey=str(registry))
+        if not isinstance(mirrors, list) or not mirrors:
+            return VarProblem(name, f"{name}: {registry} needs a list of one or more mirrors, got "
+                              f"{show(mirrors)}", example, subkey=registry)
+        for mirror in mirrors:
+            entry = mirror if isinstance(mirror, dict) else {"url": mirror}
+            unknown = sorted(str(k) for k in entry if k not in MIRROR_KEYS)
+            if unknown:
+                return VarProblem(name, f"{name}: a mirror of {registry} has unknown keys "
+                                  f"{', '.join(unknown)} (known: {', '.join(MIRROR_KEYS)})",
+                                  example, subkey=registry)
+            url = entry.get("url")
+            if not isinstance(url, str):
+                return VarProblem(name, f"{name}: a mirror of {registry} needs a url, got "
+                                  f"{show(mirror)}", example, subkey=registry)
+            problem = check_url(f"{name}[{registry}]", url, rendered=True)
+            if problem:
+                return VarProblem(name, problem.message, problem.fix, subkey=registry)
+            parts = urllib.parse.urlsplit(url)
+            if parts.username or parts.password or parts.query or parts.fragment:
+                return VarProblem(name, f"{name}: mirror {url!r} of {registry} may hold only "
+                                  "scheme, host, port and path (credentials belong in "
+                                  "containerd's auth settings, never in the inventory)",
+                                  example, subkey=registry)
+            insecure = entry.get("insecure", False)
+            if not isinstance(insecure, bool):
+                return VarProblem(name, f"{name}: insecure of mirror {url} must be true or false,"
+                                  f" got {show(insecure)}", example, subkey=registry)
+            if insecure and not url.startswith("https://"):
+                return VarProblem(name, f"{name}: insecure is for https mirrors whose "
+                                  f"certificate is not checked; {url} is plain http already",
+                                  f"drop insecure from {url}", subkey=registry)
+            ca_file = entry.get("ca_file")
+            if ca_file is not None:
+                problem = _check_ca_file(name, registry, url, ca_file, insecure)
+                if problem:
+                    return problem
+    return None
+
+
+def _check_ca_file(name: str, registry: str, url: str, ca_file: Any,
+                   insecure: bool) -> VarProblem | None:
+    import os
+
+    fix = ("give the absolute path of the registry's CA certificate (PEM) on this machine; "
+           "gpuk8s copies it to every node")
+    if not isinstance(ca_file, str) or not os.path.isabs(os.path.expanduser(ca_file)):
+        return VarProblem(name, f"{name}: ca_file of mirror {url} must be an absolute path, got "
+                          f"{show(ca_file)}", fix, subkey=registry)
+    if insecure:
+        return VarProblem(name, f"{name}: mirror {url} has both ca_file and insecure: true",
+                          "keep ca_file (the certificate is checked against it) and drop "
+                          "insecure", subkey=registry)
+    if not url.startswith("https://"):
+        return VarProblem(name, f"{name}: ca_file is for https mirrors; {url} is plain http",
+                          "drop ca_file, or use the registry's https URL", subkey=registry)
+    try:
+        with open(os.path.expanduser(ca_file), "rb") as fh:
+            head = fh.read(1 << 20)
+    except OSError as exc:
+        return VarProblem(name, f"{name}: cannot read ca_file {ca_file} of mirror {url}: "
+                          f"{exc.strerror}", fix, subkey=registry)
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        return VarProblem(name, f"{name}: ca_file {ca_file} of mirror {url} holds no PEM "
+                          "certificate (-----BEGIN CERTIFICATE-----)", fix, subkey=registry)
+    return None

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gpuk8s import api, day2, gpucheck
+from gpuk8s import api, day2, gpucheck, images
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 from gpuk8s.report import untrusted
@@ -17,7 +17,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "reprovision": day2.reprovision, "add_node": day2.add_node,
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
-    "verify_local": gpucheck.verify_local,
+    "verify_local": gpucheck.verify_local, "images": images.print_images,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -97,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--yes", "-y", action="store_true")
     p = sub.add_parser("kubeconfig")
     p.add_argument("--inventory", "-i", required=True)
+    p = sub.add_parser("images", help="every image the cluster and the workloads pull")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--set", "-e", action="append", default=[], dest="sets")
+    p.add_argument("--values", "-f", action="append", default=[], dest="values_files")
+    p.add_argument("--output", "-o", choices=("table", "json", "list"), default="table")
     p = sub.add_parser("verify-local", help="node GPU check: nvidia-smi and CUDA on each GPU")
     p.add_argument("--inventory", "-i", required=True)
     p.add_argument("--limit", "-l")

@@ -225,3 +225,65 @@ true"""
                                 "true/false")
             kubelet = dict(sorted((raw or {}).items()))
         return GateState(components, kubelet)
+
+
+#: containerd's registry host configuration (config_path): one folder per registry
+CERTS_D = "/etc/containerd/certs.d"
+#: the first line of every hosts.toml gpuk8s writes
+HOSTS_MARKER = "# managed by gpuk8s (role container_runtime)"
+_REGISTRY_DIR = re.compile(r"_default|[a-z0-9][a-z0-9.-]*(:[0-9]{1,5})?")
+
+
+class ManagedRegistryHosts(Fact[tuple[str, ...]]):
+    """The registries whose hosts.toml under /etc/containerd/certs.d gpuk8s wrote (first line
+    is its marker); folders with other names or without the marker are never listed."""
+
+    def command(self) -> str:
+        return f"""for f in {CERTS_D}/*/hosts.toml; do
+  [ -f "$f" ] && head -n 1 "$f" | grep -qxF '{HOSTS_MARKER}' && printf '%s\\n' "$f"
+done; true"""
+
+    def parse(self, output: str, exit_code: int) -> tuple[str, ...]:
+        found = []
+        for line in output.splitlines():
+            head, _, name = line.removesuffix("/hosts.toml").rpartition("/")
+            if head == CERTS_D and _REGISTRY_DIR.fullmatch(name):
+                found.append(name)
+        return tuple(sorted(found))
+
+
+class RegistryAnswers(Fact[dict[str, tuple[int, str]]]):
+    """Whether a registry's API answers at each URL: url -> (HTTP status of GET <url>/v2/, the
+    curl error when none came: "" on an answer, "no curl" when curl is missing). The certificate
+    is not checked here (a mirror's own CA reaches the node with bootstrap); 5 s per URL."""
+
+    def command(self) -> str:
+        from gpuk8s.sinks import shell
+
+        if not self.args:
+            return "true"
+        lines = ["command -v curl >/dev/null 2>&1 || { echo 'NOCURL'; exit 0; }"]
+        for url in self.args:
+            target = shell(url.rstrip("/") + "/v2/")
+            lines.append(f"c=$(curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {target} "
+                         f"2>&1); echo \"R $? $c\"")
+        return "\n".join(lines)
+
+    def parse(self, output: str, exit_code: int) -> dict[str, tuple[int, str]]:
+        lines = output.splitlines()
+        if lines[:1] == ["NOCURL"]:
+            return {url: (0, "no curl") for url in self.args}
+        answers: dict[str, tuple[int, str]] = {}
+        results = [ln.split(" ", 2) for ln in lines if ln.startswith("R ")]
+        for url, parts in zip(self.args, results, strict=False):
+            rc, code = parts[1], (parts[2] if len(parts) > 2 else "")
+            status = int(code) if code.isdigit() else 0
+            answers[url] = (status, "" if rc == "0" and status else
+                            _CURL_ERRORS.get(rc, f"curl exit {rc}"))
+        return answers
+
+
+#: curl's exit codes a mirror check meets (curl(1), EXIT CODES)
+_CURL_ERRORS = {"6": "could not resolve the host", "7": "connection refused or no route",
+                "28": "timed out after 5 s", "35": "TLS handshake failed",
+                "52": "empty reply", "56": "connection reset"}

@@ -18,6 +18,17 @@ KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
 KUBEADM_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
 #: kubeadm reset without a prompt, on containerd's CRI (the Docker runtime uses it too)
 KUBEADM_RESET = "kubeadm reset -f --cri-socket unix:///var/run/containerd/containerd.sock"
+#: what `kubeadm config images list` adds beside kube-apiserver, -controller-manager,
+#: -scheduler and kube-proxy (tagged v<the kubeadm version>), by Kubernetes minor: (CoreDNS,
+#: pause, etcd). From kubeadm's constants as `kubeadm config images list` prints them for
+#: 1.34.2+, 1.35.0-1.35.7 and 1.36.0-1.36.3 (1.37 from its release candidate); a later patch
+#: release may move etcd, so check with `kubeadm config images list` on a node.
+KUBEADM_IMAGES = {
+    "1.34": ("v1.12.1", "3.10.1", "3.6.5-0"),
+    "1.35": ("v1.13.1", "3.10.1", "3.6.6-0"),
+    "1.36": ("v1.14.2", "3.10.2", "3.6.8-0"),
+    "1.37": ("v1.14.6", "3.10.2", "3.7.0-0"),
+}
 _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
                   "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
                   "customresourcedefinition"}

@@ -6,20 +6,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_containerd_version, check_fingerprint
+from gpuk8s.checks import (
+    Rule,
+    check_containerd_version,
+    check_fingerprint,
+    check_registry_mirrors,
+)
 from gpuk8s.facts import Fact
-from gpuk8s.facts.kube import Containerd
-from gpuk8s.facts.system import Files, OsRelease, Packages, Services
-from gpuk8s.ops import Op, change, files, noop
+from gpuk8s.facts.kube import CERTS_D, Containerd, ManagedRegistryHosts
+from gpuk8s.facts.system import Files, FileState, OsRelease, Packages, Services
+from gpuk8s.ops import Op, change, files, noop, q, warn
+from gpuk8s.ops import registry as reg
 from gpuk8s.ops.apt import packages, repo
+from gpuk8s.ops.kube import KUBEADM_IMAGES
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
 
 CONFIG = "/etc/containerd/config.toml"
 LIST = "/etc/apt/sources.list.d/docker.list"
 KEYRING = "/etc/apt/keyrings/docker.gpg"
-#: sandbox (pause) image kubeadm expects, by Kubernetes minor
-PAUSE = {"1.34": "3.10.1", "1.35": "3.10.1", "1.36": "3.10.1", "1.37": "3.10.1"}
 PACKAGES = ("containerd.io", "docker-ce", "docker-ce-cli")
 
 
@@ -28,17 +33,29 @@ RULES: dict[str, Rule] = {
     "container_runtime": Rule(choices=("containerd", "docker")),
     "containerd_version": Rule(check_containerd_version),
     "docker_repo_key_fingerprint": Rule(check_fingerprint),
+    "registry_mirrors": Rule(check_registry_mirrors),
 }
+
+
+def _mirror_files(vars: Mapping[str, Any]) -> Files:
+    """hosts.toml and CA certificate of every registry with mirrors, and Docker's daemon.json."""
+    wanted = reg.mirrors(vars["registry_mirrors"])
+    paths = [f"+{reg.hosts_file(r)}" for r in wanted]
+    paths += [f"+{reg.ca_path(r, m)}" for r, ms in wanted.items() for m in ms if m.ca_file]
+    return Files(*paths, "+" + reg.DAEMON_JSON)
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [OsRelease(), Containerd(), Packages(*PACKAGES),
-            Files(LIST, "+" + KEYRING, "+" + CONFIG), Services("containerd", "docker")]
+            Files(LIST, "+" + KEYRING, "+" + CONFIG), Services("containerd", "docker"),
+            ManagedRegistryHosts(), _mirror_files(vars)]
 
 
 def sandbox_image(vars: Mapping[str, Any]) -> str:
     image = vars["containerd_sandbox_image"]
-    return image or f"registry.k8s.io/pause:{PAUSE.get(str(vars['kubernetes_version']), '3.10.1')}"
+    # the pause image kubeadm expects for the minor (it warns when containerd's differs)
+    pause = KUBEADM_IMAGES.get(str(vars["kubernetes_version"]), KUBEADM_IMAGES["1.36"])[1]
+    return image or f"registry.k8s.io/pause:{pause}"
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -56,9 +73,11 @@ def plan(ctx: HostContext) -> list[Op]:
         wanted |= {"docker-ce": "", "docker-ce-cli": ""}
     ops.append(packages(f[Packages(*PACKAGES)], "container_runtime | packages", wanted,
                         hold=True, apt=ctx.apt))
-    config = ctx.template("config.toml.j2", sandbox_image=sandbox_image(ctx.vars))
+    config = ctx.template("config.toml.j2", sandbox_image=sandbox_image(ctx.vars),
+                          certs_d=CERTS_D)
     ops.append(files.content(states[CONFIG], "container_runtime | config.toml", config,
                              notify=("restart containerd",)))
+    ops += mirror_ops(ctx)
     units = f[Services("containerd", "docker")]
     wanted_units = ["containerd"] + (["docker"] if ctx.var("container_runtime") == "docker"
                                      else [])
@@ -72,7 +91,52 @@ def plan(ctx: HostContext) -> list[Op]:
     return ops
 
 
+def mirror_ops(ctx: HostContext) -> list[Op]:
+    """One hosts.toml per registry with mirrors (and its mirrors' CA certificates); the
+    hosts.toml gpuk8s wrote for registries no longer listed are removed. containerd reads them
+    at every pull: no restart. With Docker, daemon.json's registry-mirrors (Docker Hub only) and
+    insecure-registries, reloaded without a restart."""
+    wanted = reg.mirrors(ctx.var("registry_mirrors"))
+    states = ctx.facts[_mirror_files(ctx.vars)]
+    ops: list[Op] = []
+    for registry, ms in wanted.items():
+        for m in ms:
+            if m.ca_file:
+                ops.append(files.content(states[reg.ca_path(registry, m)],
+                                         f"container_runtime | CA of mirror {m.netloc}",
+                                         reg.read_ca(m)))
+        ops.append(files.content(states[reg.hosts_file(registry)],
+                                 f"container_runtime | mirrors of {registry}",
+                                 reg.hosts_toml(registry, ms)))
+    for registry in ctx.facts[ManagedRegistryHosts()]:
+        if registry not in wanted:
+            ops.append(change(f"container_runtime | mirrors of {registry}",
+                              f"- remove the mirrors of {registry} (no longer in "
+                              "registry_mirrors)",
+                              f"rm -f {q(reg.hosts_file(registry))} "
+                              f"{q(reg.hosts_dir(registry))}/*.crt",
+                              f"rmdir {q(reg.hosts_dir(registry))} 2>/dev/null || true"))
+    if ctx.var("container_runtime") == "docker":
+        ops.append(_docker_daemon(states[reg.DAEMON_JSON], wanted))
+    return ops
+
+
+def _docker_daemon(state: FileState, wanted: Mapping[str, list[reg.Mirror]]) -> Op:
+    op_id = "container_runtime | docker daemon.json"
+    settings = reg.docker_settings(wanted)
+    merged = reg.merged_daemon_json(state.content if state.exists else None, settings)
+    if merged is None:
+        return warn(op_id, f"! {reg.DAEMON_JSON} is not a JSON object: gpuk8s leaves it alone, "
+                    "so Docker's own pulls do not use registry_mirrors (pods do: containerd)")
+    if not state.exists and not any(settings.values()):
+        return noop(op_id, "= no registry mirrors for Docker")
+    return files.content(state, op_id, merged, notify=("reload docker",))
+
+
 HANDLERS = {
     "restart containerd": lambda ctx: restart_containerd(
         "container_runtime | restart containerd"),
+    # registry-mirrors and insecure-registries are among the settings dockerd reloads on SIGHUP
+    "reload docker": lambda ctx: change("container_runtime | reload docker", "reload docker",
+                                        "systemctl reload docker"),
 }

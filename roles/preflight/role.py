@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuk8s.checks import Rule, check_str_list
 from gpuk8s.facts import Fact
-from gpuk8s.facts.kube import Containerd
+from gpuk8s.facts.kube import Containerd, RegistryAnswers
 from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
 from gpuk8s.ops import Op
 from gpuk8s.roles import HostContext
@@ -29,8 +29,40 @@ RULES: dict[str, Rule] = {
 }
 
 
+def _mirror_urls(vars: Mapping[str, Any]) -> dict[str, list[str]]:
+    """mirror URL -> the registries it mirrors (registry_mirrors, read as the role does)."""
+    urls: dict[str, list[str]] = {}
+    for registry, mirrors in sorted((vars.get("registry_mirrors") or {}).items()):
+        for m in mirrors:
+            url = (m if isinstance(m, str) else str(m.get("url", ""))).rstrip("/")
+            urls.setdefault(url, []).append(registry)
+    return urls
+
+
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"), Containerd()]
+    return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"), Containerd(),
+            RegistryAnswers(*_mirror_urls(vars))]
+
+
+def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+    """Every registry mirror answers on this node (any HTTP answer of /v2/: 200, or 401 from a
+    registry that wants a login)."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    urls = _mirror_urls(ctx.vars)
+    answers = ctx.facts[RegistryAnswers(*urls)]
+    for url, registries in urls.items():
+        status, error = answers.get(url, (0, "not checked"))
+        of = f"mirror {url} (of {', '.join(registries)})"
+        if error == "no curl":
+            warnings.append(("registry_mirror", f"{of} not checked: curl is not installed",
+                             "install curl, or check by hand: curl -sk URL/v2/"))
+        elif error or status not in (200, 401):
+            errors.append(("registry_mirror", f"{of} does not answer from this node: "
+                           + (error or f"HTTP {status} for /v2/"),
+                           f"check the URL, the registry and the network from the node: "
+                           f"curl -sk {url}/v2/ (it answers 200, or 401 when it wants a login)"))
+    return errors, warnings
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -107,6 +139,9 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
+    mirror_errors, mirror_warnings = _mirror_problems(ctx)
+    errors += mirror_errors
+    warnings += mirror_warnings
     ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
     warnings += [p for p in errors if p[0] in ignore]
     errors = [p for p in errors if p[0] not in ignore]

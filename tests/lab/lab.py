@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from . import base, net, node
+from . import base, net, node, registry
 from .paths import LAB_KEY_FINGERPRINT, LabError, cache_dir, run, state_dir
 from .topology import NodeSpec, Topology, write_inventory
 
@@ -190,6 +190,7 @@ class Lab:
         (self.state / "base-key").write_text(base.base_key() + "\n")
         self._drop_stale_snapshots()
         self._repos("ensure_served")
+        registry.start()
         if not self.ssh_key.exists():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuk8s-lab",
                  "-f", self.ssh_key])
@@ -320,6 +321,7 @@ class Lab:
                 run(["umount", "-l", point], check=False)
         net.cleanup_all_net()
         self._repos_stop()
+        registry.stop()
         net.stop_proxy()
         if node.lab_mounts():
             raise LabError(f"lab: mounts left under {self.state}: {node.lab_mounts()}")

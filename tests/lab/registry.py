@@ -1,0 +1,178 @@
+"""The lab's OCI registry: Debian's docker-registry (the CNCF distribution registry 2.8, the
+real program) on the lab bridge, HOST_IP:5000, storage in the lab cache (images pushed once
+survive lab.down). lab.up starts it, lab.down stops it.
+
+Lab images are pushed under upstream names (``library/busybox``...) through the registry's
+own HTTP API, each labelled as a lab image (an OCI annotation and a file inside), so a node
+pulling ``docker.io/library/busybox:<tag>`` through gpuk8s's registry_mirrors gets it from here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .net import pid_alive, port_open, read_pid
+from .paths import HOST_IP, LabError, cache_dir, state_dir
+
+PORT = 5000
+URL = f"http://{HOST_IP}:{PORT}"
+LAB_NOTE = "gpuk8s lab image, not the upstream image"
+CONFIG = """\
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: {data}
+  delete:
+    enabled: true
+http:
+  addr: {addr}
+"""
+
+
+def _paths() -> dict[str, Path]:
+    run = state_dir() / "registry"
+    return {"data": cache_dir() / "registry", "conf": run / "config.yml",
+            "pidfile": run / "registry.pid", "log": run / "registry.log"}
+
+
+def running() -> bool:
+    pid = read_pid(_paths()["pidfile"])
+    return pid is not None and pid_alive(pid) and port_open(HOST_IP, PORT)
+
+
+def start(timeout: float = 20.0) -> None:
+    """Start the registry on HOST_IP:5000 unless it already answers."""
+    if running():
+        return
+    p = _paths()
+    for d in (p["data"], p["conf"].parent):
+        d.mkdir(parents=True, exist_ok=True)
+    p["conf"].write_text(CONFIG.format(data=p["data"], addr=f"{HOST_IP}:{PORT}"))
+    binary = "/usr/bin/docker-registry"
+    if not os.path.exists(binary):
+        raise LabError("docker-registry is not installed: run scripts/setup (it installs "
+                       "Debian's docker-registry package)")
+    with open(p["log"], "ab") as log:
+        proc = subprocess.Popen([binary, "serve", str(p["conf"])], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True)
+    p["pidfile"].write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if port_open(HOST_IP, PORT):
+            return
+        time.sleep(0.1)
+    raise LabError(f"docker-registry did not listen on {HOST_IP}:{PORT}; see {p['log']}")
+
+
+def stop() -> None:
+    pid = read_pid(_paths()["pidfile"])
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- pushing lab images
+def _request(method: str, url: str, data: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _push_blob(name: str, data: bytes) -> str:
+    digest = _digest(data)
+    status, _, _ = _request("HEAD", f"{URL}/v2/{name}/blobs/{digest}")
+    if status == 200:
+        return digest
+    status, headers, body = _request("POST", f"{URL}/v2/{name}/blobs/uploads/")
+    if status != 202:
+        raise LabError(f"registry refused an upload to {name}: {status} {body[:200]!r}")
+    location = headers["Location"]
+    sep = "&" if "?" in location else "?"
+    status, _, body = _request("PUT", f"{location}{sep}digest={digest}", data,
+                               {"Content-Type": "application/octet-stream"})
+    if status != 201:
+        raise LabError(f"registry refused blob {digest} of {name}: {status} {body[:200]!r}")
+    return digest
+
+
+def layer(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A gzipped tar layer of ``{path: (content, mode)}`` (directories made as needed)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs = sorted({str(Path(p).parent) for p in files} - {"."})
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for path, (content, mode) in sorted(files.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(content), mode
+            tar.addfile(info, io.BytesIO(content))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def push(name: str, tag: str, layers: list[bytes], config: dict[str, Any]) -> str:
+    """Push an OCI image (gzipped tar layers, image config) as ``name:tag``; its digest."""
+    diff_ids = [_digest(gzip.decompress(blob)) for blob in layers]
+    image_config = {"architecture": "amd64", "os": "linux", "config": config,
+                    "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    config_blob = json.dumps(image_config, sort_keys=True).encode()
+    manifest = {
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": _push_blob(name, config_blob), "size": len(config_blob)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": _push_blob(name, blob), "size": len(blob)} for blob in layers],
+        "annotations": {"org.opencontainers.image.description": LAB_NOTE}}
+    body = json.dumps(manifest, sort_keys=True).encode()
+    status, _, text = _request("PUT", f"{URL}/v2/{name}/manifests/{tag}", body,
+                               {"Content-Type": manifest["mediaType"]})
+    if status != 201:
+        raise LabError(f"registry refused manifest {name}:{tag}: {status} {text[:200]!r}")
+    return _digest(body)
+
+
+def push_busybox(tag: str = "gpuk8s-lab") -> str:
+    """``library/busybox:<tag>``: Debian's static busybox and a note saying it is a lab image."""
+    binary = Path("/bin/busybox")
+    if not binary.exists():
+        raise LabError("/bin/busybox is missing: run scripts/setup (busybox-static)")
+    blob = layer({"bin/busybox": (binary.read_bytes(), 0o755),
+                  "etc/gpuk8s-lab-image": (f"{LAB_NOTE}\n".encode(), 0o644)})
+    return push("library/busybox", tag, [blob], {
+        "Entrypoint": ["/bin/busybox"], "Cmd": ["sh"],
+        "Labels": {"org.opencontainers.image.description": LAB_NOTE}})
