@@ -487,6 +487,7 @@ class Lab:
                 for n in node.nspawn_pids(s.name):
                     raise LabError(f"{s.name}: nspawn {n} still running")
             rootfs = base.ensure_base()
+            registry.start()  # the lab inventory's registry_mirrors name it
         else:
             self.down(quiet=True)
             rootfs = self._host_up()

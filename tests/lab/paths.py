@@ -14,6 +14,16 @@ PREFIX_LEN = 24
 NETNS_PREFIX = "gk8s-"
 VETH_PREFIX = "gk8v"  # host side: gk8v<last octet>; node side: eth0
 PROXY_PORT = 3142
+#: the lab's OCI registry (tests/lab/registry.py), every registry's mirror in the lab inventory
+REGISTRY_PORT = 5000
+REGISTRY_URL = f"http://{HOST_IP}:{REGISTRY_PORT}"
+#: the registries the cluster's and the workloads' images come from (`invoke images`)
+LAB_REGISTRIES = ("docker.io", "registry.k8s.io", "nvcr.io", "ghcr.io", "quay.io")
+
+
+def registry_mirrors(url: str = REGISTRY_URL) -> dict[str, list[str]]:
+    """registry_mirrors sending every registry's pulls to one lab registry."""
+    return {registry: [url] for registry in LAB_REGISTRIES}
 REPO_PORT = 8081
 PROXY_URL = f"http://{HOST_IP}:{PROXY_PORT}"
 REPO_URL = f"http://{HOST_IP}:{REPO_PORT}"

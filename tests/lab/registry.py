@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from .net import pid_alive, port_open, read_pid
-from .paths import HOST_IP, LabError, cache_dir, state_dir
+from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, state_dir
 
-PORT = 5000
-URL = f"http://{HOST_IP}:{PORT}"
+PORT = REGISTRY_PORT
+URL = REGISTRY_URL
 LAB_NOTE = "gpuk8s lab image, not the upstream image"
 CONFIG = """\
 version: 0.1
@@ -45,25 +45,28 @@ http:
 """
 
 
-def _paths() -> dict[str, Path]:
-    run = state_dir() / "registry"
+def _paths(addr: str = f"{HOST_IP}:{PORT}") -> dict[str, Path]:
+    run = state_dir() / "registry" / ("" if addr == f"{HOST_IP}:{PORT}" else
+                                       addr.replace(":", "_"))
     return {"data": cache_dir() / "registry", "conf": run / "config.yml",
             "pidfile": run / "registry.pid", "log": run / "registry.log"}
 
 
-def running() -> bool:
-    pid = read_pid(_paths()["pidfile"])
-    return pid is not None and pid_alive(pid) and port_open(HOST_IP, PORT)
+def running(addr: str = f"{HOST_IP}:{PORT}") -> bool:
+    pid = read_pid(_paths(addr)["pidfile"])
+    host, _, port = addr.rpartition(":")
+    return pid is not None and pid_alive(pid) and port_open(host, int(port))
 
 
-def start(timeout: float = 20.0) -> None:
-    """Start the registry on HOST_IP:5000 unless it already answers."""
-    if running():
+def start(addr: str = f"{HOST_IP}:{PORT}", timeout: float = 20.0) -> None:
+    """Start the registry on ``addr`` (the lab's: HOST_IP:5000) unless it already answers."""
+    if running(addr):
         return
-    p = _paths()
+    p = _paths(addr)
+    host, _, port = addr.rpartition(":")
     for d in (p["data"], p["conf"].parent):
         d.mkdir(parents=True, exist_ok=True)
-    p["conf"].write_text(CONFIG.format(data=p["data"], addr=f"{HOST_IP}:{PORT}"))
+    p["conf"].write_text(CONFIG.format(data=p["data"], addr=addr))
     binary = "/usr/bin/docker-registry"
     if not os.path.exists(binary):
         raise LabError("docker-registry is not installed: run scripts/setup (it installs "
@@ -76,14 +79,14 @@ def start(timeout: float = 20.0) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             break
-        if port_open(HOST_IP, PORT):
+        if port_open(host, int(port)):
             return
         time.sleep(0.1)
-    raise LabError(f"docker-registry did not listen on {HOST_IP}:{PORT}; see {p['log']}")
+    raise LabError(f"docker-registry did not listen on {addr}; see {p['log']}")
 
 
-def stop() -> None:
-    pid = read_pid(_paths()["pidfile"])
+def stop(addr: str = f"{HOST_IP}:{PORT}") -> None:
+    pid = read_pid(_paths(addr)["pidfile"])
     if pid is None:
         return
     try:

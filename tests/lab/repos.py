@@ -27,6 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # python tests/lab/repos.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -34,7 +35,7 @@ if __package__ in (None, ""):  # python tests/lab/repos.py
 import yaml
 
 from tests.lab import debs, net
-from tests.lab.paths import LAB_KEY_FINGERPRINT, key_pins
+from tests.lab.paths import LAB_KEY_FINGERPRINT, key_pins, registry_mirrors
 
 DEFAULT_LISTEN = "10.88.0.1:8081"
 LAYOUT_VERSION = "2"
@@ -388,8 +389,10 @@ def _log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- settings
-def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}") -> dict[str, str]:
-    """Inventory variables that point gpuk8s at the lab repos served at base_url."""
+def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}",
+                    registry_url: str | None = None) -> dict[str, Any]:
+    """Inventory variables that point gpuk8s at the lab repos served at base_url (and, with
+    ``registry_url``, every image registry at the lab registry served there)."""
     b = base_url.rstrip("/")
     k8s = f"{b}/pkgs.k8s.io/core:/stable:/v{{{{ kubernetes_version }}}}/deb"
     nct = f"{b}/nvidia.github.io/libnvidia-container"
@@ -403,6 +406,7 @@ def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}") -> dict[str, str
         "docker_repo_url": f"{b}/download.docker.com/linux/debian",
         "docker_repo_key_url": f"{b}/download.docker.com/linux/debian/gpg",
         **key_pins(),
+        **({"registry_mirrors": registry_mirrors(registry_url)} if registry_url else {}),
     }
 
 
@@ -533,15 +537,28 @@ def stop_serving() -> bool:
 
 
 def repos_task(listen: str = DEFAULT_LISTEN, force: bool = False) -> None:
-    """Body of `invoke lab.repos --listen ADDR:PORT` (wire with @task in tests/lab/tasks.py)."""
+    """Body of `invoke lab.repos --listen ADDR:PORT` (wire with @task in tests/lab/tasks.py):
+    the package repos on ADDR:PORT and the lab registry on ADDR:PORT+1, with the inventory
+    settings that use both."""
+    from tests.lab import registry
+
     build_all(force=force)
+    host, _, port = listen.rpartition(":")
+    registry_addr = f"{host}:{int(port) + 1}"
+    registry.start(registry_addr)
     print(
-        yaml.safe_dump(mirror_settings(f"http://{listen}"), sort_keys=False, width=1000),
+        yaml.safe_dump(mirror_settings(f"http://{listen}", f"http://{registry_addr}"),
+                       sort_keys=False, width=1000),
         end="",
         flush=True,
     )
-    _log(f"serving {www_root()} on http://{listen}/ (Ctrl-C stops)")
-    serve(listen, background=False)
+    _log(f"serving {www_root()} on http://{listen}/ and the lab registry on "
+         f"http://{registry_addr}/ (Ctrl-C stops)")
+    try:
+        serve(listen, background=False)
+    finally:
+        if registry_addr != f"{registry.HOST_IP}:{registry.PORT}":
+            registry.stop(registry_addr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -345,6 +345,10 @@ def test_mirror_settings_resolve_on_the_server(base_url: str) -> None:
         "docker_repo_key_url",
         *repos.key_pins(),
     }
+    with_registry = repos.mirror_settings(base_url, "http://10.88.0.1:8082")
+    assert with_registry["registry_mirrors"] == {
+        r: ["http://10.88.0.1:8082"] for r in ("docker.io", "registry.k8s.io", "nvcr.io",
+                                               "ghcr.io", "quay.io")}
     # every key the server hands out is the lab key the settings pin
     assert set(repos.key_pins().values()) == {repos.LAB_KEY_FINGERPRINT}
     assert (

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from .paths import HOST_IP, REPO_URL, LabError, key_pins, node_ip, state_dir
+from .paths import HOST_IP, REPO_URL, LabError, key_pins, node_ip, registry_mirrors, state_dir
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 
@@ -180,6 +180,8 @@ def inventory_vars(*, become_user: bool = False) -> dict[str, Any]:
         # the lab's URLs are plain http: the lab key's fingerprint pins every repo
         **key_pins(),
         "apt_proxy": f"http://{HOST_IP}:3142",
+        # every image comes from the lab's registry (Docker Hub and the others are unreachable)
+        "registry_mirrors": registry_mirrors(),
     })
     return v
 
