@@ -134,14 +134,17 @@ def _converge_gates(ctx: HostContext, running: GateState) -> Op:
     stale = {c: g for c, g in running.components.items() if g != want}
     flag = feature_gate_arg(want)
     pod = f"kube-apiserver-{ctx.cluster['nodes'][ctx.host]['name']}"
-    quoted = '"--feature-gates=' + flag + '"'   # as it stands in the pod's JSON
-    has_flag = f"grep -qF -- {q(quoted)}" if flag else "! grep -qF -- '\"--feature-gates='"
+    # the mirror pod's JSON once the kubelet restarted the API server from the new manifest
+    quoted = '"--feature-gates=' + flag + '"'
+    has_flag = (f"printf '%s' \"$out\" | grep -qF -- {q(quoted)}" if flag else
+                "printf '%s' \"$out\" | grep -qF -- '\"kube-apiserver\"' && "
+                "! printf '%s' \"$out\" | grep -qF -- '\"--feature-gates='")
     script = f"""\
 b=$(mktemp -d /etc/kubernetes/gpuk8s/manifests-before-gates.XXXXXX)
 cp -p {' '.join(f'/etc/kubernetes/manifests/{c}.yaml' for c in GATED_COMPONENTS)} "$b"/
 kubeadm init phase control-plane all --config {CONFIG} >/dev/null
 end=$(( $(date +%s) + {APISERVER_WAIT} )); k="{KUBECTL} --request-timeout=5s"
-until $k -n kube-system get pod {q(pod)} -o json 2>/dev/null | {has_flag} \\
+until out=$($k -n kube-system get pod {q(pod)} -o json 2>/dev/null) && {has_flag} \\
     && $k get --raw /readyz >/dev/null 2>&1; do
   if [ "$(date +%s)" -ge "$end" ]; then
     cp -p "$b"/*.yaml /etc/kubernetes/manifests/

@@ -157,10 +157,10 @@ def fake_tools(tmp_path: Path, tools: dict[str, str]) -> dict[str, str]:
     return {"PATH": f"{bin_}:/usr/bin:/bin"}
 
 
-def cp_script(tmp_path: Path) -> tuple[str, Path, Path]:
+def cp_script(tmp_path: Path, want: dict[str, bool] = NEW) -> tuple[str, Path, Path]:
     from roles.control_plane import role as cp
 
-    op = ops_by_id(cp_context(OLD, OLD, NEW))["control_plane | feature gates"]
+    op = ops_by_id(cp_context(OLD, OLD, want))["control_plane | feature gates"]
     manifests, gpuk8s_dir = tmp_path / "manifests", tmp_path / "gpuk8s"
     manifests.mkdir()
     gpuk8s_dir.mkdir()
@@ -298,3 +298,27 @@ def test_serial_phase_applies_in_batches_and_stops_after_a_failure(
     batches.clear()
     runner.apply_phase(session, Phase("k", "all", ("kubelet",), "t"), work)
     assert batches == [["a", "b", "c", "q"]]
+
+
+@pytest.mark.parametrize("want", [NEW, {}], ids=["gates", "no-gates"])
+def test_both_scripts_are_valid_sh(tmp_path: Path, want: dict[str, bool]) -> None:
+    script, _, _ = cp_script(tmp_path, want)
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    kubelet = kubelet_ops(OLD, want).commands[0]
+    assert subprocess.run(["sh", "-n", "-c", kubelet]).returncode == 0
+
+
+@pytest.mark.parametrize("pod, rc", [
+    ('{"command": ["kube-apiserver", "--secure-port=6443"]}', 0),
+    ('{"command": ["kube-apiserver", "--feature-gates=InPlacePodVerticalScaling=true"]}', 1),
+    ("", 1),   # no mirror pod (yet): never taken for a flag-less one
+])
+def test_removing_every_gate_waits_for_a_flagless_api_server(tmp_path: Path, pod: str,
+                                                             rc: int) -> None:
+    script, _, _ = cp_script(tmp_path, {})
+    env = fake_tools(tmp_path, {
+        "kubeadm": "true", "sleep": "exit 0",
+        "kubectl": f"case \"$*\" in *readyz*) exit 0;; esac; [ -n '{pod}' ] || exit 1; "
+                   f"echo '{pod}'"})
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == rc, proc.stderr
