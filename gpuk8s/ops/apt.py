@@ -34,6 +34,16 @@ class Apt:
                 f"-o DPkg::Lock::Timeout={int(self.lock_timeout)}{extra} "
                 "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
 
+    def update(self, options: str = "") -> str:
+        """``apt-get update`` that waits up to lock_timeout for the package lists' lock, which
+        DPkg::Lock::Timeout does not cover (an ``apt-get update`` left running on the node by an
+        interrupted run holds it); any other failure prints apt's output and fails at once."""
+        opts = f" {options}" if options else ""
+        return (f"_r=1; _e=$(( $(date +%s) + {int(self.lock_timeout)} )); while :; do "
+                f"if _o=$({self.cmd} update{opts} 2>&1); then _r=0; break; fi; "
+                'case "$_o" in *"lists/lock"*) if [ "$(date +%s)" -lt "$_e" ]; then sleep 2; '
+                "continue; fi;; esac; printf '%s\\n' \"$_o\" >&2; break; done; [ $_r -eq 0 ]")
+
     def script(self, body: str) -> str:
         """``body`` (which uses :attr:`get`) with the scratch config around it, if any."""
         if not self.conf:
@@ -155,8 +165,8 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     if key_state.exists and not key_ok:
         held = ", ".join(h[-16:] for h in have or []) or "no key"
         reason += f" (the keyring holds {held}, not the pinned {want[-16:]}: fetch it again)"
-    update = apt.script(f"{apt.cmd} update -o Dir::Etc::sourcelist={q(list_state.path)} "
-                        "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")
+    update = apt.script(apt.update(f"-o Dir::Etc::sourcelist={q(list_state.path)} "
+                                   "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"))
     return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
                   write_file(list_state.path, data), update)
 
@@ -184,7 +194,7 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
     commands: list[str] = []
     if missing:
         if update_first:
-            commands.append(apt.script(f"{apt.cmd} update"))
+            commands.append(apt.script(apt.update()))
         commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
         commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
@@ -218,7 +228,7 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
     if pinned:
         resolve = "; ".join(f"{var[n]}=$(r {q(n)} {q(p)})" for n, p in pinned.items())
         empty = " || ".join(f'[ -z "${var[n]}" ]' for n in pinned)
-        lines.append(f"{resolve}\nif {empty}; then {apt.cmd} update >/dev/null; {resolve}; fi")
+        lines.append(f"{resolve}\nif {empty}; then {apt.update()}; {resolve}; fi")
         for n, p in pinned.items():
             lines.append(f'[ -n "${var[n]}" ] || {{ echo "no {n} version matching '
                          f'\\"{p}\\" in the configured apt sources" >&2; exit 100; }}')
@@ -243,6 +253,7 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
         '${h:-(unknown: it has exited since)}; let it '
         'finish (unattended-upgrades?) or raise apt_lock_timeout, then run again"; exit 100\n'
         'fi; rm -f "$o"\n'
-        f"[ $rc -eq 0 ] || {{ echo 'gpuk8s: apt-get update, then retry'; "
-        f"{apt.cmd} update && {install}; }}")
+        # explicit: under set -e, a failure inside `a || { b && c; }` would pass unnoticed
+        "if [ $rc -ne 0 ]; then\n  echo 'gpuk8s: apt-get update, then retry'\n"
+        f"  {apt.update()} || exit $?\n  {install} || exit $?\nfi")
     return "\n".join(lines)

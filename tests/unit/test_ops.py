@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,38 @@ def test_purge_script_unholds_then_purges_with_the_hosts_lock_wait() -> None:
     assert script.startswith("apt-mark unhold kubeadm nvidia-open-580 >/dev/null 2>&1; ")
     assert "-o DPkg::Lock::Timeout=42" in script
     assert script.endswith("purge --autoremove kubeadm nvidia-open-580")
+
+
+def test_apt_update_waits_for_the_lists_lock_and_fails_on_anything_else(tmp_path: Path) -> None:
+    """An apt-get update left running by an interrupted run holds the lists' lock, which
+    DPkg::Lock::Timeout does not cover: gpuk8s waits for it; any other failure fails at once."""
+    import subprocess
+
+    from gpuk8s.ops.apt import Apt
+
+    count = tmp_path / "count"
+    fake = tmp_path / "apt-get"
+    fake.write_text(f"""#!/bin/sh
+n=$(cat {count} 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {count}
+case "$MODE" in
+  lock) [ $n -ge 3 ] && exit 0
+        echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 656"; exit 100;;
+  broken) echo "E: The repository is not signed."; exit 100;;
+esac
+""")
+    fake.chmod(0o755)
+    script = Apt(30).update().replace("DEBIAN_FRONTEND=noninteractive apt-get", str(fake))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MODE": "lock"}
+    fast = script.replace("sleep 2", "sleep 0")
+    assert subprocess.run(["sh", "-c", fast], env=env).returncode == 0
+    assert count.read_text().strip() == "3"
+    count.unlink()
+    proc = subprocess.run(["sh", "-c", fast], env={**env, "MODE": "broken"},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "not signed" in proc.stderr
+    assert count.read_text().strip() == "1"
+    count.unlink()
+    proc = subprocess.run(["sh", "-c", Apt(0).update().replace(
+        "DEBIAN_FRONTEND=noninteractive apt-get", str(fake))], env=env, capture_output=True,
+        text=True)
+    assert proc.returncode != 0 and "lists/lock" in proc.stderr  # the wait has an end
