@@ -10,6 +10,7 @@ from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd, RegistryAnswers
 from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
 from gpuk8s.ops import Op
+from gpuk8s.ops import registry as reg
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_name_problem
 
@@ -32,10 +33,9 @@ RULES: dict[str, Rule] = {
 def _mirror_urls(vars: Mapping[str, Any]) -> dict[str, list[str]]:
     """mirror URL -> the registries it mirrors (registry_mirrors, read as the role does)."""
     urls: dict[str, list[str]] = {}
-    for registry, mirrors in sorted((vars.get("registry_mirrors") or {}).items()):
+    for registry, mirrors in reg.mirrors(vars.get("registry_mirrors") or {}).items():
         for m in mirrors:
-            url = (m if isinstance(m, str) else str(m.get("url", ""))).rstrip("/")
-            urls.setdefault(url, []).append(registry)
+            urls.setdefault(m.url, []).append(registry)
     return urls
 
 

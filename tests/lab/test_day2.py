@@ -53,16 +53,22 @@ def ssh_sessions_since(lab: Lab, name: str, since: float, until: float) -> list[
     return accepted
 
 
-@pytest.fixture(scope="module")
-def cluster(lab: Lab) -> Lab:
+def restore_bootstrapped(lab: Lab) -> Lab:
+    """The lab as test_bootstrap leaves it (its "bootstrapped" snapshot), booted and Ready;
+    a module run alone bootstraps once and takes the snapshot itself."""
     snap = lab.snapshot_dir("bootstrapped") / "topology.yaml"
-    if not snap.exists():  # this module alone: bootstrap once, as test_bootstrap does
+    if not snap.exists():
         lab.up()
         api.bootstrap(lab.inventory_path, sets=[GATES], yes=True, reporter=quiet())
         lab.snapshot("bootstrapped")
     lab.restore("bootstrapped")
     wait_cluster_ready(lab)
     return lab
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    return restore_bootstrapped(lab)
 
 
 @pytest.fixture(scope="module")

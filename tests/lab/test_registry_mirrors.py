@@ -19,7 +19,7 @@ from tests.lab import registry
 from tests.lab.lab import Lab
 from tests.lab.runs import call
 from tests.lab.test_bootstrap import GATES
-from tests.lab.test_day2 import quiet, wait_cluster_ready
+from tests.lab.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 
@@ -30,13 +30,7 @@ NODE = "gpu-01"
 
 @pytest.fixture(scope="module")
 def cluster(lab: Lab) -> Lab:
-    snap = lab.snapshot_dir("bootstrapped") / "topology.yaml"
-    if not snap.exists():  # this module alone: bootstrap once, as test_bootstrap does
-        lab.up()
-        api.bootstrap(lab.inventory_path, sets=[GATES], yes=True, reporter=quiet())
-        lab.snapshot("bootstrapped")
-    lab.restore("bootstrapped")
-    wait_cluster_ready(lab)
+    restore_bootstrapped(lab)
     registry.start()
     registry.push_busybox()
     return lab
