@@ -1,4 +1,4 @@
-"""CLI: python -m tests.lab {up,down,status,ssh,snapshot,restore,inventory}."""
+"""CLI: python -m tests.lab {up,down,status,ssh,snapshot,restore,inventory,images}."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from .images import build_and_push
 from .lab import Lab
 from .paths import LabError
 from .topology import Topology
@@ -83,6 +84,18 @@ def inventory(path: str | None = None, become: bool = False) -> int:
     return 0
 
 
+def images(only: Sequence[str] | None = None) -> int:
+    """Build (cached) and push the lab images; one line per image: size, digest, seconds."""
+    pushed = build_and_push(only)
+    head = ("IMAGE", "SIZE", "DIGEST", "BUILD_S", "PUSH_S")
+    table = [head, *((p.ref, f"{p.size / 1e6:.0f} MB", p.digest, f"{p.build_s:.1f}",
+                      f"{p.push_s:.1f}") for p in pushed)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.lab", description="gpuk8s lab nodes")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -106,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("inventory", help="(re)write the inventory, print its path")
     s.add_argument("path", nargs="?")
     s.add_argument("--become", action="store_true", help="labadmin + sudo variant")
+    s = sub.add_parser("images", help="build (cached) and push the lab's TensorFlow/CUDA "
+                       "images to the lab registry")
+    s.add_argument("--only", action="append", metavar="NAME",
+                   help="this image only (repeatable), e.g. tensorflow/tensorflow:2.21.0-gpu")
     a = p.parse_args(argv)
     try:
         if a.cmd == "up":
@@ -123,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return restore(a.name)
         if a.cmd == "inventory":
             return inventory(a.path, a.become)
+        if a.cmd == "images":
+            return images(a.only)
     except LabError as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
         return 1

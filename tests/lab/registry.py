@@ -20,8 +20,9 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .net import pid_alive, port_open, read_pid
 from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, state_dir
@@ -29,6 +30,8 @@ from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, st
 PORT = REGISTRY_PORT
 URL = REGISTRY_URL
 LAB_NOTE = "gpuk8s lab image, not the upstream image"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+LAYER_TAR_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 CONFIG = """\
 version: 0.1
 log:
@@ -101,7 +104,7 @@ def stop(addr: str = f"{HOST_IP}:{PORT}") -> None:
 
 
 # ---------------------------------------------------------------- pushing lab images
-def _request(method: str, url: str, data: bytes | None = None,
+def _request(method: str, url: str, data: bytes | BinaryIO | None = None,
              headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
@@ -115,21 +118,40 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _push_blob(name: str, data: bytes) -> str:
-    digest = _digest(data)
+def has_blob(name: str, digest: str) -> bool:
     status, _, _ = _request("HEAD", f"{URL}/v2/{name}/blobs/{digest}")
-    if status == 200:
-        return digest
-    status, headers, body = _request("POST", f"{URL}/v2/{name}/blobs/uploads/")
+    return status == 200
+
+
+def _upload(name: str, digest: str, body: bytes | BinaryIO, size: int) -> None:
+    """One monolithic upload (POST, then PUT of the whole blob); a file body is streamed."""
+    status, headers, text = _request("POST", f"{URL}/v2/{name}/blobs/uploads/")
     if status != 202:
-        raise LabError(f"registry refused an upload to {name}: {status} {body[:200]!r}")
+        raise LabError(f"registry refused an upload to {name}: {status} {text[:200]!r}")
     location = headers["Location"]
     sep = "&" if "?" in location else "?"
-    status, _, body = _request("PUT", f"{location}{sep}digest={digest}", data,
-                               {"Content-Type": "application/octet-stream"})
+    status, _, text = _request("PUT", f"{location}{sep}digest={digest}", body,
+                               {"Content-Type": "application/octet-stream",
+                                "Content-Length": str(size)})
     if status != 201:
-        raise LabError(f"registry refused blob {digest} of {name}: {status} {body[:200]!r}")
+        raise LabError(f"registry refused blob {digest} of {name}: {status} {text[:200]!r}")
+
+
+def _push_blob(name: str, data: bytes) -> str:
+    digest = _digest(data)
+    if not has_blob(name, digest):
+        _upload(name, digest, data, len(data))
     return digest
+
+
+def push_file(name: str, path: Path, digest: str) -> bool:
+    """Upload the blob in ``path`` (``digest`` = its sha256) to ``name`` unless the registry
+    has it there; whether it uploaded. The file is streamed, never read into memory."""
+    if has_blob(name, digest):
+        return False
+    with path.open("rb") as body:
+        _upload(name, digest, body, path.stat().st_size)
+    return True
 
 
 def layer(files: dict[str, tuple[bytes, int]]) -> bytes:
@@ -148,19 +170,38 @@ def layer(files: dict[str, tuple[bytes, int]]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
+@dataclass(frozen=True)
+class Layer:
+    """A layer blob already in the registry: its descriptor and its diff_id (the digest of
+    the uncompressed tar, which the image config lists)."""
+
+    digest: str
+    size: int
+    diff_id: str
+    media_type: str = LAYER_TAR_GZIP
+
+
 def push(name: str, tag: str, layers: list[bytes], config: dict[str, Any]) -> str:
     """Push an OCI image (gzipped tar layers, image config) as ``name:tag``; its digest."""
-    diff_ids = [_digest(gzip.decompress(blob)) for blob in layers]
+    pushed = [Layer(_push_blob(name, blob), len(blob), _digest(gzip.decompress(blob)))
+              for blob in layers]
+    return push_manifest(name, tag, pushed, config)
+
+
+def push_manifest(name: str, tag: str, layers: list[Layer], config: dict[str, Any],
+                  description: str = LAB_NOTE) -> str:
+    """Push the image config and the manifest of ``layers`` (blobs already in ``name``) as
+    ``name:tag``, the manifest annotated with ``description``; the manifest's digest."""
     image_config = {"architecture": "amd64", "os": "linux", "config": config,
-                    "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+                    "rootfs": {"type": "layers", "diff_ids": [x.diff_id for x in layers]}}
     config_blob = json.dumps(image_config, sort_keys=True).encode()
-    manifest = {
+    manifest: dict[str, Any] = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": _push_blob(name, config_blob), "size": len(config_blob)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": _push_blob(name, blob), "size": len(blob)} for blob in layers],
-        "annotations": {"org.opencontainers.image.description": LAB_NOTE}}
+        "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size}
+                   for x in layers],
+        "annotations": {"org.opencontainers.image.description": description}}
     body = json.dumps(manifest, sort_keys=True).encode()
     status, _, text = _request("PUT", f"{URL}/v2/{name}/manifests/{tag}", body,
                                {"Content-Type": manifest["mediaType"]})

@@ -1,4 +1,4 @@
-"""Invoke tasks of the lab: ``invoke lab.up|down|status|ssh|snapshot|restore|repos``.
+"""Invoke tasks of the lab: ``invoke lab.up|down|status|ssh|snapshot|restore|repos|images``.
 
 The root tasks.py adds this collection as ``lab``. Each task calls tests.lab.cli (the same code
 as ``python -m tests.lab``).
@@ -85,4 +85,11 @@ def repos(c, listen=None, force=False):
         _repos.repos_task(force=force)
 
 
-lab = Collection("lab", up, down, status, ssh, snapshot, restore, inventory, repos)
+@task(help={"only": "this image only (repeatable), e.g. tensorflow/tensorflow:2.21.0-gpu; "
+                    "default: all"}, iterable=["only"])
+def images(c, only=None):
+    """Build (cached) the lab's TensorFlow/CUDA images and push them to the lab registry."""
+    _done(cli.images(only or None))
+
+
+lab = Collection("lab", up, down, status, ssh, snapshot, restore, inventory, repos, images)
