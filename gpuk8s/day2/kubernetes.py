@@ -91,7 +91,7 @@ def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_A
     resolve = f"v=$(r {first} {shell(target + '-')})"
     return (
         f"set -e\n{RESOLVE_HELPERS}{resolve}\n"
-        f'if [ -z "$v" ]; then {apt.cmd} update >/dev/null; {resolve}; fi\n'
+        f'if [ -z "$v" ]; then {{ {apt.update()}; }} >/dev/null; {resolve}; fi\n'
         f'if [ -z "$v" ]; then echo "no {first} {target} in the configured repos; they offer:"; '
         f"apt-cache madison {first} | awk '{{print \"  \" $3}}' | head -n 5; exit 3; fi\n"
         f"apt-mark unhold {' '.join(names)} >/dev/null\n"

@@ -20,6 +20,8 @@ class Apt:
 
     lock_timeout: int = 300
     conf: str = ""
+    #: one ``apt-get update`` may take this long; a stalled one is killed and tried once more
+    update_timeout: int = 240
 
     @classmethod
     def for_host(cls, vars: Mapping[str, Any], conf: str = "") -> Apt:
@@ -37,12 +39,20 @@ class Apt:
     def update(self, options: str = "") -> str:
         """``apt-get update`` that waits up to lock_timeout for the package lists' lock, which
         DPkg::Lock::Timeout does not cover (an ``apt-get update`` left running on the node by an
-        interrupted run holds it); any other failure prints apt's output and fails at once."""
+        interrupted run holds it), and that never hangs: an update still running after
+        update_timeout (apt can wait for good on a stalled mirror or proxy connection) is
+        killed and tried once more. Any other failure prints apt's output and fails at once."""
         opts = f" {options}" if options else ""
-        return (f"_r=1; _e=$(( $(date +%s) + {int(self.lock_timeout)} )); while :; do "
-                f"if _o=$({self.cmd} update{opts} 2>&1); then _r=0; break; fi; "
+        t = int(self.update_timeout)
+        cmd = self.cmd.replace(" apt-get ", f" timeout -k 10 {t} apt-get ", 1)
+        return (f"_r=1; _h=0; _e=$(( $(date +%s) + {int(self.lock_timeout)} )); while :; do "
+                f"_o=$({cmd} update{opts} 2>&1) && {{ _r=0; break; }}; _c=$?; "
+                'if [ $_c -eq 124 ] && [ $_h -eq 0 ]; then _h=1; echo "gpuk8s: apt-get update '
+                f'did not finish in {t}s; trying once more" >&2; continue; fi; '
                 'case "$_o" in *"lists/lock"*) if [ "$(date +%s)" -lt "$_e" ]; then sleep 2; '
-                "continue; fi;; esac; printf '%s\\n' \"$_o\" >&2; break; done; [ $_r -eq 0 ]")
+                'continue; fi;; esac; [ $_c -eq 124 ] && _o="$_o (gpuk8s: apt-get update did '
+                f'not finish in {t}s, twice: a stalled mirror or proxy?)"; '
+                "printf '%s\\n' \"$_o\" >&2; break; done; [ $_r -eq 0 ]")
 
     def script(self, body: str) -> str:
         """``body`` (which uses :attr:`get`) with the scratch config around it, if any."""

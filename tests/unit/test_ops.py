@@ -151,10 +151,12 @@ case "$MODE" in
   lock) [ $n -ge 3 ] && exit 0
         echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 656"; exit 100;;
   broken) echo "E: The repository is not signed."; exit 100;;
+  hang) [ $n -ge 2 ] && exit 0
+        sleep 30;;
 esac
 """)
     fake.chmod(0o755)
-    script = Apt(30).update().replace("DEBIAN_FRONTEND=noninteractive apt-get", str(fake))
+    script = Apt(30).update().replace(" apt-get ", f" {fake} ")
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MODE": "lock"}
     fast = script.replace("sleep 2", "sleep 0")
     assert subprocess.run(["sh", "-c", fast], env=env).returncode == 0
@@ -165,7 +167,13 @@ esac
     assert proc.returncode != 0 and "not signed" in proc.stderr
     assert count.read_text().strip() == "1"
     count.unlink()
-    proc = subprocess.run(["sh", "-c", Apt(0).update().replace(
-        "DEBIAN_FRONTEND=noninteractive apt-get", str(fake))], env=env, capture_output=True,
-        text=True)
+    proc = subprocess.run(["sh", "-c", Apt(0).update().replace(" apt-get ", f" {fake} ")],
+                          env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "lists/lock" in proc.stderr  # the wait has an end
+    count.unlink()
+    # a stalled update is killed after update_timeout and tried once more
+    hang = Apt(30, update_timeout=1).update().replace(" apt-get ", f" {fake} ")
+    proc = subprocess.run(["sh", "-c", hang], env={**env, "MODE": "hang"},
+                          capture_output=True, text=True, timeout=25)
+    assert proc.returncode == 0 and count.read_text().strip() == "2"
+    assert "did not finish in 1s; trying once more" in proc.stderr
