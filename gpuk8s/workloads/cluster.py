@@ -136,6 +136,36 @@ def _cond(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
+#: container waiting reasons that do not go away by waiting: past the grace time they are
+#: the workload's problem, named with the node and the runtime's message
+STUCK = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+         "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
+         "RunContainerError"}
+
+
+def container_states(pod: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(container, state kind, state) of every init container and container, in order."""
+    st = pod.get("status", {})
+    out = []
+    for c in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        for kind, state in (c.get("state") or {}).items():
+            out.append((str(c.get("name", "")), kind, dict(state or {})))
+    return out
+
+
+def container_detail(pod: Mapping[str, Any]) -> str:
+    """What a pod's containers are doing, in words: a stuck wait with its message, or how a
+    container ended (reason and exit code, as `kubectl get pods` shows them)."""
+    for name, kind, state in container_states(pod):
+        if kind == "waiting" and state.get("reason") in STUCK:
+            return f"{state['reason']}: {state.get('message', '')}".strip(": ")
+        if kind == "terminated" and state.get("exitCode", 0) != 0:
+            msg = f" ({state['message']})" if state.get("message") else ""
+            return (f"container {name}: {state.get('reason', 'Error')}, exit code "
+                    f"{state.get('exitCode')}{msg}")
+    return ""
+
+
 def snapshot(remote: Remote, namespace: str, selector: str,
              unschedulable_since: dict[str, float], pending_grace: float) -> WaitResult:
     """One look at the workload's objects, pods and Warning events."""
@@ -201,10 +231,18 @@ def snapshot(remote: Remote, namespace: str, selector: str,
                     problems.append(f"pod {name} is Pending: the scheduler cannot place it: "
                                     f"{msg}")
             elif phase == "Failed":
-                row.detail = f"{st.get('reason', '')}: {st.get('message', '')}".strip(": ")
+                row.detail = (f"{st.get('reason', '')}: {st.get('message', '')}".strip(": ")
+                              or container_detail(item))
                 owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
                 if "Job" not in owners:
                     problems.append(f"pod {name} failed: {row.detail}")
+            elif (detail := container_detail(item)):
+                row.detail = detail
+                if any(k == "waiting" and s.get("reason") in STUCK
+                       for _, k, s in container_states(item)):
+                    first = unschedulable_since.setdefault(f"{name}/containers", now)
+                    if now - first >= pending_grace:
+                        problems.append(f"pod {name} on node {row.node}: {detail}")
             elif phase == "Pending" and ev:
                 row.detail = f"{ev.get('reason')}: {ev.get('message')}"
             pods.append(row)

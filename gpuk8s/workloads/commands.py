@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 import secrets
 import sys
@@ -193,12 +194,14 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
             rep.print(f"  {line}", style="dim")
         result = wait(remote, ns, selector, timeout, pending_grace)
         pod_table(rep, f"{name}: pods", result)
+        results = _job_results(session, remote, ns, result) if any(
+            k.startswith("Job/") for k in result.objects) else {}
         summary: dict[str, Any] = {
             "workload": name, "ready": result.ready, "problems": result.problems,
             "objects": result.objects,
             "pods": [{"name": p.name, "node": p.node, "phase": p.phase, "gpus": p.gpus,
                       "detail": p.detail} for p in result.pods],
-            "run_dir": str(session.runlog.path)}
+            "results": results, "run_dir": str(session.runlog.path)}
         session.runlog.write_report(**{k: v for k, v in summary.items() if k != "run_dir"},
                                     wall_time=round(time.monotonic() - started, 3))
         if not result.ready:
@@ -215,6 +218,44 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
     finally:
         for t in session.transports.values():
             t.close()
+
+
+def _job_results(session: Session, remote: Remote, ns: str, result: WaitResult
+                 ) -> dict[str, dict[str, Any]]:
+    """What the Job's finished pods said: the workload scripts end with one JSON line of
+    results (accuracy, checkpoint, data), printed here and returned per pod; a failed pod's
+    last log lines are printed instead, so the reason is on screen."""
+    done = [p for p in result.pods if p.phase in ("Succeeded", "Failed")]
+    if not done:
+        return {}
+    logs = remote.probe({p.name: f"$k logs {shell(p.name)} -n {shell(ns)} --tail=200"
+                         for p in done})
+    out: dict[str, dict[str, Any]] = {}
+    for p in done:
+        rc, text = logs.get(p.name, (1, ""))
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        parsed = [_json_line(ln) for ln in lines]
+        last = next((d for d in reversed(parsed) if d), None)
+        if p.phase == "Succeeded" and last is not None:
+            out[p.name] = last
+            shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in last.items())
+            session.reporter.print(f"  {p.name}: " + session.redact(shown))
+        elif p.phase == "Failed" and rc == 0:
+            session.reporter.print(f"  {p.name} failed; the end of its log:")
+            for ln in lines[-10:]:
+                session.reporter.print("    " + session.redact(ln), style="dim")
+    return out
+
+
+def _json_line(line: str) -> dict[str, Any] | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
@@ -299,11 +340,12 @@ class NodeCheck:
     smi: list[str] = field(default_factory=list)
     tf: int | None = None
     problem: str = ""
+    with_tf: bool = True   # verify's `tensorflow` value: the TensorFlow stage runs
 
     @property
     def ok(self) -> bool:
-        return not self.problem and len(self.smi) == self.expected == self.tf \
-            and self.allocatable == self.expected
+        return not self.problem and len(self.smi) == self.expected == (
+            self.tf if self.with_tf else self.expected) and self.allocatable == self.expected
 
 
 def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -340,12 +382,14 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
         if not nodes:
             raise WorkloadError("no GPU nodes in the cluster (no node is labelled "
                                 "nvidia.com/gpu.present=true or offers nvidia.com/gpu)")
-        checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"]) for n in nodes}
+        with_tf = bool(values["tensorflow"])
+        checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"],
+                                       with_tf=with_tf) for n in nodes}
         selector = f"{LABEL}=verify"
         res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
         if not res.ok:
             raise WorkloadError("cannot remove the previous verify Jobs: " + res.stdout[-300:])
-        for stage in ("smi", "tf"):
+        for stage in ("smi", "tf") if with_tf else ("smi",):
             todo = [n for n in nodes if n["gpus"] > 0 and not checks[n["name"]].problem]
             if not todo:
                 break
@@ -385,7 +429,7 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
                           "-" if c.allocatable is None else str(c.allocatable),
                           rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models
                                                       else "")),
-                          "-" if c.tf is None else str(c.tf),
+                          "skipped" if not with_tf else "-" if c.tf is None else str(c.tf),
                           Text("ok", style="green") if c.ok else
                           Text.assemble(("FAIL", "red"), " ",
                                         rep.cell(c.problem or "counts differ")))

@@ -105,9 +105,12 @@ def test_gpu_pods_ask_for_gpus_with_the_nvidia_runtime() -> None:
                 assert limits["nvidia.com/gpu"] == want, case
     eval_cpu = _by_kind(rendered("eval-cpu"), "Job")["spec"]["template"]["spec"]
     assert "runtimeClassName" not in eval_cpu
-    assert "limits" not in eval_cpu["containers"][0]["resources"]
+    assert "nvidia.com/gpu" not in eval_cpu["containers"][0]["resources"]["limits"]
     tb = _by_kind(rendered("tensorboard-default"), "Deployment")["spec"]["template"]["spec"]
-    assert "runtimeClassName" not in tb and "limits" not in tb["containers"][0]["resources"]
+    assert "runtimeClassName" not in tb
+    # memory: requested and capped at the same size (over it, the pod is OOMKilled)
+    assert tb["containers"][0]["resources"]["limits"] == {"memory": "2Gi"}
+    assert tb["containers"][0]["resources"]["requests"]["memory"] == "2Gi"
 
 
 def test_images_are_pinned() -> None:
@@ -324,6 +327,57 @@ def test_snapshot_reports_unschedulable_with_the_scheduler_reason() -> None:
     assert not later.ready
     assert later.problems == [f"pod jupyter-abc is Pending: the scheduler cannot place it: {msg}"]
     assert later.objects == {"Deployment/jupyter": "0/1 available"}
+
+
+def _fake_remote(items: list[dict[str, Any]]) -> Any:
+    class FakeRemote:
+        host = "cp-01"
+
+        def probe(self, commands: dict[str, str]) -> dict[str, tuple[int, str]]:
+            return {"objects": (0, json.dumps({"items": items})),
+                    "events": (0, json.dumps({"items": []}))}
+
+    return FakeRemote()
+
+
+def test_snapshot_names_the_image_node_and_runtime_error_of_a_failed_pull() -> None:
+    """containerd's message as the kubelet puts it in the container's waiting state (the
+    shape the lab's real containerd gives through the kubelet stand-in)."""
+    err = ('Failed to pull image "tensorflow/tensorflow:2.21.0-gpu": failed to pull and '
+           'unpack image "docker.io/tensorflow/tensorflow:2.21.0-gpu": failed to resolve '
+           'reference "docker.io/tensorflow/tensorflow:2.21.0-gpu": failed to do request: '
+           'Head "http://10.0.0.9:5000/v2/tensorflow/tensorflow/manifests/2.21.0-gpu?ns='
+           'docker.io": dial tcp 10.0.0.9:5000: connect: no route to host')
+    pod = {"kind": "Pod", "metadata": {"name": "tensorflow-job-x"},
+           "spec": {"nodeName": "gpu-02", "containers": [{"name": "train"}]},
+           "status": {"phase": "Pending", "containerStatuses": [
+               {"name": "train", "state": {"waiting": {"reason": "ErrImagePull",
+                                                       "message": err}}}]}}
+    job = {"kind": "Job", "metadata": {"name": "tensorflow-job"}, "spec": {}, "status": {}}
+    since: dict[str, float] = {}
+    first = w.snapshot(_fake_remote([job, pod]), "ml", "x=y", since, pending_grace=30)
+    assert not first.problems and first.pods[0].detail == f"ErrImagePull: {err}"
+    since = {k: v - 31 for k, v in since.items()}
+    later = w.snapshot(_fake_remote([job, pod]), "ml", "x=y", since, pending_grace=30)
+    assert later.problems == [f"pod tensorflow-job-x on node gpu-02: ErrImagePull: {err}"]
+
+
+def test_snapshot_shows_how_a_job_pod_ended() -> None:
+    def pod(name: str, state: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "Pod", "metadata": {"name": name, "ownerReferences": [{"kind": "Job"}]},
+                "spec": {"nodeName": "gpu-01"},
+                "status": {"phase": "Failed", "containerStatuses": [
+                    {"name": "train", "state": {"terminated": state}}]}}
+    job = {"kind": "Job", "metadata": {"name": "j"}, "spec": {}, "status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit"}]}}
+    got = w.snapshot(_fake_remote([job, pod("j-1", {"exitCode": 3, "reason": "Error"}),
+                                   pod("j-2", {"exitCode": 137, "reason": "OOMKilled"})]),
+                     "ml", "x=y", {}, pending_grace=30)
+    assert [p.detail for p in got.pods] == ["container train: Error, exit code 3",
+                                            "container train: OOMKilled, exit code 137"]
+    assert got.problems == ["Job j failed: BackoffLimitExceeded: Job has reached the "
+                            "specified backoff limit"]
 
 
 def test_manifest_goes_in_a_heredoc_not_argv() -> None:
