@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tfenv import digits_npz, tf_venv  # noqa: F401 (fixtures for tests/tf and tests/lab)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

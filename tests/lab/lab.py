@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from . import base, net, node, registry
-from .paths import LAB_KEY_FINGERPRINT, LabError, cache_dir, run, state_dir
+from . import base, images, net, node, registry
+from .paths import LAB_KEY_FINGERPRINT, LabError, cache_dir, run, shared_dir, state_dir
 from .topology import NodeSpec, Topology, write_inventory
 
 T = TypeVar("T")
@@ -190,7 +190,7 @@ class Lab:
         (self.state / "base-key").write_text(base.base_key() + "\n")
         self._drop_stale_snapshots()
         self._repos("ensure_served")
-        registry.start()
+        self._registry_up()
         if not self.ssh_key.exists():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuk8s-lab",
                  "-f", self.ssh_key])
@@ -199,6 +199,18 @@ class Lab:
             self.password_file.write_text(secrets.token_urlsafe(12) + "\n")
         self.password_file.chmod(0o600)
         return rootfs
+
+    @staticmethod
+    def _registry_up() -> None:
+        """The registry the lab inventory's registry_mirrors name, holding the workloads' lab
+        images (built once into the cache, pushed when missing: well under a second when
+        both are there; a cold build takes minutes)."""
+        registry.start()
+        t0 = time.monotonic()
+        pushed = images.ensure_images()
+        if time.monotonic() - t0 > 5:
+            print(f"lab: {len(pushed)} lab images in the registry "
+                  f"({time.monotonic() - t0:.0f} s)", flush=True)
 
     def _drop_stale_snapshots(self) -> None:
         """Snapshots are overlay upper dirs: they are only valid on the base they were made on."""
@@ -487,11 +499,14 @@ class Lab:
                 for n in node.nspawn_pids(s.name):
                     raise LabError(f"{s.name}: nspawn {n} still running")
             rootfs = base.ensure_base()
-            registry.start()  # the lab inventory's registry_mirrors name it
+            self._registry_up()
         else:
             self.down(quiet=True)
             rootfs = self._host_up()
             self.topology_file.write_text(topo.to_yaml())
+
+        # the snapshot holds the nodes, not the shared folder: no files of later workloads
+        shutil.rmtree(shared_dir(), ignore_errors=True)
 
         def seed(spec: NodeSpec) -> None:
             nd = node.node_dir(spec.name)

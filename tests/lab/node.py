@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from . import fakepci, net
-from .paths import HOST_IP, PREFIX_LEN, REPO_URL, LabError, cache_dir, run, state_dir
+from .paths import (
+    HOST_IP,
+    NODE_SHARED_DIR,
+    PREFIX_LEN,
+    REPO_URL,
+    LabError,
+    cache_dir,
+    run,
+    shared_dir,
+    state_dir,
+)
 from .supervisor import cgroup_dirs
 from .topology import NodeSpec, Topology
 
@@ -87,6 +97,11 @@ def prepare(spec: NodeSpec, topo: Topology, base: Path, *, root_pubkey: str,
     """Mount the overlay and write every per-node file. Safe to repeat before each start."""
     root = mount_overlay(spec.name, base)
     _write(root, "/etc/hostname", f"{spec.name}\n")
+    # apt through apt-cacher-ng: a stalled upstream once left an `apt-get update` waiting
+    # for good on a half-closed connection; no pipelining, a read timeout and retries
+    _write(root, "/etc/apt/apt.conf.d/02gpuk8s-lab-http",
+           'Acquire::http::Pipeline-Depth "0";\nAcquire::http::Timeout "30";\n'
+           'Acquire::Retries "3";\n')
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
              f"{HOST_IP}\tlabhost", *(f"{n.ip}\t{n.name}" for n in topo.nodes)]
     _write(root, "/etc/hosts", "\n".join(hosts) + "\n")
@@ -174,6 +189,7 @@ def nspawn_argv(spec: NodeSpec) -> list[str]:
         "--resolv-conf=off", "--timezone=off", "--link-journal=no",
         "--console=read-only",
         f"--bind-ro={nd / 'pci'}:/sys/bus/pci/devices",
+        f"--bind={shared_dir()}:{NODE_SHARED_DIR}",
         "/usr/local/sbin/gpuk8s-lab-init",
     ]
 
@@ -184,6 +200,11 @@ def start(spec: NodeSpec) -> None:
     if supervisor_pid(spec.name) is not None:
         return
     fakepci.build(nd / "pci", spec)
+    shared = shared_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "LAB-SHARED-FOLDER").write_text(
+        "gpuk8s lab: this folder stands in for the NFS export of `invoke deploy storage`; "
+        "every lab node sees it at " + NODE_SHARED_DIR + "\n")
     net.setup_node_net(spec.name, spec.ip)
     cfg: dict[str, Any] = {
         "name": spec.name,

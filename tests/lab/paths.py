@@ -43,6 +43,17 @@ def state_dir() -> Path:
     return Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab"))
 
 
+def shared_dir() -> Path:
+    """The lab's shared folder, bind-mounted into every node at NODE_SHARED_DIR: where pods
+    of an NFS persistent volume keep their files (this host has neither nfsd nor an NFS
+    client). Emptied when a snapshot is restored."""
+    return state_dir() / "shared"
+
+
+#: where every node sees shared_dir() (the kubelet stand-in's LAB_NFS_ROOT)
+NODE_SHARED_DIR = "/var/lib/gpuk8s-lab/nfs"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("GPUK8S_LAB_CACHE", "/var/cache/gpuk8s-lab"))
 

@@ -18,7 +18,7 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.runs import call
+from tests.lab.runs import call, restore_fresh
 from tests.lab.test_bootstrap import GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
@@ -58,7 +58,8 @@ def restore_bootstrapped(lab: Lab) -> Lab:
     a module run alone bootstraps once and takes the snapshot itself."""
     snap = lab.snapshot_dir("bootstrapped") / "topology.yaml"
     if not snap.exists():
-        lab.up()
+        # from fresh nodes: a lab left up by an earlier session may hold a cluster already
+        restore_fresh(lab)
         api.bootstrap(lab.inventory_path, sets=[GATES], yes=True, reporter=quiet())
         lab.snapshot("bootstrapped")
     lab.restore("bootstrapped")

@@ -1,37 +1,56 @@
 """Workloads on the bootstrapped lab (4 nodes: cp-01, gpu-01 with 2 H100, gpu-02 with 1 H200,
-cpu-01), through gpuk8s.workloads over real SSH to the control plane.
+cpu-01), deployed through gpuk8s.workloads over real SSH to the control plane, as REAL pods.
 
-Kubernetes and the GPUs are the lab stand-ins (tests/lab/standins/): the stand-in scheduler
-places pods by their requests, the kubelet stand-in runs them (Deployments Running, Job pods
-Succeeded after a few seconds), nvidia-smi lists the GPUs allocated to a pod and TensorFlow's
-GPU list is emulated from them (labelled in the logs). Nothing mounts volumes in the lab, and
-this host's kernel has no nfsd, so the NFS export itself cannot run here (tested as a failure).
+What is real: every workload pod is real containers (runc through the node's containerd 2.1)
+made from the lab images (the real TensorFlow 2.21.0 CPU build, TensorBoard, Jupyter; pulled
+from the lab's real OCI registry through gpuk8s's registry_mirrors), on a pod network made by
+the real CNI plugins (bridge, host-local, portmap) with routes between the nodes; the training
+data are real handwritten digits (scikit-learn's load_digits as MNIST's mnist.npz). What is
+emulated (tests/lab/standins/k8s/README.md): Kubernetes itself (API server, scheduler, the
+kubelet's bookkeeping), flanneld's routes, kube-proxy's rules, the cluster DNS, the GPUs (fake
+PCI devices, nvidia-smi stand-in injected into GPU pods) and the NFS server (the lab host's
+shared folder stands in for the export: this kernel has neither nfsd nor an NFS client).
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import os
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuk8s import api, workloads
+from gpuk8s.errors import PreflightError
 from gpuk8s.report import Reporter
+from tests.lab import images, registry
 from tests.lab.lab import Lab
+from tests.lab.paths import HOST_IP, REGISTRY_URL, shared_dir
+from tests.lab.test_day2 import restore_bootstrapped
+from tests.tfenv import DIGITS_AS_MNIST
 
 pytestmark = pytest.mark.lab
 
 GPU_NODES = {"gpu-01": 2, "gpu-02": 1}
-#: a stand-in feature these tests need; an older "bootstrapped" snapshot lacks it
-NEEDS = "grep -rqs emulate_tf_gpu_list /usr/lib/gpuk8s-lab/"
-
-
+NODE_IPS = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
+            "cpu-01": "10.88.0.14"}
+#: the lab's "NFS server": the shared folder every node sees (see the module docstring)
+NFS = ["nfs.server=" + HOST_IP, "nfs.path=/srv/gpuk8s"]
+SHARE = Path("10.88.0.1/srv/gpuk8s")
 #: lab nodes have the host's 2 CPUs; the workloads' default request of 2 CPUs (sized for real
-#: GPU boxes) cannot fit beside flannel and the device plugin, so the lab asks for less
+#: GPU boxes) cannot fit beside the system pods, so the lab asks for less
 LAB_CPU = {"jupyter", "tensorflow-job", "distributed-tf", "eval"}
+EPOCHS = "4"
 
 
 def run(fn: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], str]:
@@ -52,27 +71,20 @@ def kubectl(lab: Lab, args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(lab: Lab) -> Lab:
-    """The bootstrapped lab; made (bootstrap from "fresh") when the snapshot is missing or its
-    stand-in packages predate the workload emulation."""
-    if (lab.snapshot_dir("bootstrapped") / "topology.yaml").exists():
-        lab.restore("bootstrapped")
-        if all(lab.ssh(n, NEEDS)[0] == 0 for n in ("gpu-01", "gpu-02")):
-            return api_up(lab)
-    lab.restore("fresh") if (lab.snapshot_dir("fresh") / "topology.yaml").exists() else None
-    result, _ = run(api.bootstrap, lab.inventory_path, yes=True)
-    assert all(t["failed"] == 0 for t in result["totals"].values())
-    for n in ("gpu-01", "gpu-02"):
-        assert lab.ssh(n, NEEDS)[0] == 0, "the lab repos carry old stand-ins: run " \
-            ".venv/bin/python -m tests.lab.repos --build-only"
-    lab.snapshot("bootstrapped")
+def cluster(lab: Lab, tf_venv: Path) -> Lab:
+    """The bootstrapped lab, the lab images in its registry, and real handwritten digits as
+    mnist.npz in the shared folder the storage workload's volume maps to."""
+    restore_bootstrapped(lab)
+    images.ensure_images()
+    data = shared_dir() / SHARE / "data" / "mnist.npz"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(tf_venv / "bin" / "python"), "-c", DIGITS_AS_MNIST, str(data)],
+                   check=True)
     return api_up(lab)
 
 
 def api_up(lab: Lab, timeout: float = 180) -> Lab:
     """After a restore the stand-in API server and kubelets take a few seconds to come back."""
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rc, out, _ = lab.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf get "
@@ -99,6 +111,37 @@ def assert_on_gpu_nodes(lab: Lab, workload: str, gpus_each: int) -> None:
         assert int(limits["nvidia.com/gpu"]) == gpus_each
 
 
+def pod_log(lab: Lab, pod: dict[str, Any]) -> str:
+    return kubectl(lab, f"logs {pod['metadata']['name']} -n ml")
+
+
+def in_pod_cidr(lab: Lab, pod: dict[str, Any]) -> bool:
+    node = json.loads(kubectl(lab, f"get node {pod['spec']['nodeName']} -o json"))
+    return ip_address(pod["status"]["podIP"]) in ip_network(node["spec"]["podCIDR"])
+
+
+def get_status(url: str, wait: float = 15) -> int:
+    """The HTTP status of GET url; connection errors retried for ``wait`` s (kube-proxy's
+    rules for a Service that just became ready can be a moment behind, as in a cluster)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def values_file(tmp_path: Path, **values: Any) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
 def test_own_nfs_export_fails_clearly_on_this_kernel(cluster: Lab) -> None:
     with pytest.raises(workloads.WorkloadError) as exc:
         run(workloads.deploy, cluster.inventory_path, "storage")
@@ -116,41 +159,110 @@ def test_missing_claim_is_named(cluster: Lab) -> None:
             sets=["storageClassName=fast-nfs"])
 
 
-def test_storage_with_a_named_server_binds(cluster: Lab) -> None:
-    # an "existing" server: nothing serves NFS in the lab and nothing mounts it; what is checked
-    # is the PersistentVolume and the claim that binds to it
-    result, _text = run(workloads.deploy, cluster.inventory_path, "storage",
-                       sets=["nfs.server=10.88.0.11", "nfs.path=/srv/share"])
+def test_storage_on_the_lab_share_binds(cluster: Lab) -> None:
+    result, _text = run(workloads.deploy, cluster.inventory_path, "storage", sets=NFS)
     assert result["objects"] == {"PersistentVolumeClaim/gpuk8s-shared": "Bound"}
     pv = json.loads(kubectl(cluster, "get pv ml-gpuk8s-shared -o json"))
-    assert pv["spec"]["nfs"] == {"server": "10.88.0.11", "path": "/srv/share"}
+    assert pv["spec"]["nfs"] == {"server": HOST_IP, "path": "/srv/gpuk8s"}
     assert pv["status"]["phase"] == "Bound"
 
 
-def test_jupyter_token_printed_once_never_in_run_folder(cluster: Lab) -> None:
-    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True)
-    assert_on_gpu_nodes(cluster, "jupyter", 1)
-    assert [p["phase"] for p in result["pods"]] == ["Running"]
-    secret = json.loads(kubectl(cluster, "get secret jupyter-token -n ml -o json"))
-    import base64
+def test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy(
+        cluster: Lab) -> None:
+    result, _text = run(workloads.deploy, cluster.inventory_path, "tensorflow-job",
+                        sets=[f"epochs={EPOCHS}", "batchSize=32"])
+    assert result["objects"] == {"Job/tensorflow-job": "complete"}
+    (pod,) = pods(cluster, "tensorflow-job")
+    assert pod["spec"]["nodeName"] in GPU_NODES and in_pod_cidr(cluster, pod)
+    log = pod_log(cluster, pod)
+    # the real TensorFlow's own epochs on the digits written into the shared folder
+    assert f"epoch {EPOCHS}/{EPOCHS}: loss" in log, log[-2000:]
+    assert "data: /shared/data/mnist.npz" in log or "/shared/data/mnist.npz" in log
+    assert "LAB STAND-IN" not in log
+    ckpt = shared_dir() / SHARE / "checkpoints" / "mnist" / "latest.keras"
+    assert ckpt.is_file() and ckpt.stat().st_size > 10_000
+    (train,) = result["results"].values()
+    assert train["checkpoint"] == "/shared/checkpoints/mnist/latest.keras"
 
+    result, text = run(workloads.deploy, cluster.inventory_path, "eval")
+    (ev,) = result["results"].values()
+    assert ev["data"] == "/shared/data/mnist.npz"
+    assert ev["accuracy"] >= 0.85, ev
+    assert f"accuracy {ev['accuracy']:.4f}" in text
+
+
+def test_distributed_tf_trains_across_two_gpu_nodes(cluster: Lab) -> None:
+    result, _text = run(workloads.deploy, cluster.inventory_path, "distributed-tf",
+                        sets=[f"epochs={EPOCHS}", "batchSize=32"])
+    assert result["objects"]["Job/distributed-tf"] == "complete"
+    found = sorted(pods(cluster, "distributed-tf"),
+                   key=lambda p: p["metadata"]["annotations"][
+                       "batch.kubernetes.io/job-completion-index"])
+    assert [p["spec"]["nodeName"] for p in found] == ["gpu-01", "gpu-02"]
+    assert all(in_pod_cidr(cluster, p) for p in found)
+    logs = [pod_log(cluster, p) for p in found]
+    # each worker found the other by its pod DNS name (the headless Service) and trained with
+    # it: the same weights at the end, the chief's checkpoint on the shared volume
+    assert all("distributed-tf-1.distributed-tf.ml.svc:2222" in log for log in logs)
+    res = [result["results"][p["metadata"]["name"]] for p in found]
+    assert [r["replicas"] for r in res] == [2, 2]
+    assert res[0]["weights_sha256"] == res[1]["weights_sha256"]
+    assert res[0]["chief"] is True and res[1]["chief"] is False
+    assert (shared_dir() / SHARE / "checkpoints" / "mnist-distributed" /
+            "latest.keras").is_file()
+
+
+def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
+                                                              tf_venv: Path) -> None:
+    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True)
+    (pod,) = result["pods"]
+    assert pod["phase"] == "Running" and pod["node"] in GPU_NODES
+    secret = json.loads(kubectl(cluster, "get secret jupyter-token -n ml -o json"))
     token = base64.b64decode(secret["data"]["token"]).decode()
-    assert len(token) == 48
-    node_ip = {"gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13"}[result["pods"][0]["node"]]
-    assert text.count(token) == 1
-    assert f"http://{node_ip}:30888/?token={token}" in text
+    assert len(token) == 48 and text.count(token) == 1
+    base = f"http://{NODE_IPS[pod['node']]}:30888"
+    assert f"{base}/?token={token}" in text
     run_dir = Path(result["run_dir"])
     written = "".join(p.read_text() for p in run_dir.iterdir())
     assert token not in written and secret["data"]["token"] not in written
-    assert "<redacted>" in written   # the Secret went through the logged apply script
-    # a second deploy keeps the token (the Secret exists), still never in the run folder
-    _result2, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
+    # the URL answers from this host (a NodePort): with the token 200, without it 403
+    assert get_status(f"{base}/api/status?token={token}") == 200
+    assert get_status(f"{base}/api/status") == 403
+    # the starter notebook, run through the server's API (a kernel in the pod)
+    out = subprocess.run([str(tf_venv / "bin" / "python"),
+                          str(Path(__file__).with_name("notebook_run.py")), base, token,
+                          "gpuk8s/gpus.ipynb"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    cells = json.loads(out.stdout)
+    assert "TensorFlow 2.21.0" in cells[0]["output"]
+    # the TensorFlow in the lab images is the CPU build: it sees no GPU, and says so
+    assert "0 GPU(s):" in cells[0]["output"]
+    # nvidia-smi inside the pod sees exactly the one GPU it was given
+    assert cells[1]["output"].count("NVIDIA H") == 1, cells[1]["output"]
+    _again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
     assert token not in text2 and "token=<redacted>" in text2
+    run(workloads.undeploy, cluster.inventory_path, "jupyter")
+
+
+def test_tensorboard_serves_the_training_runs_scalars(cluster: Lab) -> None:
+    result, text = run(workloads.deploy, cluster.inventory_path, "tensorboard")
+    assert result["objects"] == {"Deployment/tensorboard": "1/1 available"}
+    (pod,) = pods(cluster, "tensorboard")
+    assert pod["spec"]["nodeName"] != "cp-01"   # the control plane keeps its taint
+    assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
+    url = f"http://{NODE_IPS[pod['spec']['nodeName']]}:30606"
+    assert f"{url}/" in text
+    assert get_status(f"{url}/data/runs") == 200
+    with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=30) as resp:
+        tags = json.load(resp)
+    assert {"loss", "accuracy"} <= set(tags["mnist"])
+    with urllib.request.urlopen(f"{url}/data/plugin/scalars/scalars?run=mnist&tag=accuracy",
+                                timeout=30) as resp:
+        points = json.load(resp)
+    assert len(points) == int(EPOCHS) and all(0 <= p[2] <= 1 for p in points)
 
 
 def test_oversized_request_is_pending_with_the_scheduler_reason(cluster: Lab) -> None:
-    # from no jupyter at all: over a running one, the old pod stays available during the
-    # rollout and deploy does not yet wait for the rollout itself (a known gap)
     run(workloads.undeploy, cluster.inventory_path, "jupyter")
     with pytest.raises(workloads.WorkloadError) as exc:
         run(workloads.deploy, cluster.inventory_path, "jupyter", sets=["gpus=4"],
@@ -158,59 +270,82 @@ def test_oversized_request_is_pending_with_the_scheduler_reason(cluster: Lab) ->
     message = str(exc.value)
     assert "is Pending: the scheduler cannot place it: 0/4 nodes are available" in message
     assert "Insufficient nvidia.com/gpu" in message
-    pending = [p for p in pods(cluster, "jupyter") if p["status"]["phase"] == "Pending"]
-    assert pending and int(pending[0]["spec"]["containers"][0]["resources"]["limits"][
-        "nvidia.com/gpu"]) == 4
-    events = kubectl(cluster, "get events -n ml --field-selector reason=FailedScheduling -o json")
-    assert any("Insufficient nvidia.com/gpu" in e["message"]
-               for e in json.loads(events)["items"])
     run(workloads.undeploy, cluster.inventory_path, "jupyter")
 
 
-@pytest.mark.parametrize("name, sets, gpus_each, n_pods", [
-    ("tensorflow-job", [], 1, 1),
-    ("distributed-tf", [], 1, 2),
-    ("eval", [], 1, 1),
-])
-def test_jobs_complete_on_gpu_nodes(cluster: Lab, name: str, sets: list[str], gpus_each: int,
-                                    n_pods: int) -> None:
-    result, _text = run(workloads.deploy, cluster.inventory_path, name, sets=sets)
-    assert result["ready"]
-    assert all(state == "complete" for k, state in result["objects"].items()
-               if k.startswith("Job/"))
-    found = pods(cluster, name)
-    assert len(found) == n_pods
-    assert_on_gpu_nodes(cluster, name, gpus_each)
-    assert {p["status"]["phase"] for p in found} == {"Succeeded"}
-    log = kubectl(cluster, f"logs {found[0]['metadata']['name']} -n ml")
-    assert "LAB STAND-IN kubelet" in log and "GPU 0: NVIDIA H" in log
-    if name == "distributed-tf":
-        idx = sorted(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
-                     for p in found)
-        assert idx == ["0", "1"]
-        assert all(p["spec"]["subdomain"] == "distributed-tf" for p in found)
-
-
-def test_tensorboard_runs_without_gpus(cluster: Lab) -> None:
-    result, text = run(workloads.deploy, cluster.inventory_path, "tensorboard")
-    assert result["objects"] == {"Deployment/tensorboard": "1/1 available"}
-    (pod,) = pods(cluster, "tensorboard")
-    assert pod["spec"]["nodeName"] != "cp-01"   # the control plane keeps its taint
-    assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
-    assert ":30606/" in text
-
-
-def test_verify_reports_every_gpu_node(cluster: Lab) -> None:
-    result, text = run(workloads.verify, cluster.inventory_path)
+def test_verify_runs_nvidia_smi_in_real_pods(cluster: Lab) -> None:
+    # the driver check alone: the real nvidia-smi output of the CUDA image's pods
+    result, _text = run(workloads.verify, cluster.inventory_path, sets=["tensorflow=false"])
     nodes = result["nodes"]
     assert set(nodes) == set(GPU_NODES)
     for node, count in GPU_NODES.items():
         assert nodes[node]["ok"], nodes[node]
         assert nodes[node]["expected"] == nodes[node]["allocatable"] == count
-        assert nodes[node]["nvidia_smi"] == nodes[node]["tensorflow"] == count
+        assert nodes[node]["nvidia_smi"] == count
     assert nodes["gpu-01"]["models"] == ["NVIDIA H100 80GB HBM3"] * 2
     assert nodes["gpu-02"]["models"][0].startswith("NVIDIA H200")
-    assert "verify: GPUs per node" in text
+    # with TensorFlow's stage: the lab images' CPU TensorFlow sees no GPU, and verify says
+    # so per node instead of passing
+    with pytest.raises(workloads.WorkloadError, match="verify failed on gpu-01, gpu-02"):
+        run(workloads.verify, cluster.inventory_path)
+    report = json.loads(max(Path(os.environ["GPUK8S_RUNS_DIR"]).glob("*-verify/report.json"),
+                            key=lambda p: p.stat().st_mtime).read_text())
+    assert {n: v["tensorflow"] for n, v in report["verify"].items()} == {"gpu-01": 0,
+                                                                          "gpu-02": 0}
+
+
+def test_a_failing_job_shows_its_exit_code(cluster: Lab, tmp_path: Path) -> None:
+    bad = values_file(tmp_path, command=["python3", "-c", "import sys; print('giving up'); "
+                                                          "sys.exit(3)"])
+    with pytest.raises(workloads.WorkloadError, match="Job tensorflow-job failed"):
+        run(workloads.deploy, cluster.inventory_path, "tensorflow-job", values_files=[bad])
+    (pod,) = pods(cluster, "tensorflow-job")
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (state["exitCode"], state["reason"]) == (3, "Error")
+    assert pod_log(cluster, pod) == "giving up\n"
+
+
+def test_a_pod_over_its_memory_limit_is_oomkilled(cluster: Lab, tmp_path: Path) -> None:
+    hog = values_file(tmp_path, memory="128Mi", command=[
+        "python3", "-c", "block = bytearray(512 * 1024 * 1024); print(len(block))"])
+    with pytest.raises(workloads.WorkloadError) as exc:
+        run(workloads.deploy, cluster.inventory_path, "tensorflow-job", values_files=[hog])
+    (pod,) = pods(cluster, "tensorflow-job")
+    state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (state["exitCode"], state["reason"]) == (137, "OOMKilled")
+    assert "Job tensorflow-job failed" in str(exc.value)
+
+
+def test_a_wrong_mirror_names_the_image_the_node_and_containerds_error(cluster: Lab,
+                                                                      tmp_path: Path) -> None:
+    """A wrong mirror URL in the inventory is refused by preflight before any node changes,
+    naming the node and the mirror; a mirror that stops answering after bootstrap fails the
+    pull in the real containerd, and deploy says which image, on which node, and why."""
+    wrong = f"http://{HOST_IP}:5999"
+    with pytest.raises(PreflightError) as refused:
+        api.bootstrap(cluster.inventory_path, limit="gpu-02", yes=True,
+                      sets=[f"registry_mirrors={json.dumps({'docker.io': [wrong]})}"],
+                      reporter=Reporter(io.StringIO()))
+    (problem,) = refused.value.problems["gpu-02"]
+    assert problem[0] == "registry_mirror"
+    assert f"mirror {wrong} (of docker.io) does not answer from this node" in problem[1]
+    rc, hosts, _ = cluster.ssh("gpu-02", "cat /etc/containerd/certs.d/docker.io/hosts.toml")
+    assert rc == 0 and wrong not in hosts and f'[host."{REGISTRY_URL}"]' in hosts
+
+    on_gpu02 = values_file(tmp_path, imagePullPolicy="Always", storage={"enabled": False},
+                           nodeSelector={"kubernetes.io/hostname": "gpu-02"})
+    registry.stop()   # the lab's mirror goes away after bootstrap
+    try:
+        with pytest.raises(workloads.WorkloadError) as exc:
+            run(workloads.deploy, cluster.inventory_path, "eval", values_files=[on_gpu02],
+                pending_grace=5, timeout=180)
+    finally:
+        registry.start()
+        run(workloads.undeploy, cluster.inventory_path, "eval")
+    message = str(exc.value)
+    assert "on node gpu-02" in message
+    assert 'image "tensorflow/tensorflow:2.21.0-gpu"' in message
+    assert f"{HOST_IP}:5000" in message and "connection refused" in message
 
 
 def test_undeploy_removes_everything(cluster: Lab) -> None:
@@ -221,3 +356,13 @@ def test_undeploy_removes_everything(cluster: Lab) -> None:
                                 " -o name")
         assert left.strip() == "", left
     assert kubectl(cluster, "get pv -l gpuk8s.io/workload=storage -o name").strip() == ""
+    # and on the nodes: no pod runner, no pod network namespace, no container left
+    for node in GPU_NODES:
+        deadline = time.monotonic() + 120
+        while True:
+            rc, out, _ = cluster.ssh(node, "ls /run/gpuk8s-lab/pods; ip netns list; "
+                                           "ctr -n k8s.io tasks ls -q")
+            if rc == 0 and not out.strip():
+                break
+            assert time.monotonic() < deadline, f"{node} still has: {out}"
+            time.sleep(3)

@@ -13,6 +13,7 @@ import copy
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from .common import (
     parse_quantity,
     parse_ts,
     rand_suffix,
+    read,
     ts,
     yaml_load_all,
 )
@@ -153,6 +155,21 @@ def field_match(selector: str, obj: Obj) -> bool:
 def pod_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in pod.get("status", {}).get("conditions") or [])
+
+
+def controller_manager_flags() -> dict[str, str]:
+    """The --flags of the kube-controller-manager static pod on this (control plane) node."""
+    docs = yaml_load_all(read("/etc/kubernetes/manifests/kube-controller-manager.yaml") or "")
+    try:
+        c = docs[0]["spec"]["containers"][0]
+    except (IndexError, KeyError, TypeError):
+        return {}
+    out = {}
+    for arg in [*(c.get("command") or []), *(c.get("args") or [])]:
+        if arg.startswith("--") and "=" in arg:
+            k, v = arg[2:].split("=", 1)
+            out[k] = v
+    return out
 
 
 def node_ready(node: Obj) -> str:
@@ -534,8 +551,9 @@ class ApiServer:
     def controllers(self) -> None:
         while True:
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
-                         self.node_lifecycle, self.daemonsets, self.deployments, self.replicasets,
-                         self.jobs, self.pv_binder, self.scheduler, self.pod_gc):
+                         self.node_lifecycle, self.node_ipam, self.daemonsets,
+                         self.deployments, self.replicasets, self.jobs, self.pv_binder,
+                         self.scheduler, self.pod_gc):
                 try:
                     with self.lock:
                         step()
@@ -633,6 +651,30 @@ class ApiServer:
                 spec.pop("taints", None)
             if changed:
                 self.store.put(self.key(res), node)
+
+    def node_ipam(self) -> None:
+        """kube-controller-manager's node IPAM (range allocator): with --allocate-node-cidrs,
+        each node gets the next free /--node-cidr-mask-size (24) of --cluster-cidr as its
+        spec.podCIDR(s), read from the controller manager's static pod manifest on this node."""
+        flags = controller_manager_flags()
+        if flags.get("allocate-node-cidrs") != "true" or not flags.get("cluster-cidr"):
+            return
+        cluster = ipaddress.ip_network(flags["cluster-cidr"].split(",")[0], strict=False)
+        size = int(flags.get("node-cidr-mask-size-ipv4") or flags.get("node-cidr-mask-size")
+                   or 24)
+        res = self.R("nodes")
+        nodes = self.list(res)
+        taken = {n.get("spec", {}).get("podCIDR") for n in nodes}
+        free = (str(s) for s in cluster.subnets(new_prefix=size) if str(s) not in taken)
+        for node in sorted(nodes, key=lambda n: n["metadata"].get("creationTimestamp", "")):
+            spec = node.setdefault("spec", {})
+            if spec.get("podCIDR"):
+                continue
+            cidr = next(free, None)
+            if cidr is None:  # the real allocator reports CIDRNotAvailable
+                return
+            spec["podCIDR"], spec["podCIDRs"] = cidr, [cidr]
+            self.store.put(self.key(res), node)
 
     def _owned(self, owner: Obj, pods: list[Obj]) -> list[Obj]:
         uid = owner["metadata"]["uid"]

@@ -787,8 +787,11 @@ class Kubectl:
             raise CmdError("error: expected 'logs [-f] [-p] (POD | TYPE/NAME) [-c CONTAINER]'.")
         pod = a[0].split("/", 1)[-1]
         q = f"?container={self.args.container}" if self.args.container else ""
-        sys.stdout.buffer.write(self.client.get(
-            f"/api/v1/namespaces/{self.ns}/pods/{pod}/log{q}", raw=True))
+        data = self.client.get(f"/api/v1/namespaces/{self.ns}/pods/{pod}/log{q}", raw=True)
+        if self.args.tail >= 0:   # the last N lines (the API's tailLines)
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[len(lines) - self.args.tail:] if self.args.tail else [])
+        sys.stdout.buffer.write(data)
 
     def cmd_version(self) -> None:
         gv = git_version(self.version)
@@ -883,6 +886,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw")
     p.add_argument("--client", action="store_true")
     p.add_argument("-c", "--container")
+    p.add_argument("--tail", type=int, default=-1)
     p.add_argument("--request-timeout")
     p.add_argument("-v", "--v")
     p.add_argument("-h", "--help", action="store_true")

@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import http.server
+import ipaddress
 import json
 import os
 import re
@@ -20,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from . import featuregates, kubeconfig, nodeinfo, pki
+from . import dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
     P,
@@ -37,15 +38,13 @@ from .scheduler import pod_requests
 
 Obj = dict[str, Any]
 STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
-JOB_RUNTIME = float(os.environ.get("GPUK8S_LAB_JOB_RUNTIME", "3"))
 APISERVER_UNIT = "kube-apiserver-standin"
 APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
 APISERVER_HASHFILE = "/run/gpuk8s-lab/kube-apiserver-standin.hash"
 # Lab-only hook for host unit tests: start static pods as child processes, not systemd units.
 NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 CNI_DIR = "/etc/cni/net.d"
-#: the nvidia stand-in's hook for "this container sees only these GPUs" (labgpu.VISIBLE_ENV)
-VISIBLE_ENV = "GPUK8S_LAB_VISIBLE_GPUS"
+FLANNEL_PLUGIN = "/opt/cni/bin/flannel"
 NO_CNI = ("container runtime network not ready: NetworkReady=false "
           "reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not "
           "initialized")
@@ -77,20 +76,56 @@ def fatal(err: str) -> None:
 # ------------------------------------------------------------------ emulation table
 # What real images do that the node can observe. Keep it small: match on image name.
 def emulate_flannel(k: Kubelet, pod: Obj) -> None:
-    """flannel's install-cni init container copies cni-conf.json from its ConfigMap."""
+    """flannel's init containers: install-cni-plugin copies the flannel CNI plugin to
+    /opt/cni/bin/flannel (here: the stand-in plugin, flannel_cni.py, which delegates to the
+    real bridge and host-local plugins); install-cni copies cni-conf.json from the ConfigMap."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flannel_cni.py")) as f:
+        write(FLANNEL_PLUGIN, f.read(), 0o755)
+    conf = (flannel_config(k, pod) or {}).get("cni-conf.json")
+    if conf:
+        write(f"{CNI_DIR}/10-flannel.conflist", conf)
+
+
+def flannel_config(k: Kubelet, pod: Obj) -> dict[str, str] | None:
+    """The data of the ConfigMap flannel's pod mounts (kube-flannel-cfg)."""
     cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
                     if "configMap" in v), "kube-flannel-cfg")
     try:
         cm = k.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/configmaps/"
                           f"{cm_name}")
     except ApiError:
-        return
-    conf = (cm.get("data") or {}).get("cni-conf.json")
-    if conf:
-        write(f"{CNI_DIR}/10-flannel.conflist", conf)
-        net = json.loads((cm.get("data") or {}).get("net-conf.json") or "{}")
-        write("/run/flannel/subnet.env", f"FLANNEL_NETWORK={net.get('Network', '10.244.0.0/16')}\n"
-              "FLANNEL_SUBNET=10.244.0.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n")
+        return None
+    return cm.get("data") or {}
+
+
+def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
+    """What flanneld does on each node, with the host-gw backend (EMULATED: no flanneld runs):
+    lease the node's podCIDR (write /run/flannel/subnet.env), route every other node's podCIDR
+    via that node's InternalIP, and masquerade pod traffic leaving the pod network. The lab
+    template asks for vxlan; host-gw gives the same reachability on the lab's one L2 bridge."""
+    me = next((n for n in nodes if n["metadata"]["name"] == k.node_name), None)
+    cidr = (me or {}).get("spec", {}).get("podCIDR")
+    if not cidr:
+        return  # flanneld waits for the node's podCIDR ("Waiting for node to have a subnet")
+    net = json.loads((flannel_config(k, pod) or {}).get("net-conf.json") or "{}")
+    network = net.get("Network", "10.244.0.0/16")
+    gateway = str(next(ipaddress.ip_network(cidr).hosts()))
+    env = (f"FLANNEL_NETWORK={network}\nFLANNEL_SUBNET={gateway}/"
+           f"{ipaddress.ip_network(cidr).prefixlen}\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=true\n")
+    if read("/run/flannel/subnet.env") != env:
+        write("/run/flannel/subnet.env", env)
+    if os.environ.get("GPUK8S_LAB_ROOT"):
+        return  # unit tests on the host: no routes or iptables
+    for n in nodes:
+        other = n.get("spec", {}).get("podCIDR")
+        ip = next((a["address"] for a in n.get("status", {}).get("addresses") or []
+                   if a.get("type") == "InternalIP"), None)
+        if n["metadata"]["name"] != k.node_name and other and ip:
+            run(["ip", "route", "replace", other, "via", ip])
+    rule = ["POSTROUTING", "-s", network, "!", "-d", network, "-j", "MASQUERADE",
+            "-m", "comment", "--comment", "flanneld masq"]
+    if run(["iptables", "-t", "nat", "-C", *rule]).returncode != 0:
+        run(["iptables", "-t", "nat", "-A", *rule])
 
 
 def emulate_calico(k: Kubelet, pod: Obj) -> None:
@@ -180,6 +215,11 @@ class Kubelet:
         self.node_name = (a.hostname_override or nodeinfo.hostname()).lower()
         self.node_ip = a.node_ip or nodeinfo.ipv4()
         self.started: dict[str, float] = {}
+        #: events of real pods already posted (podrun's report lists them all)
+        self.posted: dict[str, int] = {}
+        self.proxy_started = False   # the emulated kube-proxy's loop
+        self.pod_cidr: str | None = None
+        self.dns_started = False
         # a restarted kubelet adopts the static pod it left running (as the real one finds
         # its containers through the CRI) instead of restarting it
         self.apiserver_hash = (read(APISERVER_HASHFILE) or "").strip()
@@ -482,6 +522,10 @@ class Kubelet:
                     c["reason"] = "PodCompleted"
         if phase == "Failed" and st.get("reason"):
             new["reason"] = st["reason"]
+        self._put_status(pod, new, events)
+
+    def _put_status(self, pod: Obj, new: Obj, events: list[tuple[str, str, str]]) -> None:
+        md, st = pod["metadata"], pod.get("status", {})
         if {k: v for k, v in new.items() if k != "startTime"} == \
                 {k: v for k, v in st.items() if k != "startTime"}:
             return
@@ -493,6 +537,59 @@ class Kubelet:
             return
         for etype, reason, msg in events:
             self.event(pod, etype, reason, msg)
+
+    def real_status(self, pod: Obj, rep: Obj) -> None:
+        """The status of a pod podrun runs, from its report (status.json)."""
+        st = pod.get("status", {})
+        spec = pod["spec"]
+        phase = rep.get("phase", "Pending")
+
+        def entries(group: str) -> list[Obj]:
+            out = []
+            for c in spec.get(group) or []:
+                got = (rep.get(group) or {}).get(c["name"], {})
+                state = got.get("state") or {"waiting": {"reason": "PodInitializing" if
+                                                         group == "containers" and
+                                                         spec.get("initContainers") else
+                                                         "ContainerCreating"}}
+                running = "running" in state
+                entry = {"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                         "restartCount": got.get("restartCount", 0), "started": running,
+                         "ready": running and realpods.probe_ok(c, rep.get("podIP")),
+                         "state": state}
+                if got.get("lastState"):
+                    entry["lastState"] = got["lastState"]
+                out.append(entry)
+            return out
+
+        containers = entries("containers")
+        ready = phase == "Running" and all(c["ready"] for c in containers)
+        new: Obj = {"phase": phase, "hostIP": self.node_ip, "hostIPs": [{"ip": self.node_ip}],
+                    "startTime": st.get("startTime") or ts(), "containerStatuses": containers,
+                    "qosClass": st.get("qosClass", "BestEffort")}
+        if spec.get("initContainers"):
+            new["initContainerStatuses"] = entries("initContainers")
+        if rep.get("podIP"):
+            new["podIP"], new["podIPs"] = rep["podIP"], [{"ip": rep["podIP"]}]
+        inits_done = all("terminated" in c["state"] and c["state"]["terminated"]["exitCode"]
+                         == 0 for c in new.get("initContainerStatuses", []))
+        flag = "True" if ready else "False"
+        new["conditions"] = [
+            {"type": "PodReadyToStartContainers", "status": "True" if rep.get("podIP") else
+             "False"},
+            {"type": "Initialized", "status": "True" if inits_done else "False"},
+            {"type": "Ready", "status": flag}, {"type": "ContainersReady", "status": flag},
+            {"type": "PodScheduled", "status": "True"}]
+        if phase in ("Succeeded", "Failed"):
+            for c in new["conditions"]:
+                if c["type"] in ("Ready", "ContainersReady"):
+                    c.update({"status": "False", "reason": "PodCompleted" if phase ==
+                              "Succeeded" else "PodFailed"})
+        uid = pod["metadata"]["uid"]
+        self._put_status(pod, new, [])
+        for etype, reason, msg in (rep.get("events") or [])[self.posted.get(uid, 0):]:
+            self.event(pod, etype, reason, msg)
+        self.posted[uid] = len(rep.get("events") or [])
 
     def event(self, pod: Obj, etype: str, reason: str, msg: str) -> None:
         md = pod["metadata"]
@@ -506,10 +603,12 @@ class Kubelet:
         with contextlib.suppress(ApiError):
             self.client.request("POST", f"/api/v1/namespaces/{md['namespace']}/events", ev)
 
-    @staticmethod
-    def _pod_ip(uid: str) -> str:
+    def _pod_ip(self, uid: str) -> str:
+        """An emulated pod's IP: from the top of the node's podCIDR (host-local hands out the
+        bottom to real pods), fixed per pod."""
         n = int(hashlib.sha256(uid.encode()).hexdigest()[:4], 16)
-        return f"10.244.{(n >> 8) % 250 + 1}.{n % 250 + 2}"
+        net = ipaddress.ip_network(self.pod_cidr or "10.244.255.0/24")
+        return str(net[net.num_addresses - 2 - n % 40])
 
     def sync_pod(self, pod: Obj, cfg: Obj, gpus: int, gpu_used: int) -> int:
         """Drive one pod's status; returns the GPUs it holds."""
@@ -551,6 +650,57 @@ class Kubelet:
                 f'code = Unknown desc = failed to setup network for sandbox "{sandbox}": cni '
                 "plugin not initialized")])
             return 0
+        if want_gpu and uid not in self.gpu_assign:
+            self.gpu_assign[uid] = self.allocate(want_gpu)
+        if realpods.emulated(pod):
+            self.sync_emulated(pod, handler, cfg)
+            return want_gpu
+        return self.sync_real(pod, handler, want_gpu)
+
+    def sync_system_daemons(self, pods: list[Obj]) -> None:
+        """What the emulated system pods on this node do to it: flanneld's lease and routes,
+        kube-proxy's Service rules, and (once kubeadm's kube-dns Service exists) the cluster
+        DNS on this node."""
+        def running(image: str) -> Obj | None:
+            return next((p for p in pods if p.get("status", {}).get("phase") == "Running" and
+                         any(image in (c.get("image") or "")
+                             for c in p["spec"].get("containers") or [])), None)
+
+        flannel = running("flannel")
+        if flannel is not None:
+            flannel_daemon(self, flannel, self.client.get("/api/v1/nodes")["items"])
+        if os.environ.get("GPUK8S_LAB_ROOT"):
+            return   # unit tests on the host: no iptables, no port 53
+        if running("kube-proxy") is not None and not self.proxy_started:
+            # kube-proxy follows Services and endpoints within a second, not at the kubelet's
+            # status period: its own loop
+            threading.Thread(target=self.proxy_loop, daemon=True, name="kube-proxy").start()
+            self.proxy_started = True
+        if not self.dns_started:
+            try:
+                self.client.get("/api/v1/namespaces/kube-system/services/kube-dns")
+            except ApiError:
+                return
+            for ip in self.cfg.get("clusterDNS") or []:
+                run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"])
+                dns.ClusterDNS(self.client, self.cfg.get("clusterDomain", "cluster.local")
+                               ).serve(ip)
+            self.dns_started = True
+
+    def proxy_loop(self) -> None:
+        rules = ""
+        while True:
+            try:
+                rules = proxy.sync(self.client.get("/api/v1/services")["items"],
+                                   self.client.get("/api/v1/pods")["items"], rules)
+            except (ApiError, Unreachable, TLSError, OSError) as e:
+                klog("E", f'"Failed to sync proxy rules" err="{e}"', "proxier.go:1520")
+            time.sleep(1)
+
+    def sync_emulated(self, pod: Obj, handler: str | None, cfg: Obj) -> None:
+        """System pods whose images the lab does not have (flannel, calico, the device
+        plugin, CoreDNS, kube-proxy): the emulation table, Running without a process."""
+        spec, uid = pod["spec"], pod["metadata"]["uid"]
         images = " ".join(c.get("image", "") for c in (spec.get("containers") or []) +
                           (spec.get("initContainers") or []))
         first = uid not in self.started
@@ -559,45 +709,54 @@ class Kubelet:
             for needle, fn in EMULATION:
                 if needle in images:
                     fn(self, pod)
-        if want_gpu and uid not in self.gpu_assign:
-            self.gpu_assign[uid] = self.allocate(want_gpu)
-        visible = self.gpu_assign.get(uid, [])
         started_at = ts()
         states: dict[str, Obj] = {}
-        exit_codes: dict[str, int] = {}
-        owners = {o.get("kind") for o in md.get("ownerReferences") or []}
         for c in spec.get("containers") or []:
-            cmdline = " ".join([*(c.get("command") or []), *(c.get("args") or [])])
-            log = ""
-            image = c.get("image", "")
-            if "nvidia-smi" in cmdline:
-                code, log = self.run_nvidia_smi(cmdline, visible, handler)
-                exit_codes[c["name"]] = code
-            elif "k8s-device-plugin" in image:
-                log = self.device_plugin_log(handler, cfg)
-            elif "tensorflow/tensorflow" in image and "list_physical_devices" in cmdline:
-                code, log = self.emulate_tf_gpu_list(visible, handler)
-                exit_codes[c["name"]] = code
-            elif "Job" in owners and first:
-                log = self.emulated_job_log(image, visible, handler)
             if first:
+                log = (self.device_plugin_log(handler, cfg)
+                       if "k8s-device-plugin" in c.get("image", "") else "")
                 write(self.log_path(pod, c["name"]), log)
             states[c["name"]] = {"running": {"startedAt": started_at}}
-        finishes = "Job" in owners or (exit_codes and spec.get("restartPolicy") != "Always")
-        if finishes and time.monotonic() - self.started[uid] >= (
-                JOB_RUNTIME if "Job" in owners else 0.5):
-            failed = any(v != 0 for v in exit_codes.values())
-            for name in states:
-                code = exit_codes.get(name, 0)
-                states[name] = {"terminated": {"exitCode": code, "reason": "Error" if code else
-                                               "Completed", "startedAt": started_at,
-                                               "finishedAt": ts()}}
-            self.set_status(pod, "Failed" if failed else "Succeeded", states, False)
-            return 0
         self.set_status(pod, "Running", states, True,
                         [("Normal", "Started", f"Started container {c['name']}")
                          for c in spec.get("containers") or []] if first else [])
-        return want_gpu
+
+    def sync_real(self, pod: Obj, handler: str | None, want_gpu: int) -> int:
+        """Pods run for real by podrun (a transient unit per pod): start it once, then copy
+        what it reports into the pod's status. Returns the GPUs the pod holds."""
+        md = pod["metadata"]
+        uid = md["uid"]
+        if uid not in self.started:
+            self.started[uid] = time.monotonic()
+            if realpods.report(uid) is None:   # not adopted from an earlier kubelet
+                try:
+                    spec = realpods.prepare(
+                        self.client, pod, self.node_ip, self.gpu_assign.get(uid, []),
+                        handler == "nvidia", os.path.dirname(os.path.dirname(
+                            self.log_path(pod, "x"))), self.cfg)
+                except (realpods.VolumeError, ApiError) as e:
+                    del self.started[uid]   # tried again next sync, as the kubelet retries
+                    self.set_status(pod, "Pending", {}, False, [("Warning", "FailedMount",
+                                                                 str(e))])
+                    return want_gpu
+                try:
+                    realpods.start(uid, spec)
+                except realpods.NoRuntime as e:
+                    self.set_status(pod, "Pending", {}, False, [(
+                        "Warning", "FailedCreatePodSandBox", str(e))])
+                    return want_gpu
+        rep = realpods.report(uid) or {}
+        if rep.get("phase") in ("Succeeded", "Failed"):
+            self.gpu_assign.pop(uid, None)
+        elif \
+                time.monotonic() - self.started[uid] > 30 and not realpods.active(uid):
+            # the runner ended early (its sandbox failed): start it again, as the kubelet
+            # retries a pod sandbox
+            realpods.stop(uid)
+            del self.started[uid]
+            self.posted.pop(uid, None)
+        self.real_status(pod, rep)
+        return 0 if rep.get("phase") in ("Succeeded", "Failed") else want_gpu
 
     def allocate(self, count: int) -> list[str]:
         """The device plugin's Allocate: the first free GPUs of the node, by UUID."""
@@ -605,46 +764,6 @@ class Kubelet:
         node = re.findall(r"\(UUID: (GPU-[0-9A-Fa-f-]+)\)", p.stdout)
         taken = {u for uuids in self.gpu_assign.values() for u in uuids}
         return [u for u in node if u not in taken][:count]
-
-    def run_nvidia_smi(self, cmdline: str, visible: list[str], handler: str | None
-                       ) -> tuple[int, str]:
-        """nvidia-smi inside the container: the node's nvidia-smi limited to the GPUs the
-        pod was allocated (as the container toolkit injects only those)."""
-        if handler != "nvidia":
-            return 128, ('failed to create containerd task: failed to create shim task: OCI '
-                         "runtime create failed: runc create failed: unable to start container "
-                         'process: error during container init: exec: "nvidia-smi": executable '
-                         "file not found in $PATH: unknown\n")
-        if not visible:
-            return 6, "No devices were found\n"
-        args = cmdline.split("nvidia-smi", 1)[1].split()
-        p = run(["nvidia-smi", *args], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
-        return p.returncode, p.stdout + p.stderr
-
-    def emulate_tf_gpu_list(self, visible: list[str], handler: str | None) -> tuple[int, str]:
-        """tensorflow/tensorflow + tf.config.list_physical_devices('GPU'): TensorFlow is not
-        run; the list printed is built from the devices this container was given, as listed by
-        the node's nvidia-smi with only those devices visible."""
-        head = ("LAB STAND-IN kubelet: TensorFlow was not run; its GPU list is emulated from "
-                "the devices allocated to this container\n")
-        if handler != "nvidia" or not visible:
-            return 0, head + "[]\n"
-        p = run(["nvidia-smi", "-L"], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
-        if p.returncode != 0:
-            return 0, head + p.stdout + "[]\n"
-        n = sum(1 for ln in p.stdout.splitlines() if ln.startswith("GPU "))
-        devices = ", ".join(f"PhysicalDevice(name='/physical_device:GPU:{i}', "
-                            "device_type='GPU')" for i in range(n))
-        return 0, head + f"[{devices}]\n"
-
-    def emulated_job_log(self, image: str, visible: list[str], handler: str | None) -> str:
-        """Any other Job container: say it was not run, and show its devices."""
-        text = (f"LAB STAND-IN kubelet: image {image} was not run; this Job pod is emulated and "
-                f"succeeds after {JOB_RUNTIME:g}s\n")
-        if visible and handler == "nvidia":
-            p = run(["nvidia-smi", "-L"], env={**os.environ, VISIBLE_ENV: ",".join(visible)})
-            text += "GPUs allocated to this container (nvidia-smi -L):\n" + p.stdout
-        return text
 
     def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
         head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
@@ -674,8 +793,16 @@ class Kubelet:
         self.sync_mirror_pods(manifests, pods, api_up)
         cfg = nodeinfo.containerd_config()
         node = self.client.get(f"/api/v1/nodes/{self.node_name}")
+        self.pod_cidr = node.get("spec", {}).get("podCIDR")
         gpus = int(parse_quantity(node["status"].get("allocatable", {}).get("nvidia.com/gpu",
                                                                            "0")))
+        self.sync_system_daemons(pods)
+        for p in pods:   # the devices of terminated pods are free again, and a restarted
+            uid = p["metadata"]["uid"]   # kubelet takes its allocations from its checkpoint
+            if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                self.gpu_assign.pop(uid, None)
+            elif uid not in self.gpu_assign and (held := realpods.checkpointed_gpus(uid)):
+                self.gpu_assign[uid] = held
         used = 0
         live = set()
         for p in pods:
@@ -694,10 +821,17 @@ class Kubelet:
         for uid in list(self.started):
             if uid not in live:
                 del self.started[uid]
-                for d in (P("/var/log/pods"),):
-                    for e in os.listdir(d) if os.path.isdir(d) else []:
-                        if e.endswith("_" + uid):
-                            shutil.rmtree(os.path.join(d, e), ignore_errors=True)
+                self.posted.pop(uid, None)
+        # pods gone from the API: their runners (also those of an earlier kubelet) stop
+        runners = os.listdir(P(realpods.STATE_DIR)) if os.path.isdir(P(realpods.STATE_DIR)) \
+            else []
+        for uid in runners:
+            if uid not in live:
+                realpods.stop(uid)
+        logs = P("/var/log/pods")
+        for entry in os.listdir(logs) if os.path.isdir(logs) else []:
+            if entry.rsplit("_", 1)[-1] not in live:
+                shutil.rmtree(os.path.join(logs, entry), ignore_errors=True)
 
     # -------------------------------------------------------------- servers
     def serve(self) -> None:
@@ -744,7 +878,12 @@ class Kubelet:
                 for d in os.listdir(P("/var/log/pods")) if os.path.isdir(P("/var/log/pods")) \
                         else []:
                     if d.startswith(f"{ns}_{pod}_"):
-                        data = nodeinfo.read_abs(P(f"/var/log/pods/{d}/{container}/0.log"))
+                        # the current (last) run of the container: <restart count>.log
+                        folder = P(f"/var/log/pods/{d}/{container}")
+                        runs = sorted((int(f[:-4]) for f in os.listdir(folder)
+                                       if f[:-4].isdigit() and f.endswith(".log")),
+                                      reverse=True) if os.path.isdir(folder) else []
+                        data = nodeinfo.read_abs(f"{folder}/{runs[0]}.log") if runs else None
                         if data is not None:
                             return 200, data, "text/plain"
             return 404, "container not found", "text/plain"

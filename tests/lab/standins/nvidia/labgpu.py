@@ -104,8 +104,13 @@ def _pci_entries() -> list[tuple[str, int, int, str, int]]:
     return out
 
 
+#: in a container, the GPUs' host: the kubelet stand-in's device injection mounts the node's
+#: /etc/machine-id here, so a GPU keeps its UUID inside containers (its "hardware" identity)
+HOST_ID_FILE = "/etc/gpuk8s-lab-gpu-host-id"
+
+
 def machine_id() -> str:
-    return read("/etc/machine-id") or "0" * 32
+    return read(HOST_ID_FILE) or read("/etc/machine-id") or "0" * 32
 
 
 def _uuid(bus: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""The real TensorFlow for the workload tests: a virtualenv with tests/tf/requirements.txt,
+"""The real TensorFlow for the workload tests (fixtures registered by tests/conftest.py, used by
+tests/tf and tests/lab): a virtualenv with tests/tf/requirements.txt,
 built once per requirements hash under the lab cache (GPUK8S_LAB_CACHE or /var/cache/gpuk8s-lab)
 and reused; its build failing fails the tests (never a skip). Plus a data set of real
 handwritten digits (scikit-learn's load_digits, 1,797 8x8 images) as MNIST's mnist.npz."""
@@ -14,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REQUIREMENTS = HERE / "requirements.txt"
+REQUIREMENTS = Path(__file__).resolve().parent / "tf" / "requirements.txt"
 
 DIGITS_AS_MNIST = """
 import sys
