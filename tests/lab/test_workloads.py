@@ -349,7 +349,9 @@ def test_a_wrong_mirror_names_the_image_the_node_and_containerds_error(cluster: 
 
 
 def test_undeploy_removes_everything(cluster: Lab) -> None:
-    for name in ("jupyter", "tensorflow-job", "distributed-tf", "eval", "tensorboard", "storage"):
+    # verify keeps its finished Jobs (and so their pods) until the next verify: undeploy them too
+    for name in ("jupyter", "tensorflow-job", "distributed-tf", "eval", "tensorboard", "verify",
+                 "storage"):
         run(workloads.undeploy, cluster.inventory_path, name)
         left = kubectl(cluster, f"get deployments,jobs,services,configmaps,secrets,"
                                 f"persistentvolumeclaims,pods -n ml -l gpuk8s.io/workload={name}"
