@@ -20,6 +20,10 @@ ROOT_ENV = "GPUK8S_LAB_ROOT"
 DEFAULT_VERSION = "1.36.2-1.1"
 
 
+#: lab-only hook for host unit tests: the kubelet starts static pods and pod runners as child
+#: processes, not systemd units
+NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
+
 def root() -> str:
     return os.environ.get(ROOT_ENV) or "/"
 
@@ -215,3 +219,14 @@ def deep_merge(base: Any, patch: Any) -> Any:
         else:
             out[k] = deep_merge(out.get(k), v)
     return out
+
+
+def service_selects(selector: dict[str, str], pod: dict[str, Any]) -> bool:
+    """A Service's selector picks the pod (an empty selector picks none: no endpoints)."""
+    labels = pod["metadata"].get("labels") or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in pod.get("status", {}).get("conditions") or [])

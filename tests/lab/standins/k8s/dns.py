@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from .client import ApiError, Client
+from .common import pod_ready, service_selects
 
 Obj = dict[str, Any]
 NOERROR, SERVFAIL, NXDOMAIN, REFUSED = 0, 2, 3, 5
@@ -47,16 +48,6 @@ def answer(packet: bytes, rcode: int, ips: list[str]) -> bytes:
     body = b"".join(struct.pack("!HHHIH", 0xC00C, TYPE_A, 1, TTL, 4) +
                     socket.inet_aton(ip) for ip in records)
     return head + packet[12:end] + body
-
-
-def selected(pod: Obj, selector: dict[str, str]) -> bool:
-    labels = pod["metadata"].get("labels") or {}
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
-def pod_ready(pod: Obj) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in pod.get("status", {}).get("conditions") or [])
 
 
 class ClusterDNS:
@@ -92,7 +83,7 @@ class ClusterDNS:
         spec = svc.get("spec", {})
         pods = (self._get(f"/api/v1/namespaces/{ns}/pods") or {}).get("items", [])
         not_ready_ok = bool(spec.get("publishNotReadyAddresses"))
-        members = [p for p in pods if selected(p, spec.get("selector") or {})
+        members = [p for p in pods if service_selects(spec.get("selector") or {}, p)
                    and p.get("status", {}).get("podIP")
                    and p.get("status", {}).get("phase") in ("Pending", "Running")
                    and (not_ready_ok or pod_ready(p))]

@@ -24,6 +24,7 @@ from typing import Any
 from . import dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
+    NO_SYSTEMD_ENV,
     P,
     git_version,
     package_version,
@@ -41,8 +42,6 @@ STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
 APISERVER_UNIT = "kube-apiserver-standin"
 APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
 APISERVER_HASHFILE = "/run/gpuk8s-lab/kube-apiserver-standin.hash"
-# Lab-only hook for host unit tests: start static pods as child processes, not systemd units.
-NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 CNI_DIR = "/etc/cni/net.d"
 FLANNEL_PLUGIN = "/opt/cni/bin/flannel"
 NO_CNI = ("container runtime network not ready: NetworkReady=false "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import run
+from .common import pod_ready, run, service_selects
 
 Obj = dict[str, Any]
 MASQ_MARK = "0x4000/0x4000"
@@ -26,15 +26,12 @@ def endpoints(svc: Obj, pods: list[Obj], port: Obj) -> list[str]:
     selector = spec.get("selector") or {}
     out = []
     for p in pods:
-        labels = p["metadata"].get("labels") or {}
         st = p.get("status", {})
-        if not selector or p["metadata"]["namespace"] != svc["metadata"]["namespace"] or \
-                any(labels.get(k) != v for k, v in selector.items()) or \
+        if p["metadata"]["namespace"] != svc["metadata"]["namespace"] or \
+                not service_selects(selector, p) or \
                 st.get("phase") != "Running" or not st.get("podIP"):
             continue
-        if not spec.get("publishNotReadyAddresses") and not any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in st.get("conditions") or []):
+        if not spec.get("publishNotReadyAddresses") and not pod_ready(p):
             continue
         target = port.get("targetPort", port.get("port"))
         if isinstance(target, str):

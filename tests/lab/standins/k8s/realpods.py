@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 
 from .client import ApiError, Client
-from .common import P, parse_quantity, read, run, write
+from .common import NO_SYSTEMD_ENV, P, parse_quantity, read, run, write
 
 Obj = dict[str, Any]
 STATE_DIR = "/run/gpuk8s-lab/pods"
@@ -27,7 +27,6 @@ PODS_DIR = "/var/lib/kubelet/pods"
 LAB_NFS_ROOT = "/var/lib/gpuk8s-lab/nfs"
 #: system pods the lab keeps emulated (their images do not exist here): see README.md
 EMULATED_IMAGES = ("flannel", "calico/", "k8s-device-plugin", "coredns", "kube-proxy")
-NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 
 
 class VolumeError(Exception):
