@@ -227,6 +227,19 @@ def _read_src(src: str) -> bytes:
     return p.read_bytes()
 
 
+def _read_pypi(module: str, path: str) -> bytes:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise PackageError(f"Python package {module!r} is not installed (scripts/setup installs "
+                           "the dev extras)")
+    p = Path(next(iter(spec.submodule_search_locations))) / path
+    if not p.is_file():
+        raise PackageError(f"missing {path} in the installed {module}")
+    return p.read_bytes()
+
+
 def _script_text(value: str) -> str:
     """Maintainer script: a path relative to the repo root, or inline text."""
     if "\n" not in value.strip() and (REPO_ROOT / value).is_file():
@@ -333,6 +346,11 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
             if src.is_symlink():
                 src = src.resolve()
             entries.append(Entry(dest, mode, src.read_bytes()))
+            continue
+        if "pypi" in f:
+            # real upstream data shipped inside an installed PyPI package (kubernetes-validate's
+            # Kubernetes schemas): copied as-is, never substituted
+            entries.append(Entry(dest, mode, _read_pypi(str(f["pypi"]), str(f["path"]))))
             continue
         data = str(f["content"]).encode() if "content" in f else _read_src(f["src"])
         if _is_text(data):

@@ -346,6 +346,17 @@ def _resolver() -> debs.FetchResolver:
     return debs.FetchResolver(fetch_upstream_deb, cache_dir() / "downloads" / "extracted")
 
 
+def real_kubectl() -> Path:
+    """The REAL kubectl (Debian sid's `kubectl` package, built from the Kubernetes sources),
+    downloaded and extracted once into the cache: the client the lab tests drive the API server
+    stand-in with on the lab host (nodes get the same binary through the lab's kubectl package)."""
+    deb = fetch_upstream_deb("kubectl", "unstable")
+    root = cache_dir() / "downloads" / "extracted"
+    resolver = debs.FetchResolver(lambda _pkg, _suite: deb, root)
+    fake = debs.PackageDef(Path("real-kubectl"), {"fetch": {"kubectl": {"suite": "unstable"}}})
+    return resolver.tree(fake, "kubectl") / "usr" / "bin" / "kubectl"
+
+
 def build_all(force: bool = False) -> Path:
     """Build every package (cached by content hash), publish and sign every repo.
 

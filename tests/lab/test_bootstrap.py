@@ -22,12 +22,12 @@ from gpuk8s import api
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
+from tests.lab.repos import real_kubectl
 from tests.lab.runs import restore_fresh
 
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBECTL_HOST = ROOT / "tests" / "lab" / "standins" / "k8s" / "kubectl"
 GATES = "feature_gates={InPlacePodVerticalScaling: true, UserNamespacesSupport: true}"
 NODES = ("cp-01", "gpu-01", "gpu-02", "cpu-01")
 #: what a node's state is, for "plan changes nothing": packages and every file under /etc
@@ -114,8 +114,10 @@ def test_cluster_is_ready_with_gpus(fresh: Lab) -> None:
 def test_kubectl_from_admin_machine(fresh: Lab) -> None:
     conf = fresh.become_inventory_path.parent / "artifacts" / "admin.conf"
     assert conf.exists() and stat.S_IMODE(conf.stat().st_mode) == 0o600
-    out = subprocess.run([sys.executable, str(KUBECTL_HOST), "--kubeconfig", str(conf), "get",
-                          "nodes"], capture_output=True, text=True, check=False, timeout=60)
+    # the REAL kubectl on the lab host, as an admin would use the fetched kubeconfig
+    out = subprocess.run([str(real_kubectl()), "--kubeconfig", str(conf), "get", "nodes"],
+                         capture_output=True, text=True, check=False, timeout=60,
+                         env={**os.environ, "HOME": str(conf.parent)})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[:2] == ["NAME", "STATUS"]

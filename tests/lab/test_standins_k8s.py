@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -30,7 +31,9 @@ from k8s import dns, featuregates, flannel_cni, kubeconfig, pki, proxy, realpods
 from k8s.common import format_duration, parse_duration, parse_quantity  # noqa: E402
 from k8s.kubeadm import cluster_info_kubeconfig, create_token_secret  # noqa: E402
 from k8s.kubeadm_config import ConfigError, decode  # noqa: E402
-from k8s.kubectl import jsonpath, table  # noqa: E402
+from k8s.tables import tabwriter  # noqa: E402
+
+from tests.lab.repos import real_kubectl  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
@@ -191,7 +194,8 @@ class Node:
 
     def run(self, tool: str, *args: str, stdin: str | None = None, timeout: float = 120,
             **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(K8S / tool), *args], input=stdin,
+        cmd = [str(real_kubectl())] if tool == "kubectl" else [sys.executable, str(K8S / tool)]
+        return subprocess.run([*cmd, *args], input=stdin,
                               capture_output=True, text=True, env=self.env(**env),
                               timeout=timeout)
 
@@ -260,9 +264,10 @@ class Cluster:
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60
                 ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(K8S / "kubectl"), "--kubeconfig",
-                               str(self.kubeconfig), *args], input=stdin, capture_output=True,
-                              text=True, timeout=timeout)
+        """The REAL kubectl (Debian sid's 1.36) against this API server stand-in."""
+        return subprocess.run([str(real_kubectl()), "--kubeconfig", str(self.kubeconfig), *args],
+                              input=stdin, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "HOME": str(self.root)})
 
     def add_node(self, name: str, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
                  ready: bool = True, taints: list[Obj] | None = None,
@@ -573,21 +578,10 @@ featureGates: {InPlacePodVerticalScaling: true}
 
 class TestOutputHelpers:
     def test_table_padding(self) -> None:
-        out = table([["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+        out = tabwriter([["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
                      ["gpu-01", "Ready", "<none>", "2m", "v1.36.2"],
                      ["cp-01", "Ready", "control-plane", "10m", "v1.36.2"]])
         assert out.splitlines()[1] == "gpu-01   Ready    <none>          2m    v1.36.2"
-
-    def test_jsonpath(self) -> None:
-        data = {"items": [{"metadata": {"name": "a"}, "status": {
-            "allocatable": {"nvidia.com/gpu": "2"},
-            "conditions": [{"type": "Ready", "status": "True"}]}},
-            {"metadata": {"name": "b"}, "status": {"allocatable": {}, "conditions": []}}]}
-        assert jsonpath("{.items[*].metadata.name}", data) == "a b"
-        assert jsonpath(r"{.items[0].status.allocatable.nvidia\.com/gpu}", data) == "2"
-        assert jsonpath('{range .items[*]}{.metadata.name}{"\\n"}{end}', data) == "a\nb\n"
-        assert jsonpath('{.items[0].status.conditions[?(@.type=="Ready")].status}', data) == \
-            "True"
 
 
 # ================================================================== API server + kubectl
@@ -780,13 +774,14 @@ spec:
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines()[0] == "node/gpu-01 already cordoned"
         assert r.stdout.splitlines()[-1] == "node/gpu-01 drained"
-        assert "Warning: ignoring DaemonSet-managed Pods: kube-system/proxy-" in r.stderr
+        assert "Warning: ignoring DaemonSet-managed Pods: kube-system/proxy-" in r.stderr, (
+            r.stdout, c.get("/api/v1/pods"))
 
     def test_connection_refused_text(self, tmp_path: Path, cluster: Cluster) -> None:
         port = free_port()
         kc = tmp_path / "dead.conf"
         kc.write_text(cluster.kubeconfig.read_text().replace(f":{cluster.port}", f":{port}"))
-        r = subprocess.run([sys.executable, str(K8S / "kubectl"), "--kubeconfig", str(kc), "get",
+        r = subprocess.run([str(real_kubectl()), "--kubeconfig", str(kc), "get",
                             "nodes"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 1
         assert r.stderr.strip().splitlines()[-1] == (
@@ -801,7 +796,7 @@ spec:
         creds = kubeconfig.load(str(cluster.kubeconfig))
         kc.write_text(kubeconfig.build(cluster.server, (other / "ca.crt").read_text(), "x",
                                        cert_pem=creds.cert_pem, key_pem=creds.key_pem))
-        r = subprocess.run([sys.executable, str(K8S / "kubectl"), "--kubeconfig", str(kc), "get",
+        r = subprocess.run([str(real_kubectl()), "--kubeconfig", str(kc), "get",
                             "nodes"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 1
         assert "Unable to connect to the server: tls: failed to verify certificate" in r.stderr
@@ -1401,3 +1396,247 @@ def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip() == ('Error: invalid argument "Accelerators=true" for '
                                 '"--feature-gates" flag: unrecognized feature gate: Accelerators')
+
+
+# ================================================================== the REAL kubectl's view
+DEPLOY = """apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: c, image: "registry.example/web:1"}]
+"""
+
+
+def kubectl_ok(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    r = cluster.kubectl(*args, stdin=stdin)
+    assert r.returncode == 0, (args, r.stderr)
+    return r.stdout
+
+
+class TestRealKubectl:
+    """The real kubectl 1.36 against the API server stand-in: what it asks for (Tables, watches,
+    patches, server-side apply, validation, reviews) and the real texts it prints back."""
+
+    def test_tables_of_the_kinds_an_admin_lists(self, cluster: Cluster) -> None:
+        cluster.add_node("gpu-01", gpus=2)
+        kubectl_ok(cluster, "apply", "-f", "-", stdin=DEPLOY + """---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once, namespace: default}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: "registry.example/job:1"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 1Gi}}
+""")
+        heads = {
+            "deployments": ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS",
+                            "IMAGES", "SELECTOR"],
+            "jobs": ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE", "CONTAINERS", "IMAGES",
+                     "SELECTOR"],
+            "services": ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE",
+                         "SELECTOR"],
+            "pvc": ["NAME", "STATUS", "VOLUME", "CAPACITY", "ACCESS MODES", "STORAGECLASS",
+                    "VOLUMEATTRIBUTESCLASS", "AGE", "VOLUMEMODE"],
+            "pods": ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE",
+                     "NOMINATED NODE", "READINESS GATES"],
+        }
+        for kind, want in heads.items():
+            out = kubectl_ok(cluster, "get", kind, "-o", "wide")
+            assert [c for c in re.split(r"\s{2,}", out.splitlines()[0].strip())] == want, out
+        svc = kubectl_ok(cluster, "get", "svc", "web").splitlines()[1].split()
+        assert svc[1] == "NodePort" and re.fullmatch(r"80:3\d{4}/TCP", svc[4])
+        dep = kubectl_ok(cluster, "get", "deploy", "web", "-o", "wide").splitlines()[1].split()
+        assert dep[5:] == ["c", "registry.example/web:1", "app=web"]
+        # a kind with no printer of its own gets the generic Name and Created At
+        kubectl_ok(cluster, "apply", "-f", "-", stdin="apiVersion: rbac.authorization.k8s.io/v1\n"
+                   "kind: ClusterRole\nmetadata: {name: viewer}\nrules: []\n")
+        row = kubectl_ok(cluster, "get", "clusterroles").splitlines()
+        assert row[0].split() == ["NAME", "CREATED", "AT"]
+        assert re.fullmatch(r"viewer\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row[1])
+        # -o name, custom-columns and jsonpath work on the same answers
+        assert kubectl_ok(cluster, "get", "deploy", "-o", "name") == "deployment.apps/web\n"
+        assert kubectl_ok(cluster, "get", "nodes", "-o",
+                          r"custom-columns=NAME:.metadata.name,GPU:.status.allocatable.nvidia\.com/gpu"
+                          ).splitlines()[1].split() == ["gpu-01", "2"]
+
+    def test_watch_wait_and_too_old_versions(self, cluster: Cluster) -> None:
+        cluster.add_node("gpu-02", ready=False)
+        node = cluster.client.get("/api/v1/nodes/gpu-02")
+
+        def ready_later() -> None:
+            time.sleep(2)
+            node["status"]["conditions"][0]["status"] = "True"
+            cluster.client.request("PUT", "/api/v1/nodes/gpu-02/status", node)
+
+        import threading
+
+        t = threading.Thread(target=ready_later)
+        t0 = time.monotonic()
+        t.start()
+        r = cluster.kubectl("wait", "--for=condition=Ready", "node/gpu-02", "--timeout=20s")
+        t.join()
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "node/gpu-02 condition met\n"
+        assert time.monotonic() - t0 >= 2  # it waited on the watch, not on a first GET
+        # a watch stream: newline-delimited events, the initial ADDED, a BOOKMARK on request
+        rv = cluster.client.get("/api/v1/nodes")["metadata"]["resourceVersion"]
+        raw = cluster.client.request(
+            "GET", "/api/v1/nodes?watch=true&timeoutSeconds=1&allowWatchBookmarks=true"
+                   "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", raw=True)
+        events = [json.loads(line) for line in raw.decode().splitlines()]
+        assert [e["type"] for e in events][:2] == ["ADDED", "BOOKMARK"]
+        assert events[1]["object"]["metadata"]["annotations"] == {
+            "k8s.io/initial-events-end": "true"}
+        assert int(events[1]["object"]["metadata"]["resourceVersion"]) >= int(rv)
+        # from a resourceVersion: only what changed after it, in order
+        rv = cluster.client.get("/api/v1/namespaces")["metadata"]["resourceVersion"]
+        kubectl_ok(cluster, "create", "namespace", "later")
+        raw = cluster.client.request(
+            "GET", f"/api/v1/namespaces?watch=true&timeoutSeconds=1&resourceVersion={rv}",
+            raw=True)
+        events = [json.loads(line) for line in raw.decode().splitlines()]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+            ("ADDED", "later")]
+        # a deletion reaches a waiting kubectl
+        kubectl_ok(cluster, "create", "namespace", "gone")
+        threading.Timer(1, lambda: cluster.client.request(
+            "DELETE", "/api/v1/namespaces/gone")).start()
+        r = cluster.kubectl("wait", "--for=delete", "namespace/gone", "--timeout=20s")
+        assert r.returncode == 0 and r.stdout == "namespace/gone condition met\n", r.stderr
+
+    def test_patch_types_label_annotate_dry_run(self, cluster: Cluster) -> None:
+        kubectl_ok(cluster, "apply", "-f", "-", stdin=DEPLOY)
+        kubectl_ok(cluster, "label", "deploy", "web", "tier=front")
+        kubectl_ok(cluster, "annotate", "deploy", "web", "note=hi")
+        d = json.loads(kubectl_ok(cluster, "get", "deploy", "web", "-o", "json",
+                                  "--show-managed-fields"))
+        owned = {e["manager"]: e["fieldsV1"] for e in d["metadata"]["managedFields"]}
+        assert "f:tier" in owned["kubectl-label"]["f:metadata"]["f:labels"]
+        # strategic merge: the container list merges by name
+        kubectl_ok(cluster, "patch", "deploy", "web", "-p",
+                   '{"spec":{"template":{"spec":{"containers":[{"name":"c","image":"w:2"}]}}}}')
+        kubectl_ok(cluster, "patch", "deploy", "web", "--type=merge", "-p",
+                   '{"metadata":{"labels":{"tier":null}}}')
+        kubectl_ok(cluster, "patch", "deploy", "web", "--type=json", "-p",
+                   '[{"op":"replace","path":"/spec/replicas","value":3}]')
+        d = json.loads(kubectl_ok(cluster, "get", "deploy", "web", "-o", "json",
+                                  "--show-managed-fields"))
+        assert d["spec"]["replicas"] == 3
+        assert d["spec"]["template"]["spec"]["containers"] == [{"name": "c", "image": "w:2"}]
+        assert "tier" not in d["metadata"].get("labels", {})
+        assert d["metadata"]["annotations"]["note"] == "hi"
+        managers = {e["manager"] for e in d["metadata"]["managedFields"]}
+        # the merge patch took away the one field kubectl-label owned: its entry is gone
+        assert {"kubectl-client-side-apply", "kubectl-annotate", "kubectl-patch"} <= managers
+        assert "kubectl-label" not in managers
+        r = cluster.kubectl("patch", "deploy", "web", "--type=json", "-p",
+                            '[{"op":"remove","path":"/spec/nothing"}]')
+        assert r.returncode == 1 and r.stderr.startswith(
+            "The request is invalid: the server rejected our request due to an error in our "
+            'request: remove operation does not apply: doc is missing path: "/spec/nothing"')
+        assert kubectl_ok(cluster, "create", "namespace", "ghost", "--dry-run=server") == \
+            "namespace/ghost created (server dry run)\n"
+        r = cluster.kubectl("get", "namespace", "ghost")
+        assert r.stderr.strip() == 'Error from server (NotFound): namespaces "ghost" not found'
+
+    def test_server_side_apply_managers_conflict_and_force(self, cluster: Cluster) -> None:
+        cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg, namespace: default}\n"
+        assert kubectl_ok(cluster, "apply", "--server-side", "--field-manager=alice", "-f", "-",
+                          stdin=cm + "data: {color: red, size: big}\n") == \
+            "configmap/cfg serverside-applied\n"
+        r = cluster.kubectl("apply", "--server-side", "--field-manager=bob", "-f", "-",
+                            stdin=cm + "data: {color: blue}\n")
+        assert r.returncode == 1
+        assert r.stderr.startswith('error: Apply failed with 1 conflict: conflict with "alice": '
+                                   ".data.color\nPlease review the fields above--they currently "
+                                   "have other managers."), r.stderr
+        # the same value is no conflict: bob co-owns .data.size
+        kubectl_ok(cluster, "apply", "--server-side", "--field-manager=bob", "-f", "-",
+                   stdin=cm + "data: {size: big}\n")
+        kubectl_ok(cluster, "apply", "--server-side", "--field-manager=bob", "--force-conflicts",
+                   "-f", "-", stdin=cm + "data: {color: blue, size: big}\n")
+        obj = json.loads(kubectl_ok(cluster, "get", "cm", "cfg", "-o", "json",
+                                    "--show-managed-fields"))
+        assert obj["data"] == {"color": "blue", "size": "big"}
+        owned = {e["manager"]: e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
+        assert "f:color" in owned["bob"]["f:data"]
+        assert "f:color" not in owned["alice"]["f:data"]
+        # alice stops applying size: bob still owns it, so it stays
+        kubectl_ok(cluster, "apply", "--server-side", "--field-manager=alice", "-f", "-",
+                   stdin=cm)
+        assert json.loads(kubectl_ok(cluster, "get", "cm", "cfg", "-o", "json"))["data"] == {
+            "color": "blue", "size": "big"}
+
+    def test_unknown_fields_refused_as_the_real_server_does(self, cluster: Cluster) -> None:
+        bad = DEPLOY.replace("replicas: 1", "replicaz: 1")
+        r = cluster.kubectl("apply", "-f", "-", stdin=bad)
+        assert r.returncode == 1
+        assert r.stderr.strip() == (
+            'Error from server (BadRequest): error when creating "STDIN": Deployment in version '
+            '"v1" cannot be handled as a Deployment: strict decoding error: unknown field '
+            '"spec.replicaz"')
+        r = cluster.kubectl("apply", "--server-side", "-f", "-", stdin=bad)
+        assert r.returncode == 1
+        assert r.stderr.strip() == (
+            "Error from server: failed to create typed patch object (default/web; apps/v1, "
+            "Kind=Deployment): .spec.replicaz: field not declared in schema")
+        # --validate=false (fieldValidation=Ignore) drops the field, as the real server does
+        r = cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=bad)
+        assert r.returncode == 0, r.stderr
+        spec = json.loads(kubectl_ok(cluster, "get", "deploy", "web", "-o", "json"))["spec"]
+        assert "replicaz" not in spec and spec["replicas"] == 1  # defaulted, not kept
+
+    def test_status_bodies_and_reviews(self, cluster: Cluster, tmp_path: Path) -> None:
+        r = cluster.kubectl("create", "configmap", "Bad_Name")
+        assert r.returncode == 1
+        assert 'ConfigMap "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a ' \
+            "lowercase RFC 1123 subdomain" in r.stderr
+        kubectl_ok(cluster, "create", "namespace", "twice")
+        r = cluster.kubectl("create", "namespace", "twice")
+        assert r.stderr.strip() == \
+            'Error from server (AlreadyExists): namespaces "twice" already exists'
+        cm = json.loads(kubectl_ok(cluster, "create", "configmap", "c", "-o", "json"))
+        kubectl_ok(cluster, "label", "configmap", "c", "x=y")
+        r = cluster.kubectl("replace", "-f", "-", stdin=json.dumps(cm))
+        assert r.returncode == 1
+        assert r.stderr.strip() == (
+            'Error from server (Conflict): error when replacing "STDIN": Operation cannot be '
+            'fulfilled on configmaps "c": the object has been modified; please apply your '
+            "changes to the latest version and try again")
+        assert kubectl_ok(cluster, "auth", "can-i", "create", "pods") == "yes\n"
+        assert "kubernetes-admin" in kubectl_ok(cluster, "auth", "whoami")
+        # a user with no rights: Forbidden with the real text, can-i says no
+        pk = cluster.root / "pki"
+        pki.issue(str(tmp_path / "jane.crt"), str(tmp_path / "jane.key"), str(pk / "ca.crt"),
+                  str(pk / "ca.key"), "jane", orgs=["devs"])
+        kc = tmp_path / "jane.conf"
+        kc.write_text(kubeconfig.build(cluster.server, cluster.ca_pem, "jane",
+                                       cert_pem=(tmp_path / "jane.crt").read_text(),
+                                       key_pem=(tmp_path / "jane.key").read_text()))
+        r = cluster.kubectl("--kubeconfig", str(kc), "get", "nodes")
+        assert r.stderr.strip() == (
+            'Error from server (Forbidden): nodes is forbidden: User "jane" cannot list '
+            'resource "nodes" in API group "" at the cluster scope')
+        r = cluster.kubectl("--kubeconfig", str(kc), "auth", "can-i", "delete", "nodes")
+        assert r.returncode == 1 and r.stdout == "no\n"

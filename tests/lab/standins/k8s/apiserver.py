@@ -27,10 +27,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from . import featuregates, pki
+from . import discovery, featuregates, merge, pki, schema, tables, wire
 from .common import (
     P,
-    deep_merge,
     git_version,
     now,
     package_version,
@@ -80,6 +79,44 @@ class HTTPError(Exception):
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": self.message, "reason": self.reason, "details": self.details,
                 "code": self.code}
+
+
+SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+SUBDOMAIN_KINDS = {"configmaps", "secrets", "pods", "deployments", "daemonsets", "jobs",
+                   "replicasets", "statefulsets", "persistentvolumeclaims", "persistentvolumes",
+                   "serviceaccounts", "nodes", "runtimeclasses", "poddisruptionbudgets",
+                   "cronjobs", "storageclasses", "priorityclasses"}
+
+
+def name_error(res: Resource, name: str) -> str | None:
+    """The real validation message of a bad metadata.name, or None."""
+    if res.plural == "namespaces":
+        if not LABEL_1123.match(name) or len(name) > 63:
+            return ("a lowercase RFC 1123 label must consist of lower case alphanumeric "
+                    "characters or '-', and must start and end with an alphanumeric character "
+                    "(e.g. 'my-name',  or '123-abc', regex used for validation is "
+                    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+    elif res.plural == "services":
+        if not LABEL_1035.match(name) or len(name) > 63:
+            return ("a DNS-1035 label must consist of lower case alphanumeric characters or "
+                    "'-', start with an alphabetic character, and end with an alphanumeric "
+                    "character (e.g. 'my-name',  or 'abc-123', regex used for validation is "
+                    "'[a-z]([-a-z0-9]*[a-z0-9])?')")
+    elif res.plural in SUBDOMAIN_KINDS and (not SUBDOMAIN.match(name) or len(name) > 253):
+        return ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                "characters, '-' or '.', and must start and end with an alphanumeric character "
+                "(e.g. 'example.com', regex used for validation is "
+                "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    return None
+
+
+def invalid(res: Resource, name: str, field: str, value: str, why: str) -> HTTPError:
+    detail = f'Invalid value: "{value}": {why}'
+    return HTTPError(422, "Invalid", f'{res.kind} "{name}" is invalid: {field}: {detail}',
+                     {"name": name, "group": res.group, "kind": res.kind, "causes": [
+                         {"reason": "FieldValueInvalid", "message": detail, "field": field}]})
 
 
 def not_found(res: Resource, name: str) -> HTTPError:
@@ -242,7 +279,7 @@ class ApiServer:
         assert r is not None, name
         return r
 
-    def create(self, res: Resource, obj: Obj, ns: str = "") -> Obj:
+    def create(self, res: Resource, obj: Obj, ns: str = "", dry: bool = False) -> Obj:
         with self.lock:
             md = obj.setdefault("metadata", {})
             if not md.get("name") and md.get("generateName"):
@@ -251,6 +288,9 @@ class ApiServer:
             if not name:
                 raise HTTPError(422, "Invalid", f"{res.kind} \"\" is invalid: metadata.name: "
                                 "Required value: name or generateName is required")
+            why = name_error(res, name)
+            if why:
+                raise invalid(res, name, "metadata.name", name, why)
             if res.namespaced:
                 ns = md.get("namespace") or ns or "default"
                 md["namespace"] = ns
@@ -269,11 +309,14 @@ class ApiServer:
                 md["generation"] = 1
             self._defaults(res, obj)
             _secret_string_data(res, obj)
+            if dry:
+                return obj
             out = self.store.put(self.key(res), obj)
             self._after_write(res, out)
             return out
 
-    def update(self, res: Resource, obj: Obj, status_only: bool = False) -> Obj:
+    def update(self, res: Resource, obj: Obj, status_only: bool = False, dry: bool = False
+               ) -> Obj:
         with self.lock:
             md = obj["metadata"]
             old = self.get(res, md.get("namespace", ""), md["name"])
@@ -285,6 +328,8 @@ class ApiServer:
             if status_only:
                 new = copy.deepcopy(old)
                 new["status"] = obj.get("status", {})
+                if "managedFields" in md:
+                    new["metadata"]["managedFields"] = md["managedFields"]
                 obj = new
             else:
                 if "status" in old and res.plural not in ("namespaces",):
@@ -294,34 +339,11 @@ class ApiServer:
                 else:
                     md["generation"] = old["metadata"].get("generation", 1)
             _secret_string_data(res, obj)
+            if dry:
+                return obj
             out = self.store.put(self.key(res), obj)
             self._after_write(res, out)
             return out
-
-    def apply(self, res: Resource, ns: str, name: str, applied: Obj, manager: str) -> Obj:
-        """Server-side apply (simplified): the applied configuration's fields win; status and
-        fields the applier did not mention stay."""
-        with self.lock:
-            old = self.get(res, ns, name)
-            applied.setdefault("metadata", {})["name"] = name
-            if res.namespaced:
-                applied["metadata"]["namespace"] = ns
-            applied["metadata"]["managedFields"] = [{
-                "manager": manager, "operation": "Apply", "apiVersion": res.api_version,
-                "time": ts(), "fieldsType": "FieldsV1"}]
-            if old is None:
-                return self.create(res, applied, ns)
-            new = copy.deepcopy(old)
-            for k, v in applied.items():
-                if k == "metadata":
-                    for mk, mv in v.items():
-                        if mk in ("labels", "annotations"):
-                            new["metadata"][mk] = {**(old["metadata"].get(mk) or {}), **mv}
-                        elif mk not in ("uid", "resourceVersion", "creationTimestamp"):
-                            new["metadata"][mk] = mv
-                elif k != "status":
-                    new[k] = v
-            return self.update(res, new)
 
     def delete(self, res: Resource, ns: str, name: str) -> Obj:
         with self.lock:
@@ -429,6 +451,9 @@ class ApiServer:
         spec = crd.get("spec", {})
         names = spec.get("names", {})
         for v in spec.get("versions") or []:
+            sch = (v.get("schema") or {}).get("openAPIV3Schema")
+            if sch:
+                schema.CUSTOM[(spec.get("group", ""), v["name"], names.get("kind", ""))] = sch
             if v.get("served", True):
                 self.registry.add(Resource(spec.get("group", ""), v["name"], names.get("kind", ""),
                                            names.get("plural", ""),
@@ -981,7 +1006,7 @@ class ApiServer:
                                   pod["metadata"]["name"])
 
     # ---------------------------------------------------------------- eviction / proxies
-    def evict(self, ns: str, name: str) -> Obj:
+    def evict(self, ns: str, name: str, dry: bool = False) -> Obj:
         pods_res = self.R("pods")
         pod = self.get(pods_res, ns, name)
         if pod is None:
@@ -1008,8 +1033,10 @@ class ApiServer:
                                     "message": f"The disruption budget {pdb['metadata']['name']}"
                                                f" needs {need} healthy pods and has {healthy} "
                                                "currently"}]})
-        self.store.delete(self.key(pods_res), ns, name)
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        if not dry:
+            self.store.delete(self.key(pods_res), ns, name)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
 
     @staticmethod
     def _int_or_percent(v: Any, total: int, up: bool) -> int:
@@ -1086,37 +1113,6 @@ class ApiServer:
             lines.append(f'apiserver_storage_objects{{resource="{p + "." + g if g else p}"}} {n}')
         return "\n".join(lines) + "\n"
 
-    def discovery(self, parts: list[str]) -> Obj | None:
-        if parts == ["api"]:
-            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.advertise}:{self.port}"}]}
-        if parts == ["apis"]:
-            groups = []
-            for g, vs in self.registry.groups().items():
-                if not g:
-                    continue
-                gvs = [{"groupVersion": f"{g}/{v}", "version": v} for v in vs]
-                groups.append({"name": g, "versions": gvs, "preferredVersion": gvs[0]})
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-        gv = None
-        if len(parts) == 2 and parts[0] == "api":
-            gv = ("", parts[1])
-        elif len(parts) == 3 and parts[0] == "apis":
-            gv = (parts[1], parts[2])
-        if gv is None:
-            return None
-        rs = [r for r in self.registry.resources if (r.group, r.version) == gv]
-        if not rs:
-            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
-        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update",
-                 "watch"]
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{gv[0]}/{gv[1]}" if gv[0] else gv[1],
-                "resources": [{"name": r.plural, "singularName": r.singular,
-                               "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs,
-                               **({"shortNames": list(r.short)} if r.short else {})}
-                              for r in rs]}
-
     # ---------------------------------------------------------------- serving
     def serve(self) -> None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -1130,6 +1126,7 @@ class ApiServer:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128
 
             def get_request(self):  # type: ignore[no-untyped-def]
                 sock, addr = self.socket.accept()
@@ -1162,14 +1159,38 @@ class ApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _stream(self, events: Any, ctype: str) -> None:
+                """A watch: one JSON object per chunk until the stream ends or the client
+                goes away."""
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.request.settimeout(None)
+                try:
+                    for ev in events:
+                        data = json.dumps(ev).encode() + b"\n"
+                        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (OSError, ValueError):
+                    self.close_connection = True
+
             def _handle(self, method: str) -> None:
                 try:
                     n = int(self.headers.get("Content-Length") or 0)
                     body = self.rfile.read(n) if n else b""
                     code, out, ctype = api.handle(self, method, body)
-                    self._send(code, out, ctype)
+                    if code == -1:
+                        self._stream(out, ctype)
+                    else:
+                        self._send(code, out, ctype)
                 except HTTPError as e:
                     self._send(e.code, e.status())
+                except merge.PatchError as e:
+                    self._send(e.code, HTTPError(e.code, e.reason, e.message,
+                                                 {"causes": e.causes} if e.causes else {}
+                                                 ).status())
                 except Exception as e:  # pragma: no cover - diagnostics
                     traceback.print_exc()
                     self._send(500, HTTPError(500, "InternalError", str(e)).status())
@@ -1200,111 +1221,436 @@ class ApiServer:
         q = urllib.parse.parse_qs(u.query)
         parts = [urllib.parse.unquote(p) for p in u.path.strip("/").split("/") if p]
         text = "text/plain; charset=utf-8"
+        js = "application/json"
         if parts and parts[0] in ("livez", "readyz", "healthz"):
             if "verbose" in q:
                 return 200, f"[+]ping ok\n[+]etcd ok\n{parts[0]} check passed\n", text
             return 200, "ok", text
         if parts == ["version"]:
-            return 200, self.version_info(), "application/json"
+            return 200, self.version_info(), js
         user, groups = self.authenticate(h)
+        anonymous = "system:unauthenticated" in groups
         if parts == ["metrics"]:
-            if "system:unauthenticated" in groups:
+            if anonymous:
                 raise HTTPError(403, "Forbidden", 'forbidden: User "system:anonymous" cannot get '
                                 'path "/metrics"')
             return 200, self.metrics(), text
+        if parts == ["openapi", "v2"] and method == "GET":
+            # an empty OpenAPI v2 document (protobuf: zero bytes): no paths, no schemas, so
+            # kubectl validates nothing client-side for kinds the v3 documents do not list
+            return 200, b"", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+        if parts[:2] == ["openapi", "v3"] and method == "GET":
+            if anonymous:
+                raise HTTPError(403, "Forbidden", f'forbidden: User "{user}" cannot get path '
+                                f'"{u.path}"')
+            if len(parts) == 2:
+                return 200, discovery.openapi_index(self.registry), js
+            gv = parts[2:]
+            g, v = ("", gv[1]) if gv[0] == "api" and len(gv) == 2 else (
+                (gv[1], gv[2]) if gv[0] == "apis" and len(gv) == 3 else ("?", "?"))
+            known = self.registry.resources + discovery.VIRTUAL
+            if not any((r.group, r.version) == (g, v) for r in known):
+                raise HTTPError(404, "NotFound", "the server could not find the requested "
+                                "resource")
+            return 200, discovery.openapi_doc(self.registry, g, v), js
         if not parts or parts[0] not in ("api", "apis"):
             raise HTTPError(404, "NotFound", "the server could not find the requested resource")
-        if method == "GET":
-            disc = self.discovery(parts)
-            if disc is not None:
-                if "system:unauthenticated" in groups:
-                    raise HTTPError(403, "Forbidden", f'forbidden: User "{user}" cannot get '
-                                    f'path "{u.path}"')
-                return 200, disc, "application/json"
+        if method == "GET" and len(parts) <= 3 and not (parts[0] == "api" and len(parts) == 3):
+            if anonymous:
+                raise HTTPError(403, "Forbidden", f'forbidden: User "{user}" cannot get '
+                                f'path "{u.path}"')
+            accept = h.headers.get("Accept", "")
+            if len(parts) == 1 and discovery.wants_aggregated(accept):
+                return 200, discovery.aggregated(self.registry, parts == ["api"]), \
+                    discovery.AGGREGATED
+            disc = discovery.legacy(self.registry, parts, f"{self.advertise}:{self.port}")
+            if disc is None:
+                raise HTTPError(404, "NotFound", "the server could not find the requested "
+                                "resource")
+            return 200, disc, js
         if parts[0] == "api":
             group, version, rest = "", parts[1], parts[2:]
         else:
-            if len(parts) < 3:
-                raise HTTPError(404, "NotFound", "the server could not find the requested "
-                                "resource")
             group, version, rest = parts[1], parts[2], parts[3:]
         ns = ""
         if len(rest) >= 3 and rest[0] == "namespaces":
             ns, rest = rest[1], rest[2:]
         plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else ""), "/".join(rest[2:])
+        virtual = next((r for r in discovery.VIRTUAL
+                        if (r.group, r.version, r.plural) == (group, version, plural)), None)
+        if virtual is not None and method == "POST":
+            if h.headers.get("Content-Type", "").startswith("application/vnd.kubernetes.protobuf"):
+                try:
+                    _, kind, fields = wire.unwrap(body)
+                except wire.WireError as e:
+                    raise HTTPError(400, "BadRequest", f"the object provided is unrecognized: "
+                                    f"{e}") from e
+                obj = wire.review(kind or virtual.kind, fields)
+            else:
+                obj = self._decode(body, h)
+            return 201, self.review(virtual, obj, user, groups), js
         res = self.registry.by_path(group, version, plural)
         if res is None:
             raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        watching = method == "GET" and (q.get("watch") or [""])[0] in ("true", "1")
         verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
                 "PATCH": "patch", "DELETE": "delete"}[method]
+        if watching:
+            verb = "watch"
+        if method == "DELETE" and not name:
+            verb = "deletecollection"
         if sub == "eviction":
             verb = "create"
         if not self.authorize(user, groups, verb, res, ns, name, sub):
-            scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
-            rname = f"{res.plural}/{sub}" if sub else res.plural
-            msg = (f'{res.qualified}{" " + chr(34) + name + chr(34) if name else ""} is '
-                   f'forbidden: User "{user}" cannot {verb} resource "{rname}" in API group '
-                   f'"{group}" {scope}')
-            raise HTTPError(403, "Forbidden", msg, {"name": name, "group": group,
-                                                    "kind": res.plural})
-        return self.dispatch(method, res, ns, name, sub, q, body, h)
+            raise self.forbidden(user, verb, res, ns, name, sub)
+        return self.dispatch(method, res, ns, name, sub, q, body, h, user)
+
+    @staticmethod
+    def forbidden(user: str, verb: str, res: Resource, ns: str, name: str, sub: str
+                  ) -> HTTPError:
+        scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+        rname = f"{res.plural}/{sub}" if sub else res.plural
+        msg = (f'{res.qualified}{" " + chr(34) + name + chr(34) if name else ""} is '
+               f'forbidden: User "{user}" cannot {verb} resource "{rname}" in API group '
+               f'"{res.group}" {scope}')
+        return HTTPError(403, "Forbidden", msg, {"name": name, "group": res.group,
+                                                 "kind": res.plural})
+
+    def review(self, res: Resource, obj: Obj, user: str, groups: list[str]) -> Obj:
+        """SelfSubjectAccessReview, SubjectAccessReview, SelfSubjectRulesReview and
+        SelfSubjectReview: answered at once, never stored."""
+        out = {**obj, "apiVersion": res.api_version, "kind": res.kind}
+        out.setdefault("metadata", {})["creationTimestamp"] = None
+        spec = obj.get("spec") or {}
+        if res.kind == "SelfSubjectReview":
+            out["status"] = {"userInfo": {"username": user, "groups": groups}}
+            return out
+        if res.kind == "SelfSubjectRulesReview":
+            allowed = self.authorize(user, groups, "create", self.R("clusterroles"), "", "", "")
+            out["status"] = {"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"],
+                                                "resources": ["*"]}] if allowed else [],
+                             "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+                             if allowed else [], "incomplete": False}
+            return out
+        if res.kind == "SubjectAccessReview":
+            user, groups = spec.get("user", ""), list(spec.get("groups") or [])
+        attrs = spec.get("resourceAttributes")
+        if attrs is not None:
+            target = self.registry.lookup(f"{attrs.get('resource', '')}."
+                                          f"{attrs.get('group', '')}".rstrip(".")) or Resource(
+                attrs.get("group", ""), attrs.get("version", "v1"), "", attrs.get("resource", ""),
+                bool(attrs.get("namespace")))
+            ok = self.authorize(user, groups, attrs.get("verb", ""), target,
+                                attrs.get("namespace", ""), attrs.get("name", ""),
+                                attrs.get("subresource", ""))
+        else:
+            ok = "system:masters" in groups or self.authorize(user, groups, "get", None, "", "",
+                                                              "")
+        out["status"] = {"allowed": ok}
+        if ok and "system:masters" in groups:
+            out["status"]["reason"] = ""
+        return out
+
+    # ---------------------------------------------------------------- REST of one resource
+    @staticmethod
+    def _one(q: dict[str, list[str]], key: str, default: str = "") -> str:
+        return (q.get(key) or [default])[0]
+
+    def _manager(self, q: dict[str, list[str]], h: BaseHTTPRequestHandler) -> str:
+        mgr = self._one(q, "fieldManager")
+        if mgr:
+            if len(mgr) > 128:
+                raise HTTPError(422, "Invalid", "fieldManager: Too long: may not be more than "
+                                "128 bytes")
+            return mgr
+        agent = h.headers.get("User-Agent", "unknown")
+        return agent.split("/", 1)[0] or "unknown"
+
+    def _validate(self, res: Resource, obj: Obj, q: dict[str, list[str]]) -> list[str]:
+        """fieldValidation: Strict refuses unknown fields (400), Warn (the default) returns them
+        as warnings, Ignore drops them silently."""
+        mode = self._one(q, "fieldValidation", "Warn")
+        if mode not in ("Strict", "Warn", "Ignore"):
+            raise HTTPError(400, "BadRequest", f"fieldValidation parameter unsupported: {mode}")
+        sch = schema.for_kind(res.group, res.version, res.kind)
+        unknown = schema.unknown_fields(obj, sch)
+        if unknown and mode == "Strict":
+            listed = ", ".join(f'unknown field "{p}"' for p in unknown)
+            raise HTTPError(400, "BadRequest", f"{res.kind} in version \"{res.version}\" cannot "
+                            f"be handled as a {res.kind}: strict decoding error: {listed}")
+        schema.prune(obj, sch)
+        return [] if mode == "Ignore" else [f'unknown field "{p}"' for p in unknown]
+
+    def _table_or_list(self, res: Resource, items: list[Obj], q: dict[str, list[str]],
+                       h: BaseHTTPRequestHandler) -> Obj:
+        if tables.wants_table(h.headers.get("Accept", "")):
+            return tables.table(res.plural, items, str(self.store.rv),
+                                self._one(q, "includeObject", "Metadata"))
+        return {"kind": res.kind + "List", "apiVersion": res.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+
+    def _selected(self, q: dict[str, list[str]]) -> Any:
+        ls, fs = self._one(q, "labelSelector"), self._one(q, "fieldSelector")
+        return lambda o: selector_match(ls, o["metadata"].get("labels") or {}) and \
+            field_match(fs, o)
+
+    def watch(self, res: Resource, ns: str, name: str, q: dict[str, list[str]],
+              h: BaseHTTPRequestHandler) -> Any:
+        """The watch stream: ADDED/MODIFIED/DELETED events after resourceVersion (all current
+        objects first when it is "" or "0", or with sendInitialEvents), BOOKMARKs when asked
+        for, 410 Gone for a version older than the server keeps, ERROR when it expires."""
+        rv_arg = self._one(q, "resourceVersion")
+        initial = self._one(q, "sendInitialEvents") == "true" or rv_arg in ("", "0")
+        bookmarks = self._one(q, "allowWatchBookmarks") == "true"
+        try:
+            since = int(rv_arg or 0)
+        except ValueError as e:
+            raise HTTPError(400, "BadRequest", f'invalid resource version: "{rv_arg}"') from e
+        if rv_arg not in ("", "0") and since < self.store.oldest_rv():
+            raise HTTPError(410, "Expired", f"too old resource version: {since} "
+                            f"({self.store.oldest_rv() + 1})")
+        timeout = float(self._one(q, "timeoutSeconds") or 1800)
+        as_table = tables.wants_table(h.headers.get("Accept", ""))
+        include = self._one(q, "includeObject", "Metadata")
+        selected = self._selected(q)
+        key = self.key(res)
+
+        def mine(o: Obj | None) -> bool:
+            if o is None:
+                return False
+            md = o["metadata"]
+            return (not ns or md.get("namespace") == ns) and (
+                not name or md["name"] == name) and selected(o)
+
+        headers = [True]
+
+        def wrap(etype: str, obj: Obj) -> Obj:
+            if as_table and etype != "BOOKMARK":
+                t = tables.table(res.plural, [obj], obj["metadata"]["resourceVersion"], include,
+                                 headers=headers[0])
+                headers[0] = False
+                return {"type": etype, "object": t}
+            return {"type": etype, "object": obj}
+
+        def bookmark(rv: int, end: bool = False) -> Obj:
+            md: Obj = {"resourceVersion": str(rv)}
+            if end:
+                md["annotations"] = {"k8s.io/initial-events-end": "true"}
+            return {"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion":
+                                                   res.api_version, "metadata": md}}
+
+        def events() -> Any:
+            cur = since
+            with self.store.lock:
+                if initial:
+                    cur = self.store.rv
+                    snapshot = [o for o in self.list(res, ns or None) if mine(o)]
+                else:
+                    snapshot = []
+            for o in snapshot:
+                yield wrap("ADDED", o)
+            if initial and self._one(q, "sendInitialEvents") == "true":
+                yield bookmark(cur, end=True)
+            deadline = time.monotonic() + timeout
+            last_bookmark = time.monotonic()
+            while time.monotonic() < deadline:
+                batch = self.store.events_after(cur, key, min(5.0, deadline - time.monotonic()))
+                for e in batch:
+                    cur = max(cur, e.rv)
+                    was, now_ = mine(e.old), mine(e.obj)
+                    if e.type == "DELETED":
+                        if was:
+                            yield wrap("DELETED", e.obj)
+                    elif now_:
+                        yield wrap("ADDED" if e.type == "ADDED" or not was else "MODIFIED",
+                                   e.obj)
+                    elif was:
+                        yield wrap("DELETED", e.obj)
+                cur = max(cur, self.store.rv if not batch else cur)
+                if bookmarks and time.monotonic() - last_bookmark > 10:
+                    last_bookmark = time.monotonic()
+                    yield bookmark(cur)
+
+        return events()
 
     def dispatch(self, method: str, res: Resource, ns: str, name: str, sub: str,
-                 q: dict[str, list[str]], body: bytes, h: BaseHTTPRequestHandler
-                 ) -> tuple[int, Any, str]:
+                 q: dict[str, list[str]], body: bytes, h: BaseHTTPRequestHandler,
+                 user: str = "") -> tuple[int, Any, str]:
         js = "application/json"
+        dry = self._one(q, "dryRun") == "All"
         # proxies to the kubelet run outside the lock: a slow kubelet must not stall the server
         if sub == "log" and res.plural == "pods":
             return 200, self.pod_log(ns, name, q), "text/plain"
         if sub.startswith("proxy") and res.plural == "nodes":
             path = "/" + sub[len("proxy"):].lstrip("/")
             return 200, self.kubelet_get(name, path), js
+        if method == "GET" and (self._one(q, "watch") in ("true", "1")):
+            return -1, self.watch(res, ns, name, q, h), js
+        if sub not in ("", "status", "eviction"):
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
         with self.lock:
             if sub == "eviction" and method == "POST":
-                return 201, self.evict(ns, name), js
+                return 201, self.evict(ns, name, dry), js
             if method == "GET" and name:
                 obj = self.get(res, ns, name)
                 if obj is None:
                     raise not_found(res, name)
+                if tables.wants_table(h.headers.get("Accept", "")):
+                    return 200, tables.table(res.plural, [obj], obj["metadata"].get(
+                        "resourceVersion", ""), self._one(q, "includeObject", "Metadata")), js
                 return 200, obj, js
             if method == "GET":
-                items = self.list(res, ns or None)
-                ls, fs = (q.get("labelSelector") or [""])[0], (q.get("fieldSelector") or [""])[0]
-                items = [o for o in items if selector_match(ls, o["metadata"].get("labels") or {})
-                         and field_match(fs, o)]
-                return 200, {"kind": res.kind + "List", "apiVersion": res.api_version,
-                             "metadata": {"resourceVersion": str(self.store.rv)},
-                             "items": items}, js
+                items = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
+                return 200, self._table_or_list(res, items, q, h), js
+            mgr = self._manager(q, h)
+            sch = schema.for_kind(res.group, res.version, res.kind)
             if method == "POST":
-                obj = json.loads(body or b"{}")
+                obj = self._decode(body, h)
                 if obj.get("kind") and obj.get("kind") != res.kind:
                     raise HTTPError(400, "BadRequest", f"the object provided is unrecognized "
                                     f"(must be of type {res.kind})")
-                return 201, self.create(res, obj, ns), js
+                self._validate(res, obj, q)
+                merge.track_update(None, obj, mgr, sch, res.api_version)
+                return 201, self.create(res, obj, ns, dry=dry), js
             if method == "PUT":
-                obj = json.loads(body or b"{}")
+                obj = self._decode(body, h)
                 obj.setdefault("metadata", {})["name"] = name
                 if res.namespaced:
                     obj["metadata"]["namespace"] = ns
-                return 200, self.update(res, obj, status_only=(sub == "status")), js
-            if method == "PATCH":
-                ctype = h.headers.get("Content-Type", "")
-                if "apply-patch" in ctype:
-                    docs = yaml_load_all(body.decode())
-                    applied = docs[0] if docs else {}
-                    if applied.get("kind") and (applied.get("kind"), applied.get(
-                            "apiVersion")) != (res.kind, res.api_version):
-                        raise HTTPError(400, "BadRequest", "the object provided is unrecognized")
-                    mgr = (q.get("fieldManager") or ["kubectl"])[0]
-                    return 200, self.apply(res, ns, name, applied, mgr), js
+                self._validate(res, obj, q)
                 old = self.get(res, ns, name)
                 if old is None:
                     raise not_found(res, name)
-                new = deep_merge(old, json.loads(body or b"{}"))
-                return 200, self.update(res, new, status_only=(sub == "status")), js
+                self._check_rv(res, old, obj)
+                merge.track_update(old, obj, mgr, sch, res.api_version, sub)
+                return 200, self.update(res, obj, status_only=(sub == "status"), dry=dry), js
+            if method == "PATCH":
+                return 200, self.patch(res, ns, name, sub, q, body, h, mgr, dry), js
             if method == "DELETE":
+                if not name:
+                    gone = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
+                    if not dry:
+                        for o in gone:
+                            self.delete(res, o["metadata"].get("namespace", ""),
+                                        o["metadata"]["name"])
+                    return 200, self._table_or_list(res, gone, q, h), js
+                if dry:
+                    obj = self.get(res, ns, name)
+                    if obj is None:
+                        raise not_found(res, name)
+                    return 200, obj, js
                 return 200, self.delete(res, ns, name), js
         raise HTTPError(405, "MethodNotAllowed", "the server does not allow this method")
+
+    @staticmethod
+    def _decode(body: bytes, h: BaseHTTPRequestHandler) -> Obj:
+        ctype = h.headers.get("Content-Type", "application/json").split(";")[0].strip()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            try:
+                _, kind, fields = wire.unwrap(body)
+                obj = wire.simple_object(kind, fields)
+            except wire.WireError:
+                obj = None
+            if obj is not None:
+                return obj
+        if ctype not in ("application/json", "application/yaml", ""):
+            raise HTTPError(415, "UnsupportedMediaType", f"the body of the request was in an "
+                            f"unknown format - accepted media types include: application/json, "
+                            f"application/yaml (the lab's API server stand-in reads no "
+                            f"{ctype})")
+        if ctype == "application/yaml":
+            docs = yaml_load_all(body.decode())
+            return docs[0] if docs and isinstance(docs[0], dict) else {}
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError as e:
+            raise HTTPError(400, "BadRequest", f"the object provided is unrecognized: {e}") from e
+        if not isinstance(obj, dict):
+            raise HTTPError(400, "BadRequest", "the object provided is unrecognized")
+        return obj
+
+    def _check_rv(self, res: Resource, old: Obj, new: Obj) -> None:
+        rv = new.get("metadata", {}).get("resourceVersion")
+        if rv and rv != old["metadata"].get("resourceVersion"):
+            raise HTTPError(409, "Conflict", f'Operation cannot be fulfilled on {res.qualified} '
+                            f'"{old["metadata"]["name"]}": the object has been modified; please '
+                            "apply your changes to the latest version and try again",
+                            {"name": old["metadata"]["name"], "group": res.group,
+                             "kind": res.plural})
+
+    def patch(self, res: Resource, ns: str, name: str, sub: str, q: dict[str, list[str]],
+              body: bytes, h: BaseHTTPRequestHandler, mgr: str, dry: bool) -> Obj:
+        ctype = h.headers.get("Content-Type", "").split(";")[0].strip()
+        sch = schema.for_kind(res.group, res.version, res.kind)
+        old = self.get(res, ns, name)
+        if ctype == "application/apply-patch+yaml":
+            try:
+                docs = yaml_load_all(body.decode())
+            except Exception as e:
+                raise HTTPError(400, "BadRequest", f"error decoding YAML: {e}") from e
+            applied = docs[0] if docs else {}
+            if not isinstance(applied, dict) or (applied.get("kind"), applied.get(
+                    "apiVersion")) != (res.kind, res.api_version):
+                raise HTTPError(400, "BadRequest", "the object provided is unrecognized")
+            if "fieldManager" not in q:
+                raise HTTPError(400, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: "
+                                "fieldManager: Required value: is required for apply patch")
+            unknown = schema.unknown_fields(applied, sch)
+            if unknown:
+                where = f"{ns}/{name}" if res.namespaced else f"/{name}"
+                raise HTTPError(500, "", f"failed to create typed patch object ({where}; "
+                                f"{res.group}/{res.version}, Kind={res.kind}): "
+                                f".{unknown[0]}: field not declared in schema")
+            md = applied.setdefault("metadata", {})
+            md["name"] = name
+            if res.namespaced:
+                md["namespace"] = ns
+            force = self._one(q, "force") == "true"
+            new = merge.server_side_apply(old, applied, mgr, force, sch, res.api_version, sub)
+            if old is None:
+                return self.create(res, new, ns, dry=dry)
+            return self.update(res, new, status_only=(sub == "status"), dry=dry)
+        if old is None:
+            raise not_found(res, name)
+        try:
+            patch = json.loads(body or b"{}")
+        except ValueError as e:
+            raise HTTPError(400, "BadRequest", f"error decoding patch: {e}") from e
+        if ctype == "application/json-patch+json":
+            if not isinstance(patch, list):
+                raise HTTPError(400, "BadRequest", "json: cannot unmarshal object into Go value "
+                                "of type jsonpatch.Patch")
+            new = merge.json_patch(old, patch)
+        elif ctype == "application/merge-patch+json":
+            new = merge.json_merge(old, patch)
+        elif ctype == "application/strategic-merge-patch+json":
+            if res.group not in ("", "apps", "batch", "policy", "networking.k8s.io",
+                                 "rbac.authorization.k8s.io", "storage.k8s.io",
+                                 "scheduling.k8s.io", "node.k8s.io", "coordination.k8s.io",
+                                 "certificates.k8s.io", "apiextensions.k8s.io",
+                                 "admissionregistration.k8s.io", "resource.k8s.io"):
+                raise HTTPError(415, "UnsupportedMediaType", "the body of the request was in an "
+                                "unknown format - accepted media types include: "
+                                "application/json-patch+json, application/merge-patch+json, "
+                                "application/apply-patch+yaml")
+            new = merge.strategic(old, patch, sch)
+        else:
+            raise HTTPError(415, "UnsupportedMediaType", "the body of the request was in an "
+                            "unknown format - accepted media types include: "
+                            "application/json-patch+json, application/merge-patch+json, "
+                            "application/apply-patch+yaml, "
+                            "application/strategic-merge-patch+json")
+        if not isinstance(new, dict):
+            raise HTTPError(422, "Invalid", f'{res.qualified} "{name}" is invalid: the patch '
+                            "does not produce an object")
+        self._validate(res, new, q)
+        for k in ("name", "namespace", "uid"):
+            if new.get("metadata", {}).get(k) != old["metadata"].get(k):
+                raise HTTPError(422, "Invalid", f'{res.kind} "{name}" is invalid: metadata.{k}: '
+                                "Invalid value: field is immutable")
+        self._check_rv(res, old, new)
+        merge.track_update(old, new, mgr, sch, res.api_version, sub)
+        return self.update(res, new, status_only=(sub == "status"), dry=dry)
 
 
 def jws_detached(payload: str, token: str) -> str:

@@ -57,8 +57,9 @@ def ssl_context(creds: Creds) -> ssl.SSLContext:
 
 
 class Client:
-    def __init__(self, creds: Creds, timeout: float = 30) -> None:
+    def __init__(self, creds: Creds, timeout: float = 30, agent: str = "lab-standin") -> None:
         self.creds = creds
+        self.agent = f"{agent}/v0.0.0 (linux/amd64) gpuk8s-lab"
         u = urllib.parse.urlsplit(creds.server)
         self.host = u.hostname or "localhost"
         self.port = u.port or 443
@@ -69,10 +70,15 @@ class Client:
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", raw: bool = False) -> Any:
         data: bytes | None = None
+        if method == "PUT" and isinstance(body, dict) and body.get("metadata"):
+            # the stand-ins update unconditionally (no resourceVersion: no 409 Conflict), as
+            # the real components would after retrying on a conflict
+            body = {**body, "metadata": {k: v for k, v in body["metadata"].items()
+                                         if k != "resourceVersion"}}
         if body is not None:
             data = body if isinstance(body, bytes) else (
                 body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        headers = {"Accept": "application/json", "User-Agent": "kubectl/lab-standin"}
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
         if data is not None:
             headers["Content-Type"] = content_type
         if self.creds.token:

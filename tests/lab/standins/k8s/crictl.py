@@ -35,7 +35,7 @@ def endpoint(args: argparse.Namespace) -> str:
 
 
 def table(rows: list[list[str]]) -> str:
-    from .kubectl import table as t
+    from .tables import tabwriter as t
 
     return t(rows)
 

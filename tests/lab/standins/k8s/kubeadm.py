@@ -414,7 +414,7 @@ class Kubeadm:
             out(f"[control-plane-check] {comp} is healthy after {took:.9f}s")
 
         self._fault("before-upload-config")
-        c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")))
+        c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")), agent="kubeadm")
         self._post_init(c, cfg, kc, node, ca_pem, server, endpoint)
 
     def _init_phase(self, args: list[str]) -> None:
@@ -799,7 +799,7 @@ class Kubeadm:
 
         ca_pem, server = self._discover(endpoint, token, hashes, unsafe, timeouts)
         creds = kubeconfig.Creds(server=server, ca_pem=ca_pem, token=tls_token)
-        c = Client(creds)
+        c = Client(creds, agent="kubeadm")
         out('[preflight] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
             '"kube-system"...')
         out("[preflight] Use 'kubeadm init phase upload-config kubeadm --config "
@@ -882,7 +882,7 @@ class Kubeadm:
                   timeouts: Obj) -> tuple[str, str]:
         tid = token.split(".")[0]
         server = f"https://{endpoint}"
-        c = Client(kubeconfig.Creds(server=server, insecure=True), timeout=10)
+        c = Client(kubeconfig.Creds(server=server, insecure=True), timeout=10, agent="kubeadm")
         deadline = time.monotonic() + parse_duration(timeouts.get("discovery", "5m0s"))
         pre = "error execution phase preflight: couldn't validate the identity of the API Server: "
         last = ""
@@ -928,7 +928,7 @@ class Kubeadm:
         real = path if os.path.exists(path) else P(path)
         if not os.path.exists(real):
             raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
-        return Client(kubeconfig.load(real))
+        return Client(kubeconfig.load(real), agent="kubeadm")
 
     def cmd_token(self) -> None:
         sub = self.args.args[0] if self.args.args else ""
@@ -991,7 +991,7 @@ class Kubeadm:
             rows.append([f"{d.get('token-id')}.{d.get('token-secret')}", ttl, exp or "<never>",
                          usages, d.get("description", "<none>") or "<none>",
                          d.get("auth-extra-groups", "")])
-        from .kubectl import table
+        from .tables import tabwriter as table
 
         sys.stdout.write(table(rows))
 
@@ -1015,7 +1015,7 @@ class Kubeadm:
                 raise Fail("couldn't create a Kubernetes client from file "
                            '"/etc/kubernetes/kubelet.conf": open /etc/kubernetes/kubelet.conf: '
                            "no such file or directory")
-            c = Client(kubeconfig.load(conf))
+            c = Client(kubeconfig.load(conf), agent="kubeadm")
         from .common import yaml_load_all
 
         if sub == "plan":

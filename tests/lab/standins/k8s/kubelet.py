@@ -210,7 +210,7 @@ class Kubelet:
             fatal(f"failed to run Kubelet: unable to load bootstrap kubeconfig: stat {boot}: "
                   "no such file or directory")
         self.creds = kubeconfig.load(P(kc_path))
-        self.client = Client(self.creds, timeout=10)
+        self.client = Client(self.creds, timeout=10, agent="kubelet")
         self.node_name = (a.hostname_override or nodeinfo.hostname()).lower()
         self.node_ip = a.node_ip or nodeinfo.ipv4()
         self.started: dict[str, float] = {}
@@ -360,6 +360,25 @@ class Kubelet:
                 c["lastTransitionTime"] = o.get("lastTransitionTime", c["lastTransitionTime"])
         node["status"] = st
         self.client.request("PUT", path + "/status", node)
+        self.renew_lease(node)
+
+    def renew_lease(self, node: Obj) -> None:
+        """The node's heartbeat Lease in kube-node-lease (what `kubectl describe node` shows
+        under Lease:), owned by the Node so that deleting the node removes it."""
+        now_ = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        name = self.node_name
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {
+            "name": name, "namespace": "kube-node-lease", "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Node", "name": name,
+                "uid": node["metadata"].get("uid")}]},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now_}}
+        path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+        try:
+            self.client.request("PUT", f"{path}/{name}", lease)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            self.client.request("POST", path, lease)
 
     # -------------------------------------------------------------- static pods
     def static_manifests(self) -> dict[str, Obj]:

@@ -7,6 +7,7 @@ Layout: <data-dir>/member/standin/<group or core>/<plural>/<namespace or _cluste
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import json
@@ -16,6 +17,17 @@ from typing import Any
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, plural)
+HISTORY = 20000  # watch events kept (etcd's compaction window, in events not minutes)
+
+
+class Event:
+    """One change: what a watch stream sends (type ADDED|MODIFIED|DELETED) and the object
+    before it (to tell a client its selector stopped matching)."""
+
+    __slots__ = ("key", "obj", "old", "rv", "type")
+
+    def __init__(self, rv: int, etype: str, key: Key, obj: Obj, old: Obj | None) -> None:
+        self.rv, self.type, self.key, self.obj, self.old = rv, etype, key, obj, old
 
 
 class Store:
@@ -25,7 +37,10 @@ class Store:
         self.lock = threading.RLock()
         self.objs: dict[Key, dict[tuple[str, str], Obj]] = {}
         self.rv = 0
+        self.changed = threading.Condition(self.lock)
+        self.history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
         self._load()
+        self.loaded_rv = self.rv  # a watch from before this start is "too old"
 
     def _path(self, key: Key, ns: str, name: str) -> str:
         return os.path.join(self.dir, key[0] or "core", key[1], ns or "_cluster", name + ".json")
@@ -77,7 +92,9 @@ class Store:
             md = obj["metadata"]
             md["resourceVersion"] = self.next_rv()
             ns, name = md.get("namespace", ""), md["name"]
-            self.objs.setdefault(key, {})[(ns, name)] = copy.deepcopy(obj)
+            old = self.objs.setdefault(key, {}).get((ns, name))
+            self.objs[key][(ns, name)] = copy.deepcopy(obj)
+            self._record("ADDED" if old is None else "MODIFIED", key, obj, old)
             path = self._path(key, ns, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path + ".tmp", "w") as f:
@@ -90,7 +107,27 @@ class Store:
             obj = self.objs.get(key, {}).pop((ns, name), None)
             with contextlib.suppress(OSError):
                 os.unlink(self._path(key, ns, name))
+            if obj is not None:
+                gone = copy.deepcopy(obj)
+                gone["metadata"]["resourceVersion"] = self.next_rv()
+                self._record("DELETED", key, gone, obj)
             return obj
+
+    def _record(self, etype: str, key: Key, obj: Obj, old: Obj | None) -> None:
+        self.history.append(Event(self.rv, etype, key, copy.deepcopy(obj), old))
+        self.changed.notify_all()
+
+    def oldest_rv(self) -> int:
+        """The oldest resourceVersion a watch may start from (older ones are 410 Gone)."""
+        with self.lock:
+            return self.history[0].rv - 1 if len(self.history) == HISTORY else self.loaded_rv
+
+    def events_after(self, rv: int, key: Key, timeout: float) -> list[Event]:
+        """Changes of `key` after `rv`, waiting up to `timeout` seconds for the first."""
+        with self.lock:
+            if self.rv <= rv:
+                self.changed.wait(timeout)
+            return [e for e in self.history if e.rv > rv and e.key == key]
 
     def resource_keys(self) -> list[Key]:
         with self.lock:
