@@ -1640,3 +1640,15 @@ spec:
             'resource "nodes" in API group "" at the cluster scope')
         r = cluster.kubectl("--kubeconfig", str(kc), "auth", "can-i", "delete", "nodes")
         assert r.returncode == 1 and r.stdout == "no\n"
+
+
+def test_every_standin_module_is_in_every_package_that_ships_the_standins() -> None:
+    """A module left out of a package definition breaks every node at the first import."""
+    modules = {p.name for p in K8S.glob("*.py")}
+    pkgs = Path(__file__).resolve().parent / "packages" / "k8s"
+    for d in sorted(pkgs.glob("*.yaml")):
+        text = d.read_text()
+        if "standins/k8s/__init__.py" not in text:
+            continue
+        shipped = set(re.findall(r"standins/k8s/(\w+\.py)", text))
+        assert shipped == modules, (d.name, modules ^ shipped)

@@ -337,6 +337,9 @@ class Kubelet:
                     "kernelVersion": nodeinfo.kernel(), "osImage": nodeinfo.os_image(),
                     "containerRuntimeVersion": f"containerd://{nodeinfo.containerd_version()}",
                     "kubeletVersion": git_version(self.version),
+                    # deprecated and left empty by the real kubelet, but always serialized
+                    # (no omitempty): typed clients (the Python client) require the key
+                    "kubeProxyVersion": "",
                     "operatingSystem": "linux", "architecture": "amd64"}}
 
     def sync_node(self, pods: list[Obj]) -> None:

@@ -365,6 +365,14 @@ def apply_values(live: Any, applied: Any, s: Obj | None) -> Any:
     return out
 
 
+def _without_empty_markers(paths: set[Leaf], obj: Any) -> set[Leaf]:
+    """Drop a map's "." marker once no field under it is left in the set (a manager that lost
+    every value of a map no longer manages the map)."""
+    return {p for p in paths if not (
+        isinstance(value_at(obj, p)[1], dict)
+        and not any(len(q) > len(p) and q[:len(p)] == p for q in paths))}
+
+
 def _entry_leaves(e: Obj) -> set[Leaf]:
     return leaves(e.get("fieldsV1") or {})
 
@@ -396,7 +404,7 @@ def server_side_apply(live: Obj | None, applied: Obj, manager: str, force: bool,
             for e in entries:
                 lost = {p for c, p in conflicts if c is e}
                 if lost:
-                    e["fieldsV1"] = tree(_entry_leaves(e) - lost)
+                    e["fieldsV1"] = tree(_without_empty_markers(_entry_leaves(e) - lost, live))
     base = copy.deepcopy(live) if live is not None else {}
     prev = next((e for e in entries if _same(e, manager, "Apply", sub)), None)
     if prev is not None:
@@ -430,7 +438,7 @@ def track_update(old: Obj | None, new: Obj, manager: str, s: Obj | None, api_ver
         return
     for e in entries:
         if not _same(e, manager, "Update", sub):
-            e["fieldsV1"] = tree(_entry_leaves(e) - changed - gone)
+            e["fieldsV1"] = tree(_without_empty_markers(_entry_leaves(e) - changed - gone, new))
     prev = next((e for e in entries if _same(e, manager, "Update", sub)), None)
     owned = ((_entry_leaves(prev) if prev else set()) | changed) - gone
     entries = [e for e in entries if not _same(e, manager, "Update", sub) and _entry_leaves(e)]
