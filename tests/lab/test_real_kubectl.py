@@ -248,3 +248,25 @@ def test_official_python_client_list_watch_apply(cluster: Lab, tmp_path: Path) -
         assert [e.manager for e in second.metadata.managedFields] == ["pyclient"]
     finally:
         core.delete_namespaced_config_map("pyclient-ssa", "default")
+
+
+def test_gpuk8s_untaints_the_control_plane_with_the_real_kubectl(cluster: Lab) -> None:
+    """control_plane_schedulable: gpuk8s's `kubectl taint nodes --all ...-` through the real
+    binary (last in this module: the taint stays off, the next module restores the lab)."""
+    import io
+
+    from gpuk8s import api
+    from gpuk8s.report import Reporter
+    from tests.lab.test_bootstrap import GATES
+
+    taints = "get node cp-01 -o jsonpath='{.spec.taints[*].key}'"
+    assert ok(cluster, taints) == "node-role.kubernetes.io/control-plane"
+    out = io.StringIO()
+    api.bootstrap(cluster.inventory_path, sets=[GATES, "control_plane_schedulable=true"],
+                  yes=True, reporter=Reporter(out))
+    assert "remove the control-plane NoSchedule taint" in out.getvalue()
+    assert ok(cluster, taints) == ""
+    again = io.StringIO()
+    api.bootstrap(cluster.inventory_path, sets=[GATES, "control_plane_schedulable=true"],
+                  yes=True, reporter=Reporter(again))
+    assert "no changes" in again.getvalue()

@@ -1454,9 +1454,9 @@ class ApiServer:
             deadline = time.monotonic() + timeout
             last_bookmark = time.monotonic()
             while time.monotonic() < deadline:
-                batch = self.store.events_after(cur, key, min(5.0, deadline - time.monotonic()))
+                batch, seen = self.store.events_after(
+                    cur, key, max(0.0, min(5.0, deadline - time.monotonic())))
                 for e in batch:
-                    cur = max(cur, e.rv)
                     was, now_ = mine(e.old), mine(e.obj)
                     if e.type == "DELETED":
                         if was:
@@ -1466,7 +1466,7 @@ class ApiServer:
                                    e.obj)
                     elif was:
                         yield wrap("DELETED", e.obj)
-                cur = max(cur, self.store.rv if not batch else cur)
+                cur = max(cur, seen)
                 if bookmarks and time.monotonic() - last_bookmark > 10:
                     last_bookmark = time.monotonic()
                     yield bookmark(cur)

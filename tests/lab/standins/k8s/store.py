@@ -17,7 +17,7 @@ from typing import Any
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, plural)
-HISTORY = 20000  # watch events kept (etcd's compaction window, in events not minutes)
+HISTORY = 5000  # watch events kept (etcd's compaction window, in events not minutes)
 
 
 class Event:
@@ -93,8 +93,9 @@ class Store:
             md["resourceVersion"] = self.next_rv()
             ns, name = md.get("namespace", ""), md["name"]
             old = self.objs.setdefault(key, {}).get((ns, name))
-            self.objs[key][(ns, name)] = copy.deepcopy(obj)
-            self._record("ADDED" if old is None else "MODIFIED", key, obj, old)
+            stored = self.objs[key][(ns, name)] = copy.deepcopy(obj)
+            # the event shares the stored copy: stored objects are never changed in place
+            self._record("ADDED" if old is None else "MODIFIED", key, stored, old)
             path = self._path(key, ns, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path + ".tmp", "w") as f:
@@ -114,7 +115,7 @@ class Store:
             return obj
 
     def _record(self, etype: str, key: Key, obj: Obj, old: Obj | None) -> None:
-        self.history.append(Event(self.rv, etype, key, copy.deepcopy(obj), old))
+        self.history.append(Event(self.rv, etype, key, obj, old))
         self.changed.notify_all()
 
     def oldest_rv(self) -> int:
@@ -122,12 +123,19 @@ class Store:
         with self.lock:
             return self.history[0].rv - 1 if len(self.history) == HISTORY else self.loaded_rv
 
-    def events_after(self, rv: int, key: Key, timeout: float) -> list[Event]:
-        """Changes of `key` after `rv`, waiting up to `timeout` seconds for the first."""
+    def events_after(self, rv: int, key: Key, timeout: float) -> tuple[list[Event], int]:
+        """Changes of `key` after `rv` (waiting up to `timeout` seconds for any change) and the
+        revision they were read at, so that a watcher may skip to it."""
         with self.lock:
             if self.rv <= rv:
                 self.changed.wait(timeout)
-            return [e for e in self.history if e.rv > rv and e.key == key]
+            out = []
+            for e in reversed(self.history):
+                if e.rv <= rv:
+                    break
+                if e.key == key:
+                    out.append(e)
+            return out[::-1], self.rv
 
     def resource_keys(self) -> list[Key]:
         with self.lock:
