@@ -103,12 +103,39 @@ def _web(replicas: int = 1) -> str:
          "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}])
 
 
-def test_drain_blocked_then_allowed_by_the_pdb(cluster: Lab) -> None:
+def test_drain_blocked_then_allowed_by_the_pdb(cluster: Lab, tmp_path: Path) -> None:
+    """kubectl drain, then gpuk8s's reprovision (its drain), against a PodDisruptionBudget
+    that blocks and then one that allows."""
+    from gpuk8s import day2
+    from gpuk8s.errors import Gpuk8sError
+    from tests.lab.runs import call
+    from tests.lab.test_bootstrap import GATES
+
     out = ok(cluster, "apply -f -", stdin=_web())
     assert out.splitlines() == [f"namespace/{NS} created", "deployment.apps/web created",
                                 "poddisruptionbudget.policy/web created"]
+    data = yaml.safe_load(cluster.inventory_path.read_text())
+    data["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         ok(cluster, f"-n {NS} rollout status deploy/web --timeout=180s", timeout=200)
+        # kubectl exec into the real container (its websocket, the kubelet's ctr task exec)
+        assert ok(cluster, f"-n {NS} exec deploy/web -- /bin/busybox echo hello") == "hello\n"
+        rc, out, err = k(cluster, f"-n {NS} exec deploy/web -- /bin/busybox sh -c "
+                                  "'echo oops >&2; exit 3'")
+        assert rc == 3 and "oops\n" in err, err
+        assert err.endswith("command terminated with exit code 3\n"), err
+        # gpuk8s's drain (reprovision) stops, names the blocking pod and changes nothing else
+        with pytest.raises(Gpuk8sError) as exc:
+            call(day2.reprovision, inv, "cpu-01", drain_timeout=12, yes=True)
+        msg = str(exc.value)
+        assert re.search(r"cpu-01: drain did not finish in 12s; blocked by "
+                         r"kubectl-e2e/web-\S+", msg), msg
+        assert "fix: relax the PodDisruptionBudget" in msg
+        assert ok(cluster, "get node cpu-01").splitlines()[1].split()[1] == \
+            "Ready,SchedulingDisabled"  # still there, still Ready: never deleted nor reset
+        ok(cluster, "uncordon cpu-01")
         rc, out, err = k(cluster, "drain cpu-01 --ignore-daemonsets --delete-emptydir-data "
                                   "--timeout=12s", timeout=60)
         assert rc == 1
@@ -130,6 +157,12 @@ def test_drain_blocked_then_allowed_by_the_pdb(cluster: Lab) -> None:
         assert re.search(r"^pod/web-\S+ evicted$", out, re.M), out
         assert out.splitlines()[-1] == "node/cpu-01 drained"
         assert "Warning: ignoring DaemonSet-managed Pods: " in err
+        # with the budget allowing it, gpuk8s reprovisions the node through the same drain
+        ok(cluster, "uncordon cpu-01")
+        ok(cluster, f"-n {NS} rollout status deploy/web --timeout=180s", timeout=200)
+        result, _ = call(day2.reprovision, inv, "cpu-01", drain_timeout=90, yes=True)
+        assert result["changed"] > 0
+        assert ok(cluster, "get node cpu-01").splitlines()[1].split()[1] == "Ready"
     finally:
         k(cluster, "uncordon cpu-01")
         k(cluster, f"delete namespace {NS} --wait=false")

@@ -1652,3 +1652,61 @@ def test_every_standin_module_is_in_every_package_that_ships_the_standins() -> N
             continue
         shipped = set(re.findall(r"standins/k8s/(\w+\.py)", text))
         assert shipped == modules, (d.name, modules ^ shipped)
+
+
+def test_real_kubectl_exec_over_the_websocket(cluster: Cluster, tmp_path: Path) -> None:
+    """`kubectl exec POD -- CMD` (the real kubectl's websocket remote command): the API server
+    stand-in asks the pod's kubelet (here a fake on 127.0.0.1 that answers what the kubelet
+    stand-in answers after `ctr task exec`) and streams stdout, stderr and the exit code."""
+    import http.server
+    import ssl
+    import threading
+
+    calls: list[str] = []
+
+    class FakeKubelet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            calls.append(self.path)
+            argv = [v for k, v in (p.split("=", 1) for p in self.path.split("?")[1].split("&"))]
+            code = 3 if "fail" in argv else 0
+            body = json.dumps({"stdout": base64.b64encode(b"hello from c\n").decode(),
+                               "stderr": base64.b64encode(b"a warning\n").decode(),
+                               "exitCode": code}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    pki.gen_ca(str(tmp_path / "k.crt"), str(tmp_path / "k.key"), "fake-kubelet")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(tmp_path / "k.crt"), str(tmp_path / "k.key"))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeKubelet)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cluster.add_node("gpu-01")
+        node = cluster.client.get("/api/v1/nodes/gpu-01")
+        node["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}]
+        node["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": srv.server_port}}
+        cluster.client.request("PUT", "/api/v1/nodes/gpu-01/status", node)
+        cluster.client.request("POST", "/api/v1/namespaces/default/pods", {
+            "metadata": {"name": "p"}, "spec": {"nodeName": "gpu-01", "containers": [
+                {"name": "c", "image": "x"}]}})
+        pod = cluster.client.get("/api/v1/namespaces/default/pods/p")
+        pod["status"]["phase"] = "Running"
+        cluster.client.request("PUT", "/api/v1/namespaces/default/pods/p/status", pod)
+        r = cluster.kubectl("exec", "p", "--", "echo", "hi")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "hello from c\n" and r.stderr == "a warning\n"
+        assert calls[-1] == "/exec/default/p/c?command=echo&command=hi"
+        r = cluster.kubectl("exec", "p", "--", "fail")
+        assert r.returncode == 3
+        assert r.stderr.endswith("command terminated with exit code 3\n"), r.stderr
+        r = cluster.kubectl("exec", "-it", "p", "--", "sh")
+        assert r.returncode == 1 and "without stdin or a tty" in r.stderr
+    finally:
+        srv.shutdown()

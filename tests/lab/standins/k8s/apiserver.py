@@ -9,6 +9,7 @@ Objects persist as JSON under the etcd data dir (--lab-data-dir, default /var/li
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import hashlib
 import hmac
@@ -1094,6 +1095,40 @@ class ApiServer:
                             f"to start: {reason}")
         return self.kubelet_get(pod["spec"]["nodeName"], f"/containerLogs/{ns}/{name}/{cname}")
 
+    def pod_exec(self, ns: str, name: str, q: dict[str, list[str]]
+                 ) -> tuple[bytes, bytes, Obj]:
+        """A non-interactive exec (no stdin, no tty) through the pod's kubelet: (stdout,
+        stderr, the Status the real server sends on the error channel)."""
+        pods_res = self.R("pods")
+        pod = self.get(pods_res, ns, name)
+        if pod is None:
+            raise not_found(pods_res, name)
+        if self._one(q, "stdin") in ("true", "1") or self._one(q, "tty") in ("true", "1"):
+            raise HTTPError(400, "BadRequest", "the lab's API server stand-in runs exec without "
+                            "stdin or a tty only (kubectl exec POD -- CMD, without -i/-t)")
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = self._one(q, "container") or (containers[0] if containers else "")
+        if cname not in containers:
+            raise HTTPError(400, "BadRequest", f"container {cname} is not valid for pod {name}")
+        if pod.get("status", {}).get("phase") != "Running" or not pod["spec"].get("nodeName"):
+            raise HTTPError(400, "BadRequest", "unable to upgrade connection: container not "
+                            "found (\"" + cname + "\")")
+        argv = q.get("command") or []
+        query = urllib.parse.urlencode([("command", a) for a in argv])
+        path = "/exec/" + "/".join(urllib.parse.quote(x, safe="") for x in (ns, name, cname))
+        res = json.loads(self.kubelet_get(pod["spec"]["nodeName"], f"{path}?{query}"))
+        if "error" in res:
+            return b"", b"", {"metadata": {}, "status": "Failure", "message": res["error"]}
+        out, err = base64.b64decode(res["stdout"]), base64.b64decode(res["stderr"])
+        code = int(res["exitCode"])
+        if code == 0:
+            return out, err, {"metadata": {}, "status": "Success"}
+        return out, err, {"metadata": {}, "status": "Failure",
+                          "message": f"command terminated with non-zero exit code: error "
+                                     f"executing command [{' '.join(argv)}], exit code {code}",
+                          "reason": "NonZeroExitCode",
+                          "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+
     # ---------------------------------------------------------------- discovery / misc
     def version_info(self) -> Obj:
         gv = git_version(self.version)
@@ -1176,6 +1211,55 @@ class ApiServer:
                 except (OSError, ValueError):
                     self.close_connection = True
 
+            def _websocket(self, run: Any) -> None:
+                """A Kubernetes remote-command websocket (v5/v4.channel.k8s.io): stdout on
+                channel 1, stderr on 2, the result Status on 3, then a close."""
+                if self.headers.get("Upgrade", "").lower() != "websocket":
+                    raise HTTPError(400, "BadRequest", "Upgrade request required")
+                offered = [p.strip() for p in
+                           self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+                proto = next((p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io")
+                              if p in offered), None)
+                if proto is None:
+                    raise HTTPError(400, "BadRequest", "websocket: the client offered none of "
+                                    "v5.channel.k8s.io, v4.channel.k8s.io")
+                key = self.headers.get("Sec-WebSocket-Key", "")
+                accept = base64.b64encode(hashlib.sha1(
+                    (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+                self.send_response(101, "Switching Protocols")
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.send_header("Sec-WebSocket-Accept", accept)
+                self.send_header("Sec-WebSocket-Protocol", proto)
+                self.end_headers()
+
+                def frame(payload: bytes, opcode: int = 2) -> bytes:
+                    n = len(payload)
+                    head = bytes([0x80 | opcode])
+                    if n < 126:
+                        head += bytes([n])
+                    elif n < 65536:
+                        head += bytes([126]) + n.to_bytes(2, "big")
+                    else:
+                        head += bytes([127]) + n.to_bytes(8, "big")
+                    return head + payload
+
+                try:
+                    out, err, status = run()
+                except HTTPError as e:  # after the upgrade: the client reads it on channel 3
+                    out, err, status = b"", b"", e.status()
+                chunk = 32768
+                for channel, data in ((1, out), (2, err)):
+                    for i in range(0, len(data), chunk):
+                        self.wfile.write(frame(bytes([channel]) + data[i:i + chunk]))
+                self.wfile.write(frame(bytes([3]) + json.dumps(status).encode()))
+                self.wfile.write(frame((1000).to_bytes(2, "big"), opcode=8))
+                self.wfile.flush()
+                self.close_connection = True
+                with contextlib.suppress(OSError):  # let the client send its close first
+                    self.request.settimeout(2)
+                    self.request.recv(128)
+
             def _handle(self, method: str) -> None:
                 try:
                     n = int(self.headers.get("Content-Length") or 0)
@@ -1183,6 +1267,8 @@ class ApiServer:
                     code, out, ctype = api.handle(self, method, body)
                     if code == -1:
                         self._stream(out, ctype)
+                    elif code == -2:
+                        self._websocket(out)
                     else:
                         self._send(code, out, ctype)
                 except HTTPError as e:
@@ -1484,6 +1570,8 @@ class ApiServer:
         if sub.startswith("proxy") and res.plural == "nodes":
             path = "/" + sub[len("proxy"):].lstrip("/")
             return 200, self.kubelet_get(name, path), js
+        if sub == "exec" and res.plural == "pods":
+            return -2, lambda: self.pod_exec(ns, name, q), ""
         if method == "GET" and (self._one(q, "watch") in ("true", "1")):
             return -1, self.watch(res, ns, name, q, h), js
         if sub not in ("", "status", "eviction"):
