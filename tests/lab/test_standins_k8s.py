@@ -1448,6 +1448,17 @@ metadata: {name: data, namespace: default}
 spec:
   accessModes: [ReadWriteMany]
   resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent, namespace: default}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      nodeSelector: {gpu: "yes"}
+      containers: [{name: a, image: "registry.example/agent:1"}]
 """)
         heads = {
             "deployments": ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS",
@@ -1460,6 +1471,8 @@ spec:
                     "VOLUMEATTRIBUTESCLASS", "AGE", "VOLUMEMODE"],
             "pods": ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE",
                      "NOMINATED NODE", "READINESS GATES"],
+            "daemonsets": ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE",
+                           "NODE SELECTOR", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"],
         }
         for kind, want in heads.items():
             out = kubectl_ok(cluster, "get", kind, "-o", "wide")
@@ -1474,6 +1487,21 @@ spec:
         row = kubectl_ok(cluster, "get", "clusterroles").splitlines()
         assert row[0].split() == ["NAME", "CREATED", "AT"]
         assert re.fullmatch(r"viewer\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row[1])
+        ds = kubectl_ok(cluster, "get", "ds", "agent").splitlines()[1].split()
+        assert ds[:7] == ["agent", "0", "0", "0", "0", "0", "gpu=yes"]
+        # get -w: a Table, then one row per change, headers once
+        proc = subprocess.Popen([str(real_kubectl()), "--kubeconfig", str(cluster.kubeconfig),
+                                 "get", "namespaces", "-w", "--output-watch-events"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "HOME": str(cluster.root)})
+        time.sleep(1.5)
+        kubectl_ok(cluster, "create", "namespace", "watched")
+        time.sleep(1.5)
+        proc.terminate()
+        lines = proc.communicate(timeout=10)[0].splitlines()
+        assert lines[0].split() == ["EVENT", "NAME", "STATUS", "AGE"], lines
+        assert any(ln.split()[:3] == ["ADDED", "watched", "Active"] for ln in lines[1:]), lines
+        assert sum(ln.startswith("EVENT") for ln in lines) == 1
         # -o name, custom-columns and jsonpath work on the same answers
         assert kubectl_ok(cluster, "get", "deploy", "-o", "name") == "deployment.apps/web\n"
         assert kubectl_ok(cluster, "get", "nodes", "-o",
@@ -1710,3 +1738,44 @@ def test_real_kubectl_exec_over_the_websocket(cluster: Cluster, tmp_path: Path) 
         assert r.returncode == 1 and "without stdin or a tty" in r.stderr
     finally:
         srv.shutdown()
+
+
+def test_discovery_aggregated_and_legacy(cluster: Cluster) -> None:
+    """What kubectl 1.36 asks first (aggregated, apidiscovery.k8s.io/v2) and the legacy
+    documents; both name the eviction subresource kubectl drain looks for."""
+    import http.client
+    import ssl
+
+    from k8s.client import ssl_context
+
+    ctx = ssl_context(kubeconfig.load(str(cluster.kubeconfig)))
+    assert isinstance(ctx, ssl.SSLContext)
+
+    def get(path: str, accept: str) -> tuple[str, Any]:
+        conn = http.client.HTTPSConnection("127.0.0.1", cluster.port, context=ctx, timeout=10)
+        conn.request("GET", path, headers={"Accept": accept})
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        return resp.getheader("Content-Type") or "", body
+
+    agg = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"
+    ctype, core = get("/api", agg)
+    assert ctype == "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    assert core["kind"] == "APIGroupDiscoveryList"
+    pods = next(r for r in core["items"][0]["versions"][0]["resources"]
+                if r["resource"] == "pods")
+    assert {"subresource": "eviction", "verbs": ["create"], "responseKind": {
+        "group": "policy", "version": "v1", "kind": "Eviction"}} in pods["subresources"]
+    _, groups = get("/apis", agg)
+    assert {"apps", "batch", "policy", "authorization.k8s.io"} <= {
+        g["metadata"]["name"] for g in groups["items"]}
+    _, legacy = get("/api/v1", "application/json")
+    assert {"name": "pods/eviction", "singularName": "", "namespaced": True,
+            "kind": "Eviction", "verbs": ["create"], "group": "policy",
+            "version": "v1"} in legacy["resources"]
+    _, index = get("/openapi/v3", "application/json")
+    assert "apis/apps/v1" in index["paths"]
+    _, doc = get(index["paths"]["apis/apps/v1"]["serverRelativeURL"], "application/json")
+    patch = doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"]
+    assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
