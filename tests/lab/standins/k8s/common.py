@@ -208,19 +208,6 @@ def die(msg: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def deep_merge(base: Any, patch: Any) -> Any:
-    """JSON merge patch (RFC 7386): null deletes, dicts merge, everything else replaces."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(base) if isinstance(base, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = deep_merge(out.get(k), v)
-    return out
-
-
 def service_selects(selector: dict[str, str], pod: dict[str, Any]) -> bool:
     """A Service's selector picks the pod (an empty selector picks none: no endpoints)."""
     labels = pod["metadata"].get("labels") or {}
