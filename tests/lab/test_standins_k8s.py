@@ -759,6 +759,9 @@ spec:
                 {"type": "Ready", "status": "True"}]})
             c.request("PUT", f"/api/v1/namespaces/{p['metadata']['namespace']}/pods/"
                       f"{p['metadata']['name']}/status", p)
+        row = cluster.wait(lambda: (lambda r: r if r[3] == "0" and r[1] == "1" else None)(
+            kubectl_ok(cluster, "get", "pdb", "web").splitlines()[1].split()))
+        assert row[:4] == ["web", "1", "N/A", "0"]  # MIN AVAILABLE, MAX UNAVAILABLE, ALLOWED
         r = cluster.kubectl("drain", "gpu-01", "--timeout=2s")
         assert r.returncode == 1
         assert "cannot delete DaemonSet-managed Pods (use --ignore-daemonsets to ignore)" in \

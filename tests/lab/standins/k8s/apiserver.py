@@ -579,7 +579,7 @@ class ApiServer:
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
-                         self.scheduler, self.pod_gc):
+                         self.scheduler, self.pod_gc, self.disruption):
                 try:
                     with self.lock:
                         step()
@@ -1017,14 +1017,7 @@ class ApiServer:
             spec = pdb.get("spec", {})
             if not match_labels(spec.get("selector"), labels):
                 continue
-            matched = [p for p in self.list(pods_res, ns)
-                       if match_labels(spec.get("selector"), p["metadata"].get("labels") or {})]
-            healthy = sum(pod_ready(p) for p in matched)
-            if "minAvailable" in spec:
-                need = self._int_or_percent(spec["minAvailable"], len(matched), up=True)
-            else:
-                need = len(matched) - self._int_or_percent(spec.get("maxUnavailable", 1),
-                                                           len(matched), up=True)
+            _, healthy, need = self.pdb_budget(pdb)
             allowed = healthy - need
             if allowed <= 0 and pod_ready(pod):
                 raise HTTPError(429, "TooManyRequests",
@@ -1038,6 +1031,42 @@ class ApiServer:
             self.store.delete(self.key(pods_res), ns, name)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "code": 201}
+
+    def pdb_budget(self, pdb: Obj) -> tuple[int, int, int]:
+        """(expected pods, healthy pods, pods that must stay healthy) of a PodDisruptionBudget."""
+        spec = pdb.get("spec", {})
+        matched = [p for p in self.list(self.R("pods"), pdb["metadata"].get("namespace"))
+                   if match_labels(spec.get("selector"), p["metadata"].get("labels") or {})
+                   and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        healthy = sum(pod_ready(p) for p in matched)
+        if "minAvailable" in spec:
+            need = self._int_or_percent(spec["minAvailable"], len(matched), up=True)
+        else:
+            need = len(matched) - self._int_or_percent(spec.get("maxUnavailable", 1),
+                                                       len(matched), up=True)
+        return len(matched), healthy, max(need, 0)
+
+    def disruption(self) -> None:
+        """The disruption controller: each PodDisruptionBudget's status (what `kubectl get
+        pdb` shows as ALLOWED DISRUPTIONS), written only when it changes."""
+        res = self.R("pdb")
+        for pdb in self.list(res):
+            expected, healthy, need = self.pdb_budget(pdb)
+            allowed = max(healthy - need, 0)
+            old = pdb.get("status") or {}
+            cond = {"type": "DisruptionAllowed", "status": "True" if allowed else "False",
+                    "reason": "SufficientPods" if allowed else "InsufficientPods",
+                    "message": "", "observedGeneration": pdb["metadata"].get("generation", 1)}
+            prev = next((c for c in old.get("conditions") or []
+                         if c.get("type") == "DisruptionAllowed"), {})
+            cond["lastTransitionTime"] = prev.get("lastTransitionTime", ts()) if prev.get(
+                "status") == cond["status"] else ts()
+            new = {"observedGeneration": pdb["metadata"].get("generation", 1),
+                   "disruptionsAllowed": allowed, "currentHealthy": healthy,
+                   "desiredHealthy": need, "expectedPods": expected, "conditions": [cond]}
+            if new != old:
+                pdb["status"] = new
+                self.update(res, pdb, status_only=True)
 
     @staticmethod
     def _int_or_percent(v: Any, total: int, up: bool) -> int:
