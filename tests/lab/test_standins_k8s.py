@@ -1782,3 +1782,14 @@ def test_discovery_aggregated_and_legacy(cluster: Cluster) -> None:
     _, doc = get(index["paths"]["apis/apps/v1"]["serverRelativeURL"], "application/json")
     patch = doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+
+
+def test_kubelet_trims_logs_as_kubectl_asks() -> None:
+    from k8s.kubelet import _trim_log
+
+    log = "one\ntwo\nthree\n"
+    assert _trim_log(log, {"tailLines": ["2"]}) == "two\nthree\n"
+    assert _trim_log(log, {"tailLines": ["0"]}) == ""
+    assert _trim_log(log, {"tailLines": ["-1"]}) == log  # kubectl's default: everything
+    assert _trim_log(log, {"limitBytes": ["5"]}) == "one\nt"
+    assert _trim_log(log, {}) == log

@@ -1122,7 +1122,11 @@ class ApiServer:
             reason = (waiting or {}).get("reason", "ContainerCreating")
             raise HTTPError(400, "BadRequest", f'container "{cname}" in pod "{name}" is waiting '
                             f"to start: {reason}")
-        return self.kubelet_get(pod["spec"]["nodeName"], f"/containerLogs/{ns}/{name}/{cname}")
+        passed = [(k, v[0]) for k, v in query.items()
+                  if k in ("tailLines", "previous", "limitBytes", "timestamps") and v]
+        query = ("?" + urllib.parse.urlencode(passed)) if passed else ""
+        return self.kubelet_get(pod["spec"]["nodeName"],
+                                f"/containerLogs/{ns}/{name}/{cname}{query}")
 
     def pod_exec(self, ns: str, name: str, q: dict[str, list[str]]
                  ) -> tuple[bytes, bytes, Obj]:

@@ -893,6 +893,9 @@ class Kubelet:
             cfg["featureGates"] = self.gates
             return 200, json.dumps({"kubeletconfig": cfg}), "application/json"
         if path.startswith("/containerLogs/"):
+            import urllib.parse
+
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
             parts = path.split("?")[0].split("/")[2:]
             if len(parts) == 3:
                 ns, pod, container = parts
@@ -904,9 +907,15 @@ class Kubelet:
                         runs = sorted((int(f[:-4]) for f in os.listdir(folder)
                                        if f[:-4].isdigit() and f.endswith(".log")),
                                       reverse=True) if os.path.isdir(folder) else []
-                        data = nodeinfo.read_abs(f"{folder}/{runs[0]}.log") if runs else None
+                        previous = (query.get("previous") or [""])[0] == "true"
+                        if previous and len(runs) < 2:
+                            return 400, (f'previous terminated container "{container}" in pod '
+                                         f'"{pod}" not found'), "text/plain"
+                        run = runs[1] if previous else (runs[0] if runs else None)
+                        data = nodeinfo.read_abs(f"{folder}/{run}.log") if run is not None \
+                            else None
                         if data is not None:
-                            return 200, data, "text/plain"
+                            return 200, _trim_log(data, query), "text/plain"
             return 404, "container not found", "text/plain"
         if path.startswith("/exec/"):
             return self.exec_in(path)
@@ -966,6 +975,19 @@ class Kubelet:
             except (ApiError, Unreachable, TLSError, OSError) as e:
                 klog("E", f'"Error syncing" err="{e}"')
             time.sleep(STATUS_PERIOD)
+
+
+def _trim_log(data: str, query: dict[str, list[str]]) -> str:
+    """kubectl logs --tail=N (tailLines) and --limit-bytes (limitBytes), done by the kubelet
+    as the real one does: the client prints what it gets."""
+    tail = (query.get("tailLines") or [""])[0]
+    if tail.lstrip("-").isdigit() and int(tail) >= 0:
+        lines = data.splitlines(keepends=True)
+        data = "".join(lines[-int(tail):]) if int(tail) else ""
+    limit = (query.get("limitBytes") or [""])[0]
+    if limit.isdigit():
+        data = data.encode()[:int(limit)].decode(errors="ignore")
+    return data
 
 
 def main(argv: list[str], version_raw: str) -> int:
