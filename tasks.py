@@ -30,6 +30,14 @@ def bootstrap(c, inventory=INVENTORY, limit=None, yes=False, check=False, diff=F
               sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail))
 
 
+@task(help={"inventory": "inventory file", "set": "key=value override (repeatable)"},
+      iterable=["set"])
+def check(c, inventory=INVENTORY, set=None):
+    """Every problem of the inventory in one run, the hosts' roles and the variables that
+    differ from their defaults; contacts no host."""
+    _done(run("check", inventory=inventory, sets=set or []))
+
+
 @task(help={"inventory": "inventory file", "limit": "host pattern", "diff": "show file diffs",
             "set": "key=value override (repeatable)",
             "ask_become_pass": "prompt for the sudo password"}, iterable=["set"])
@@ -149,7 +157,7 @@ def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=Non
         _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
 
 
-ns = Collection(bootstrap, plan, facts, reprovision, add_node, remove_node, reset, status,
+ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 upgrade, kubeconfig)
 ns.add_task(deploy)
 ns.add_task(undeploy)

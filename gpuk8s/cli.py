@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from gpuk8s import api, day2, gpucheck, images
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
+from gpuk8s.inventory.check import check
 from gpuk8s.report import untrusted
 
 #: command name -> the one function it calls
@@ -17,7 +18,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "reprovision": day2.reprovision, "add_node": day2.add_node,
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
-    "verify_local": gpucheck.verify_local, "images": images.print_images,
+    "verify_local": gpucheck.verify_local, "images": images.print_images, "check": check,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -70,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--max-fail", default="0", dest="max_fail",
                            help="hosts that may fail (count like 1, or percent like 25%%) "
                            "while the others go on; default 0: any failure stops the run")
+    p = sub.add_parser("check", help="every problem, the hosts' roles and the variables an "
+                       "inventory sets, in one run; contacts no host")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--set", "-e", action="append", default=[], dest="sets")
     for name in ("reprovision", "add-node", "remove-node"):
         p = sub.add_parser(name)
         p.add_argument("--inventory", "-i", required=True)

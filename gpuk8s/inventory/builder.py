@@ -84,6 +84,16 @@ def validate_all(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[st
     return builder.sorted_problems()
 
 
+def inspect_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[str] = (),
+                      env: Mapping[str, str] | None = None, project_root: Path | None = None
+                      ) -> tuple[Inventory | None, list[InventoryError], tuple[str, ...]]:
+    """What `gpuk8s check` shows: the inventory as read (None when it cannot be read at
+    all), every problem in file order, and the loader's notes."""
+    builder = _Builder(Path(path), overrides, env, project_root)
+    inventory = builder.build()
+    return inventory, builder.sorted_problems(), tuple(dict.fromkeys(builder.notes))
+
+
 class _Builder(_YamlReader, _IniReader, _VarsReader):
     """Reads the inventory, records problems, builds the Inventory."""
 

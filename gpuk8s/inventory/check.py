@@ -1,0 +1,109 @@
+"""`gpuk8s check`: everything gpuk8s reads in an inventory, in one run, contacting no host.
+
+Every problem in file order (file:line and fix), the loader's notes, each host with the role
+gpuk8s gives it, cluster-level facts that plan/bootstrap would refuse (more than one control
+plane), and every gpuk8s variable whose effective value differs from its default, with where
+that value came from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.errors import InventoryError
+from gpuk8s.inventory.builder import inspect_inventory
+from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.report import Reporter, untrusted
+from gpuk8s.variables import load_variable_specs
+
+_USERINFO = re.compile(r"(//)[^/@\s]+@")
+
+
+def _shown(value: Any) -> str:
+    """A value as check prints it: credentials in URLs masked, control characters escaped."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return untrusted(_USERINFO.sub(r"\1***@", text))
+
+
+def role(host: Host) -> str:
+    if host.absent:
+        return "absent (absent: true; skipped)"
+    if host.is_control_plane:
+        return "control plane" + (" (schedulable)" if host.schedulable else "")
+    if host.is_worker:
+        return "worker"
+    return "not a cluster member (in neither control_plane nor workers)"
+
+
+def cluster_problems(inv: Inventory) -> list[InventoryError]:
+    """What plan and bootstrap refuse about the inventory as a whole."""
+    out = []
+    cps = inv.control_planes
+    if len(cps) > 1:
+        out.append(InventoryError(
+            f"{len(cps)} control planes ({', '.join(h.name for h in cps)}); gpuk8s supports one "
+            "control plane for now (a highly available control plane is planned), so plan and "
+            "bootstrap refuse this inventory", path=str(inv.path),
+            fix="keep one host under control_plane (the others can be workers)"))
+    return out
+
+
+def changed_variables(inv: Inventory) -> list[tuple[str, str, str, list[str]]]:
+    """(name, value, origin, hosts) for every gpuk8s variable that differs from its default."""
+    specs = load_variable_specs()
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for host in inv.hosts.values():
+        for name, spec in specs.items():
+            if name in host.vars and host.vars[name] != spec.default:
+                key = (name, _shown(host.vars[name]), host.vars.origin(name))
+                rows.setdefault(key, []).append(host.name)
+    return [(n, v, o, hosts) for (n, v, o), hosts in sorted(rows.items())]
+
+
+def check(inventory: str | Path, *, sets: Sequence[str] = (),
+          reporter: Reporter | None = None) -> dict[str, Any]:
+    """Print every problem, the notes, the hosts' roles and the variables that differ from their
+    defaults; raise InventoryError (exit 1) when there is any problem."""
+    rep = reporter or Reporter()
+    inv, problems, notes = inspect_inventory(inventory, overrides=list(sets))
+    if inv is not None:
+        problems = problems + cluster_problems(inv)
+    rep.print(f"inventory {untrusted(str(inventory))}")
+    if problems:
+        rep.print(f"\n{len(problems)} problem(s), in file order:")
+        for p in problems:
+            for i, line in enumerate(untrusted(p).splitlines()):
+                rep.print(("  - " if i == 0 else "    ") + line)
+    if notes:
+        rep.print("\nnotes:")
+        for n in notes:
+            rep.print(f"  - {untrusted(n)}")
+    hosts: dict[str, str] = {}
+    changed = []
+    if inv is not None:
+        rep.print("\nhosts as gpuk8s reads them:")
+        width = max(len(h) for h in inv.hosts) if inv.hosts else 4
+        for host in inv.hosts.values():
+            hosts[host.name] = role(host)
+            where = f"{host.user}@{host.address}:{host.port}" if host.connection == "ssh" \
+                else "local"
+            rep.print(f"  {untrusted(host.name):<{width}}  {where:<28} {hosts[host.name]}")
+        changed = changed_variables(inv)
+        if changed:
+            rep.print("\ngpuk8s variables that differ from their defaults:")
+            for name, value, origin, on in changed:
+                scope = "all hosts" if len(on) == len(inv.hosts) else ", ".join(on)
+                rep.print(f"  {name} = {value}")
+                rep.print(f"      from {untrusted(origin)}; on {untrusted(scope)}")
+    result = {"problems": [str(p) for p in problems], "notes": list(notes), "hosts": hosts,
+              "changed": [{"name": n, "value": v, "origin": o, "hosts": on}
+                          for n, v, o, on in changed]}
+    if problems:
+        raise InventoryError(f"{len(problems)} problem(s) in the inventory (listed above)",
+                             path=str(inventory), fix="fix them, then run check again")
+    rep.print("\nno problems: plan and bootstrap will accept this inventory")
+    return result

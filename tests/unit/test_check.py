@@ -1,0 +1,112 @@
+"""gpuk8s check: every problem in one run, the hosts' roles, the variables an inventory sets."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuk8s.cli import main
+from gpuk8s.errors import InventoryError
+from gpuk8s.inventory.check import check
+from gpuk8s.report import Reporter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(path: Path | str, **kw: object) -> tuple[dict | None, str]:
+    out = io.StringIO()
+    try:
+        result = check(path, reporter=Reporter(out), **kw)  # type: ignore[arg-type]
+    except InventoryError as exc:
+        return None, out.getvalue() + f"\nerror: {exc}"
+    return result, out.getvalue()
+
+
+def write(tmp_path: Path, text: str, name: str = "inventory.ini") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_the_lab_inventory_is_accepted_with_roles_and_origins() -> None:
+    result, text = run(ROOT / "inventories" / "lab.yaml")
+    assert result is not None
+    assert result["hosts"] == {"cp-01": "control plane", "gpu-01": "worker",
+                               "gpu-02": "worker", "cpu-01": "worker"}
+    proxy = next(c for c in result["changed"] if c["name"] == "apt_proxy")
+    assert proxy["value"] == "http://10.88.0.1:3142"
+    assert proxy["origin"].startswith("inventories/lab.yaml:") and len(proxy["hosts"]) == 4
+    assert "no problems: plan and bootstrap will accept this inventory" in text
+
+
+def test_every_problem_in_one_run_in_file_order(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10 kubernetes_version=1.36.2
+
+        [workers]
+        gpu-01 ansible_host=10.0.0.21 cni=weave
+        gpu-02 ansible_host=10.0.0.22 ansible_port=notaport
+        """)
+    result, text = run(inv)
+    assert result is None
+    lines = [ln for ln in text.splitlines() if ln.startswith("  - ")]
+    assert len(lines) == 3, text
+    assert [ln.split(":")[1] for ln in lines] == ["2", "5", "6"]  # file order, with lines
+    assert "3 problem(s) in the inventory (listed above)" in text
+
+
+def test_more_than_one_control_plane_is_a_problem_check_names(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+        cp-02 ansible_host=10.0.0.11
+
+        [workers]
+        gpu-01 ansible_host=10.0.0.21
+        """)
+    result, text = run(inv)
+    assert result is None
+    assert "2 control planes (cp-01, cp-02); gpuk8s supports one control plane for now" in text
+    assert "cp-02   root@10.0.0.11:22" in text  # the hosts are still listed
+
+
+def test_a_host_in_no_cluster_group_is_shown_as_such(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+
+        [workers]
+        gpu-01 ansible_host=10.0.0.21
+
+        [login]
+        login01 ansible_host=10.0.0.30
+        """)
+    result, text = run(inv)
+    assert result is not None
+    assert result["hosts"]["login01"] == \
+        "not a cluster member (in neither control_plane nor workers)"
+    assert "notes:" in text and "login01" in text.split("notes:")[1]
+
+
+def test_credentials_in_values_are_masked(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+
+        [all:vars]
+        apt_proxy=http://alice:s3cret@proxy.lab:3128
+        """)
+    result, text = run(inv)
+    assert result is not None
+    assert "s3cret" not in text and "http://***@proxy.lab:3128" in text
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "-i", str(ROOT / "inventories" / "lab.yaml")]) == 0
+    bad = write(tmp_path, "[control_plane]\ncp-01 ansible_host=10.0.0.10 cni=weave\n")
+    assert main(["check", "-i", str(bad)]) == 1
+    assert "1 problem(s) in the inventory" in capsys.readouterr().err
