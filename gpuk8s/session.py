@@ -23,7 +23,7 @@ from gpuk8s.ops import Op
 from gpuk8s.playbook import (
     package_cache_host,
 )
-from gpuk8s.report import Reporter, RunLog
+from gpuk8s.report import Reporter, RunLog, untrusted
 from gpuk8s.roles import HostContext
 from gpuk8s.transport import ConnectSpec, Redactor, Transport, open_all, open_transport
 
@@ -122,6 +122,8 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     redact = redact or Redactor()
     reporter = reporter or Reporter(redact=redact)
     reporter.redact = redact
+    for warning in inv.warnings:  # other playbooks' variables, ignored: said once per file
+        reporter.print(f"warning: {untrusted(warning)}")
     selected = [h.name for h in inv.select(limit) if not h.absent]
     skipped = [h.name for h in inv.select(limit) if h.absent]
     for name in skipped:

@@ -59,13 +59,6 @@ _KINDS: dict[type, str] = {bool: "bool", int: "int", str: "str", list: "list", d
 _WORDS: dict[type, str] = {bool: "boolean", int: "whole number", str: "string", list: "list",
                            dict: "mapping", float: "number", type(None): "null"}
 # Host variables of other tools' inventories, with what to do instead.
-FOREIGN_VARIABLES = {
-    "ip": "kubespray's ip is not used: gpuk8s connects to ansible_host; remove it",
-    "access_ip": "kubespray's access_ip is not used: gpuk8s connects to ansible_host; remove it",
-    "etcd_member_name": "gpuk8s runs etcd on the control planes; remove it",
-}
-
-
 @dataclass(frozen=True)
 class VarSpec:
     """One public variable: its default, type (from the default), help text and owner."""
@@ -158,22 +151,10 @@ def _read_defaults(path: Path, rel: str, role: str) -> list[VarSpec]:
 
 
 def suggest(name: str, known: Iterable[str]) -> str | None:
-    """The closest known name to ``name`` (difflib), or None."""
+    """The closest known name to ``name`` (difflib), or None: for values and host patterns;
+    variable names use gpuk8s.inventory.names.near_miss, which is much tighter."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return close[0] if close else None
-
-
-def unknown_variable(name: str, specs: Iterable[str]) -> VarProblem:
-    """The problem for a variable that no defaults file defines, with a did-you-mean."""
-    if name in FOREIGN_VARIABLES:
-        return VarProblem(name, f"unknown variable {name!r}", FOREIGN_VARIABLES[name])
-    best = suggest(name, list(specs))
-    if best:
-        return VarProblem(name, f"unknown variable {name!r}; did you mean {best!r}?",
-                          f"rename it to {best}")
-    return VarProblem(name, f"unknown variable {name!r}",
-                      "remove it, or pick a name from gpuk8s/defaults.yaml or "
-                      "roles/*/defaults.yaml")
 
 
 # --------------------------------------------------------------------------- value checks

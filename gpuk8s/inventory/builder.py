@@ -35,6 +35,7 @@ from gpuk8s.inventory.model import (
     Inventory,
     Secret,
 )
+from gpuk8s.inventory.names import near_miss, unknown_variable
 from gpuk8s.inventory.reader import _Entry, _RawHost
 from gpuk8s.inventory.text import (
     _text_value,
@@ -53,8 +54,6 @@ from gpuk8s.variables import (
     defaults_layer,
     load_variable_specs,
     merge_vars,
-    suggest,
-    unknown_variable,
 )
 
 
@@ -173,8 +172,11 @@ class _Builder(_YamlReader, _IniReader, _VarsReader):
             return self._check_ansible(e)
         spec = self.specs.get(key)
         if spec is None:
-            p = unknown_variable(key, [*self.specs, *ANSIBLE_KEYS])
-            self.problem(p.message, line=e.line, path=e.path, fix=p.fix)
+            p = unknown_variable(key, self.specs)
+            if p is not None:
+                self.problem(p.message, line=e.line, path=e.path, fix=p.fix)
+            else:  # another playbook's variable: ignored, reported once per file
+                self.foreign.setdefault(e.path or self.shown, {}).setdefault(key, e.line)
             return False
         for dkey, dline, first in _nested_duplicates(e.value):
             self.problem(f"{key}: duplicate key {dkey!r} (first at line {first}); YAML keeps "
@@ -209,7 +211,7 @@ class _Builder(_YamlReader, _IniReader, _VarsReader):
                        "remove it: gpuk8s logs in with SSH keys (ansible_ssh_private_key_file "
                        "or an agent) as ansible_user, and uses sudo")
             else:
-                best = suggest(key, ANSIBLE_KEYS)
+                best = near_miss(key, ANSIBLE_KEYS)
                 fix = f"did you mean {best!r}?" if best else \
                     f"use one of {', '.join(sorted(ANSIBLE_KEYS))}"
             self.problem(f"{key} is not supported by gpuk8s", line=e.line, path=e.path, fix=fix)
@@ -371,7 +373,26 @@ class _Builder(_YamlReader, _IniReader, _VarsReader):
                 self.notes.append(f"host {name!r} is in neither control_plane nor workers")
             for w in host.warnings:
                 self.notes.append(f"host {name!r}: {w}")
-        return Inventory(self.path, hosts, groups, tuple(dict.fromkeys(self.notes)))
+        warnings = self._foreign_variables(
+            any(h.vars.get("strict_variables") is True for h in hosts.values()))
+        return Inventory(self.path, hosts, groups, tuple(dict.fromkeys(self.notes)),
+                         warnings=tuple(warnings))
+
+    def _foreign_variables(self, strict: bool) -> list[str]:
+        """Variables gpuk8s does not use: one warning per file (ignored), or with
+        strict_variables: true one problem per variable."""
+        out = []
+        for path, names in self.foreign.items():
+            if strict:
+                for name, line in names.items():
+                    self.problem(f"unknown variable {name!r} (strict_variables is on)", line=line,
+                                 path=path, fix="remove it, or set strict_variables: false to "
+                                 "let the inventory carry other playbooks' variables")
+                continue
+            listed = ", ".join(sorted(names))
+            out.append(f"{path}: {len(names)} variable{'s' if len(names) > 1 else ''} gpuk8s "
+                       f"does not use (ignored): {listed}")
+        return out
 
     def _report_merged(self, p: VarProblem, merged: MergedVars) -> None:
         origins = [merged.origin_of(k) for k in (p.key, *p.others) if k in merged]

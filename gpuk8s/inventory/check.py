@@ -78,6 +78,10 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
         for p in problems:
             for i, line in enumerate(untrusted(p).splitlines()):
                 rep.print(("  - " if i == 0 else "    ") + line)
+    if inv is not None and inv.warnings:
+        rep.print("\nwarnings:")
+        for w in inv.warnings:
+            rep.print(f"  - {untrusted(w)}")
     if notes:
         rep.print("\nnotes:")
         for n in notes:
@@ -100,6 +104,7 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
                 rep.print(f"  {name} = {value}")
                 rep.print(f"      from {untrusted(origin)}; on {untrusted(scope)}")
     result = {"problems": [str(p) for p in problems], "notes": list(notes), "hosts": hosts,
+              "warnings": list(inv.warnings) if inv is not None else [],
               "changed": [{"name": n, "value": v, "origin": o, "hosts": on}
                           for n, v, o, on in changed]}
     if problems:

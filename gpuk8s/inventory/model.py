@@ -163,6 +163,8 @@ class Inventory:
     hosts: Mapping[str, Host]
     groups: Mapping[str, Group]
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: what every run prints: the variables gpuk8s ignores, one line per file
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def __repr__(self) -> str:
         return f"Inventory({str(self.path)!r}, hosts={list(self.hosts)!r})"

@@ -89,6 +89,7 @@ class _Reader:
         self.problems: list[InventoryError] = []
         self.file_order: dict[str | None, int] = {self.shown: 0}
         self.notes: list[str] = []
+        self.foreign: dict[str, dict[str, int | None]] = {}  # file -> unused variable -> line
         self.groups: dict[str, _RawGroup] = {}
         self.hosts: dict[str, _RawHost] = {}
         self.vars_files: dict[tuple[str, str], list[_Entry]] = {}  # (kind, name) -> entries

@@ -110,3 +110,56 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     bad = write(tmp_path, "[control_plane]\ncp-01 ansible_host=10.0.0.10 cni=weave\n")
     assert main(["check", "-i", str(bad)]) == 1
     assert "1 problem(s) in the inventory" in capsys.readouterr().err
+
+
+def test_other_playbooks_variables_are_one_warning_per_file(tmp_path: Path) -> None:
+    """kubespray's builder writes ip/access_ip on every host; DeepOps carries Slurm settings:
+    ignored, said once per file, unless strict_variables is on."""
+    inv = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10 ip=10.0.0.10 access_ip=10.0.0.10
+
+        [kube_node]
+        node2 ansible_host=10.0.0.11 ip=10.0.0.11
+
+        [all:vars]
+        ntp_servers=pool.ntp.org
+        slurm_password=hunter2
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    warning = (f"{inv}: 4 variables gpuk8s does not use (ignored): access_ip, ip, "
+               "ntp_servers, slurm_password")
+    assert warning in text
+    from gpuk8s.inventory import load_inventory
+
+    assert load_inventory(inv).warnings == (warning,)
+    result, text = run(inv, sets=["strict_variables=true"])
+    assert result is None
+    assert "4 problem(s)" in text and "unknown variable 'slurm_password' (strict_variables" in text
+
+
+def test_near_misses_stay_errors_and_no_hint_changes_meaning() -> None:
+    from gpuk8s.inventory.names import near_miss, unknown_variable
+    from gpuk8s.variables import load_variable_specs
+
+    specs = list(load_variable_specs())
+    for typo, meant in [("kuberentes_version", "kubernetes_version"),
+                        ("contianer_runtime", "container_runtime"), ("pod_cdir", "pod_cidr"),
+                        ("nvidia_driver_brach", "nvidia_driver_branch"),
+                        ("feature_gate", "feature_gates")]:
+        assert near_miss(typo, specs) == meant
+    # names of other meanings that a loose match used to propose (from public inventories)
+    for other in ["container_manager", "containerd_snapshotter", "k3s_version", "slurm_password",
+                  "kube_users", "nfs_exports", "maas_dns_domain", "nvidia_version",
+                  "nvidia_driver_force_install", "enroot_runtime_path", "registry_port",
+                  "gpu_enabled", "kube_cert_group", "kubeadm_control_plane", "kubernetes_audit",
+                  "podsecuritypolicy_enabled", "docker_rpm_keepcache", "kata_containers_enabled",
+                  "halon_system_timeout", "calico_cni_name", "kube_vip_enabled",
+                  "trident_version", "cluster_name", "docker_registry_mirrors"]:
+        problem = unknown_variable(other, specs)
+        assert problem is None or "did you mean" not in problem.message, (other, problem)
+    assert near_miss("ansible_ruby_interpreter", ["ansible_python_interpreter"]) is None
+    p = unknown_variable("container_manager", specs)
+    assert p is not None and p.message == \
+        "container_manager is kubespray's setting; gpuk8s reads container_runtime"
