@@ -26,7 +26,9 @@ ANSIBLE_KEYS = frozenset({
 })
 
 
-_ANSIBLE_RENAMES = {
+#: Ansible's other names for the keys gpuk8s honours: read as the key they alias (as Ansible
+#: does), with a note
+ANSIBLE_ALIASES = {
     "ansible_ssh_host": "ansible_host",
     "ansible_ssh_port": "ansible_port",
     "ansible_ssh_user": "ansible_user",
@@ -34,7 +36,11 @@ _ANSIBLE_RENAMES = {
     "ansible_become_pass": "ansible_become_password",
     "ansible_sudo_pass": "ansible_become_password",
     "ansible_sudo": "ansible_become",
-    "ansible_become_user": None,
+}
+#: keys gpuk8s accepts only with the one value it works with (it always becomes root by sudo)
+ANSIBLE_FIXED = {"ansible_become_user": "root", "ansible_become_method": "sudo"}
+#: keys gpuk8s refuses, with why
+_ANSIBLE_REFUSED = {
     "ansible_ssh_pass": None,
     "ansible_password": None,
 }

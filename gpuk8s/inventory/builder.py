@@ -15,10 +15,12 @@ from typing import Any
 
 from gpuk8s.errors import InventoryError
 from gpuk8s.inventory.ansible import (
-    _ANSIBLE_RENAMES,
+    _ANSIBLE_REFUSED,
     _CONNECTIONS,
     _FALSE,
     _TRUE,
+    ANSIBLE_ALIASES,
+    ANSIBLE_FIXED,
     ANSIBLE_KEYS,
     _has_line_break,
     _parse_ssh_args,
@@ -203,12 +205,22 @@ class _Builder(_YamlReader, _IniReader, _VarsReader):
         self.problem(p.message, line=line, path=e.path, fix=p.fix)
 
     def _check_ansible(self, e: _Entry) -> bool:
+        if e.key in ANSIBLE_ALIASES:  # Ansible's other name: read as the key it aliases
+            self.notes.append(f"{e.key} is read as {ANSIBLE_ALIASES[e.key]}")
+            e.key = ANSIBLE_ALIASES[e.key]
         key, value = e.key, e.value
+        if key in ANSIBLE_FIXED:
+            text = str(value).strip().strip("'\"")
+            if text != ANSIBLE_FIXED[key]:
+                self.problem(f"{key}: {text!r} is not supported: gpuk8s becomes "
+                             f"{ANSIBLE_FIXED['ansible_become_user']} with "
+                             f"{ANSIBLE_FIXED['ansible_become_method']}", line=e.line,
+                             path=e.path, fix=f"remove {key}, or set it to "
+                             f"{ANSIBLE_FIXED[key]}")
+            return False  # nothing to keep: it says what gpuk8s does anyway
         if key not in ANSIBLE_KEYS:
-            if key in _ANSIBLE_RENAMES:
-                better = _ANSIBLE_RENAMES[key]
-                fix = (f"rename it to {better}" if better else
-                       "remove it: gpuk8s logs in with SSH keys (ansible_ssh_private_key_file "
+            if key in _ANSIBLE_REFUSED:
+                fix = ("remove it: gpuk8s logs in with SSH keys (ansible_ssh_private_key_file "
                        "or an agent) as ansible_user, and uses sudo")
             else:
                 best = near_miss(key, ANSIBLE_KEYS)

@@ -32,9 +32,13 @@ GROUP_ALIASES: dict[str, str] = {
     "kube-master": CONTROL_PLANE,
     "kube_master": CONTROL_PLANE,
     "masters": CONTROL_PLANE,
+    "master": CONTROL_PLANE,  # NVIDIA Cloud Native Stack
+    "server": CONTROL_PLANE,  # k3s-ansible
     "kube_node": WORKERS,
     "kube-node": WORKERS,
     "nodes": WORKERS,
+    "node": WORKERS,  # NVIDIA Cloud Native Stack
+    "agent": WORKERS,  # k3s-ansible
 }
 
 

@@ -163,3 +163,45 @@ def test_near_misses_stay_errors_and_no_hint_changes_meaning() -> None:
     p = unknown_variable("container_manager", specs)
     assert p is not None and p.message == \
         "container_manager is kubespray's setting; gpuk8s reads container_runtime"
+
+
+def test_cns_shaped_inventory_with_ansibles_other_key_names(tmp_path: Path) -> None:
+    """NVIDIA Cloud Native Stack's shape: [master]/[node] groups, ansible_ssh_user and
+    ansible_sudo_pass on the host lines: read as the keys they alias, each said in a note."""
+    inv = write(tmp_path, """\
+        [master]
+        cns-cp ansible_ssh_host=10.0.0.10 ansible_ssh_user=nvidia ansible_sudo_pass=s3cret
+
+        [node]
+        cns-gpu ansible_ssh_host=10.0.0.11 ansible_ssh_user=nvidia ansible_ssh_port=2222
+
+        [all:vars]
+        ansible_become_method=sudo
+        ansible_become_user=root
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    assert result["hosts"] == {"cns-cp": "control plane", "cns-gpu": "worker"}
+    assert "nvidia@10.0.0.11:2222" in text and "s3cret" not in text
+    assert "ansible_ssh_user is read as ansible_user" in text
+    assert "group 'master' is read as 'control_plane'" in text
+    from gpuk8s.inventory import load_inventory
+
+    host = load_inventory(inv).hosts["cns-cp"]
+    assert host.user == "nvidia" and host.become_password is not None
+
+
+def test_k3s_ansible_groups_are_read(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        k3s_cluster:
+          children:
+            server:
+              hosts:
+                10.0.0.10:
+            agent:
+              hosts:
+                10.0.0.11:
+        """, name="inventory.yml")
+    result, text = run(inv)
+    assert result is not None, text
+    assert result["hosts"] == {"10.0.0.10": "control plane", "10.0.0.11": "worker"}
