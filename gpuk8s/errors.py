@@ -26,6 +26,24 @@ class InventoryError(Gpuk8sError, ValueError):
         super().__init__(text)
 
 
+class InventoryProblems(InventoryError):
+    """Several problems in one inventory: all of them, in file order (the first one's file,
+    line and fix are this error's)."""
+
+    def __init__(self, problems: list[InventoryError]) -> None:
+        first = problems[0]
+        self.problems = problems
+        InventoryError.__init__(self, first.message, path=first.path, line=first.line,
+                                fix=first.fix)
+        listed = "\n".join(f"- {p}".replace("\n", "\n  ") for p in problems)
+        self.args = (f"{len(problems)} problems in the inventory, in file order "
+                     f"(`gpuk8s check -i INVENTORY` shows them with the hosts and settings):\n"
+                     f"{listed}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ConnectError(Gpuk8sError):
     """A host could not be reached, authenticated, or its host key is not trusted."""
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuk8s.errors import InventoryError
+from gpuk8s.errors import InventoryError, InventoryProblems
 from gpuk8s.inventory.ansible import (
     _ANSIBLE_REFUSED,
     _CONNECTIONS,
@@ -62,7 +62,8 @@ from gpuk8s.variables import (
 def load_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[str] = (),
                    env: Mapping[str, str] | None = None,
                    project_root: Path | None = None) -> Inventory:
-    """Read, validate and merge an inventory; raise the first problem as InventoryError.
+    """Read, validate and merge an inventory; raise its problem as InventoryError (several:
+    InventoryProblems, which lists them all and carries the first one's file, line and fix).
 
     ``overrides``: ``--set`` values, as ``["k=v", ...]`` or ``{"k": "v"}`` (text values are
     parsed as YAML). ``env``: where GPUK8S_BECOME_PASSWORD is read (default os.environ).
@@ -70,6 +71,8 @@ def load_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[
     builder = _Builder(Path(path), overrides, env, project_root)
     inventory = builder.build()
     problems = builder.sorted_problems()
+    if len(problems) > 1:
+        raise InventoryProblems(problems)
     if problems:
         raise problems[0]
     assert inventory is not None

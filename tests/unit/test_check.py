@@ -205,3 +205,28 @@ def test_k3s_ansible_groups_are_read(tmp_path: Path) -> None:
     result, text = run(inv)
     assert result is not None, text
     assert result["hosts"] == {"10.0.0.10": "control plane", "10.0.0.11": "worker"}
+
+
+def test_plan_refuses_with_every_problem_and_contacts_no_host(tmp_path: Path) -> None:
+    from gpuk8s import api
+    from gpuk8s.errors import InventoryProblems
+
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10 kubernetes_version=1.36.2
+
+        [workers]
+        gpu-01 ansible_host=10.0.0.21 cni=weave
+        gpu-02 ansible_host=10.0.0.22 ansible_port=notaport
+        """)
+
+    def no_host(*a: object) -> None:
+        pytest.fail("a host was contacted")
+
+    with pytest.raises(InventoryProblems) as err:
+        api.plan(inv, reporter=Reporter(io.StringIO()), opener=no_host)
+    text = str(err.value)
+    assert text.startswith("3 problems in the inventory, in file order")
+    assert [ln.split(":")[1] for ln in text.splitlines() if ln.startswith("- ")] == \
+        ["2", "5", "6"]
+    assert err.value.line == 2 and err.value.fix  # the first one's, for callers that want one
