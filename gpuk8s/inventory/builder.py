@@ -37,7 +37,7 @@ from gpuk8s.inventory.model import (
     Inventory,
     Secret,
 )
-from gpuk8s.inventory.names import near_miss, unknown_variable
+from gpuk8s.inventory.names import _OtherTools, near_miss, unknown_variable
 from gpuk8s.inventory.reader import _Entry, _RawHost
 from gpuk8s.inventory.text import (
     _text_value,
@@ -98,7 +98,7 @@ def inspect_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequen
     return inventory, builder.sorted_problems(), tuple(dict.fromkeys(builder.notes))
 
 
-class _Builder(_YamlReader, _IniReader, _VarsReader):
+class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
     """Reads the inventory, records problems, builds the Inventory."""
 
     def build(self) -> Inventory | None:
@@ -175,6 +175,9 @@ class _Builder(_YamlReader, _IniReader, _VarsReader):
             return False
         if key.startswith("ansible_"):
             return self._check_ansible(e)
+        if not self._other_tools(e):
+            return False
+        key = e.key
         spec = self.specs.get(key)
         if spec is None:
             p = unknown_variable(key, self.specs)

@@ -2,8 +2,8 @@
 
 Every problem in file order (file:line and fix), the loader's notes, each host with the role
 gpuk8s gives it, cluster-level facts that plan/bootstrap would refuse (more than one control
-plane), and every gpuk8s variable whose effective value differs from its default, with where
-that value came from.
+plane), and every gpuk8s variable the inventory sets, with its effective value and where it
+came from.
 """
 
 from __future__ import annotations
@@ -53,14 +53,20 @@ def cluster_problems(inv: Inventory) -> list[InventoryError]:
 
 
 def changed_variables(inv: Inventory) -> list[tuple[str, str, str, list[str]]]:
-    """(name, value, origin, hosts) for every gpuk8s variable that differs from its default."""
+    """(name, value, origin, hosts) for every gpuk8s variable the inventory sets (or --set),
+    "(the default)" after a value that equals the default."""
     specs = load_variable_specs()
     rows: dict[tuple[str, str, str], list[str]] = {}
     for host in inv.hosts.values():
         for name, spec in specs.items():
-            if name in host.vars and host.vars[name] != spec.default:
-                key = (name, _shown(host.vars[name]), host.vars.origin(name))
-                rows.setdefault(key, []).append(host.name)
+            if name not in host.vars or host.vars.origin(name).startswith(
+                    ("default (", "role default (")):
+                continue
+            value = _shown(host.vars[name])
+            if host.vars[name] == spec.default:
+                value += " (the default)"
+            key = (name, value, host.vars.origin(name))
+            rows.setdefault(key, []).append(host.name)
     return [(n, v, o, hosts) for (n, v, o), hosts in sorted(rows.items())]
 
 
@@ -98,7 +104,7 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
             rep.print(f"  {untrusted(host.name):<{width}}  {where:<28} {hosts[host.name]}")
         changed = changed_variables(inv)
         if changed:
-            rep.print("\ngpuk8s variables that differ from their defaults:")
+            rep.print("\ngpuk8s variables the inventory sets:")
             for name, value, origin, on in changed:
                 scope = "all hosts" if len(on) == len(inv.hosts) else ", ".join(on)
                 rep.print(f"  {name} = {value}")

@@ -5,25 +5,62 @@ its own (a typo, refused with "did you mean"), another tool's name for one of it
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+from typing import Any
 
-from gpuk8s.variables import VarProblem
+from gpuk8s.inventory.text import _text_value
+from gpuk8s.variables import VarProblem, VarSpec
 
-#: other tools' settings that mean a gpuk8s variable: refused with the exact rename (a
-#: shared inventory must not silently lose them), until they are mapped
+#: other tools' settings that mean a gpuk8s variable: read as it (with a note), the value
+#: translated; a value gpuk8s cannot honour is refused naming the setting as written
 OTHER_TOOLS_NAMES = {
-    "kube_version": ("kubespray", "kubernetes_version", 'a minor version like "1.36"'),
-    "kube_pods_subnet": ("kubespray", "pod_cidr", None),
-    "kube_service_addresses": ("kubespray", "service_cidr", None),
-    "kube_network_plugin": ("kubespray", "cni", "flannel or calico"),
-    "container_manager": ("kubespray", "container_runtime", "containerd or docker"),
-    "dns_domain": ("kubespray", "cluster_dns_domain", None),
-    "kube_feature_gates": ("kubespray", "feature_gates", "a mapping like {Name: true}"),
-    "kubelet_feature_gates": ("kubespray", "feature_gates", "a mapping like {Name: true}"),
-    "kube_apiserver_feature_gates": ("kubespray", "feature_gates",
-                                     "a mapping like {Name: true}"),
+    "kube_version": ("kubespray", "kubernetes_version"),
+    "kube_pods_subnet": ("kubespray", "pod_cidr"),
+    "kube_service_addresses": ("kubespray", "service_cidr"),
+    "kube_network_plugin": ("kubespray", "cni"),
+    "container_manager": ("kubespray", "container_runtime"),
+    "dns_domain": ("kubespray", "cluster_dns_domain"),
+    "kube_feature_gates": ("kubespray", "feature_gates"),
+    "kubelet_feature_gates": ("kubespray", "feature_gates"),
+    "kube_apiserver_feature_gates": ("kubespray", "feature_gates"),
 }
+_CHOICES = {"cni": ("flannel", "calico"), "container_runtime": ("containerd", "docker")}
 
+
+def translate(name: str, value: Any) -> tuple[str, Any] | VarProblem | None:
+    """Another tool's setting as the gpuk8s variable it means: (variable, value); a
+    VarProblem when gpuk8s cannot do what it asks; None when it is a Jinja expression gpuk8s
+    does not evaluate (the caller notes that the gpuk8s default stays)."""
+    ours = OTHER_TOOLS_NAMES[name][1]
+    if isinstance(value, str) and "{{" in value:
+        return None
+    if ours == "kubernetes_version":
+        m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", str(value).strip())
+        if not m:
+            return VarProblem(name, f"{name}: {value!r} is not a Kubernetes version",
+                              'write it like v1.36.2, or set kubernetes_version: "1.36"')
+        return ours, f"{m.group(1)}.{m.group(2)}"
+    if ours in _CHOICES:
+        text = str(value).strip()
+        if text not in _CHOICES[ours]:
+            return VarProblem(name, f"{name}: {text} is not something gpuk8s installs "
+                              f"({' or '.join(_CHOICES[ours])})",
+                              f"set {name} (or {ours}) to {' or '.join(_CHOICES[ours])}")
+        return ours, text
+    if ours == "feature_gates":
+        if isinstance(value, dict):
+            return ours, value
+        gates: dict[str, bool] = {}
+        for item in value if isinstance(value, list) else str(value).split(","):
+            gate, sep, flag = str(item).strip().partition("=")
+            if not sep or flag.strip().lower() not in ("true", "false"):
+                return VarProblem(name, f"{name}: {item!r} is not Name=true or Name=false",
+                                  f'write {name}: ["Name=true"], or feature_gates: '
+                                  "{Name: true}")
+            gates[gate.strip()] = flag.strip().lower() == "true"
+        return ours, gates
+    return ours, value
 
 
 def near_miss(name: str, known: Iterable[str]) -> str | None:
@@ -44,16 +81,58 @@ def near_miss(name: str, known: Iterable[str]) -> str | None:
 
 
 def unknown_variable(name: str, specs: Iterable[str]) -> VarProblem | None:
-    """The problem for a variable that no defaults file defines: a near-miss of a gpuk8s name
-    (did you mean...), or another tool's name for a gpuk8s setting. None: a variable gpuk8s
-    does not use (another playbook's), which the inventory may carry."""
-    if name in OTHER_TOOLS_NAMES:
-        tool, ours, shape = OTHER_TOOLS_NAMES[name]
-        return VarProblem(name, f"{name} is {tool}'s setting; gpuk8s reads {ours}",
-                          f"set {ours}" + (f" ({shape})" if shape else "") +
-                          f" to the same value; gpuk8s does not translate {name} yet")
+    """The problem for a variable that no defaults file defines and no other tool's name maps:
+    a near-miss of a gpuk8s name (did you mean...). None: a variable gpuk8s does not use
+    (another playbook's), which the inventory may carry."""
     best = near_miss(name, list(specs))
     if best:
         return VarProblem(name, f"unknown variable {name!r}; did you mean {best!r}?",
                           f"rename it to {best}")
     return None
+
+
+class _OtherTools:
+    """The builder's side of OTHER_TOOLS_NAMES (mixed into it): read another tool's setting as
+    the gpuk8s variable, note it, and refuse a file that sets both names differently."""
+
+    notes: list[str]
+    specs: dict[str, VarSpec]
+    mapped: dict[tuple[str, str], tuple[str, Any, int | None]]
+
+    def problem(self, message: str, *, line: int | None, fix: str, path: str | None = None
+                ) -> None:
+        raise NotImplementedError
+
+    def _other_tools(self, e: Any) -> bool:
+        """False when the entry is done with (refused, or a Jinja value left alone); else the
+        entry now names the gpuk8s variable (when it named another tool's)."""
+        key = e.key
+        if key in OTHER_TOOLS_NAMES and key not in self.specs:
+            mapped = translate(key, e.value)
+            tool, ours = OTHER_TOOLS_NAMES[key]
+            if mapped is None:
+                self.notes.append(f"{e.path}: {key} is a Jinja expression ({e.value}); gpuk8s "
+                                  f"does not evaluate it and keeps {ours} as set elsewhere "
+                                  "(or its default)")
+                return False
+            if isinstance(mapped, VarProblem):
+                self.problem(mapped.message, line=e.line, path=e.path, fix=mapped.fix)
+                return False
+            self.notes.append(f"{key} ({tool}'s name) is read as {mapped[0]}: {mapped[1]}")
+            earlier = self.mapped.setdefault((e.path, ours), (key, mapped[1], e.line))
+            if earlier[1] != mapped[1]:
+                self.problem(f"{key} and {earlier[0]} (line {earlier[2]}) both set {ours}, "
+                             "differently", line=e.line, path=e.path,
+                             fix=f"keep one of them (or set {ours} once)")
+                return False
+            e.key, e.value, e.text = ours, mapped[1], False
+        elif key in self.specs and (e.path, key) in self.mapped:
+            other = self.mapped[(e.path, key)]
+            value = _text_value(e.value, self.specs[key]) if e.text and isinstance(
+                e.value, str) else e.value
+            if value != other[1]:
+                self.problem(f"{key} and {other[0]} (line {other[2]}) disagree: {value!r} vs "
+                             f"{other[1]!r}", line=e.line, path=e.path,
+                             fix=f"keep one of them ({key} is gpuk8s's own)")
+                return False
+        return True

@@ -90,6 +90,8 @@ class _Reader:
         self.file_order: dict[str | None, int] = {self.shown: 0}
         self.notes: list[str] = []
         self.foreign: dict[str, dict[str, int | None]] = {}  # file -> unused variable -> line
+        # (file, gpuk8s variable) -> (other tool's name, translated value, line)
+        self.mapped: dict[tuple[str, str], tuple[str, Any, int | None]] = {}
         self.groups: dict[str, _RawGroup] = {}
         self.hosts: dict[str, _RawHost] = {}
         self.vars_files: dict[tuple[str, str], list[_Entry]] = {}  # (kind, name) -> entries

@@ -57,7 +57,22 @@ class _VarsReader(_Reader):
             self.override_entries.append(_Entry(key, value, "--set", None, "--set",
                                                 text=is_text))
 
+    def _kubespray_cluster_group(self) -> None:
+        """kubespray's playbooks define k8s_cluster (k8s-cluster before 2.16) as its control
+        planes and nodes; an inventory often leaves it out while its group_vars/ has it."""
+        folder = self.base / "group_vars"
+        for name in ("k8s_cluster", "k8s-cluster"):
+            if name in self.groups or not self._vars_files(folder, name):
+                continue
+            group = self._group(name, str(folder / name), None)
+            group.children += [(c, str(folder / name), None) for c in ("control_plane", "workers")
+                               if c in self.groups]
+            self.notes.append(f"group_vars/{name} applies to control_plane and workers "
+                              f"(kubespray's {name} group, which this inventory does not list)")
+
     def _read_vars_dirs(self) -> None:
+        if (self.base / "group_vars").is_dir():
+            self._kubespray_cluster_group()
         names = {"group_vars": {"all": "all"}, "host_vars": {}}
         for gname, group in self.groups.items():
             for written in group.written:

@@ -160,9 +160,46 @@ def test_near_misses_stay_errors_and_no_hint_changes_meaning() -> None:
         problem = unknown_variable(other, specs)
         assert problem is None or "did you mean" not in problem.message, (other, problem)
     assert near_miss("ansible_ruby_interpreter", ["ansible_python_interpreter"]) is None
-    p = unknown_variable("container_manager", specs)
-    assert p is not None and p.message == \
-        "container_manager is kubespray's setting; gpuk8s reads container_runtime"
+
+
+def test_kubespray_settings_are_read_as_gpuk8s_variables(tmp_path: Path) -> None:
+    """kubespray's k8s_cluster group_vars shape: its settings with a gpuk8s meaning are
+    translated and announced; what gpuk8s cannot do is refused naming the setting."""
+    inv = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10 ip=10.0.0.10
+
+        [kube_node]
+        node2 ansible_host=10.0.0.11 ip=10.0.0.11
+        """)  # like kubespray's current sample: k8s_cluster exists only in its group_vars
+    gv = tmp_path / "group_vars" / "k8s_cluster"
+    gv.mkdir(parents=True)
+    (gv / "k8s-cluster.yml").write_text(
+        "kube_version: v1.36.2\nkube_network_plugin: calico\n"
+        "kube_pods_subnet: 10.233.64.0/18\nkube_service_addresses: 10.233.0.0/18\n"
+        "container_manager: containerd\ndns_domain: '{{ cluster_name }}'\n"
+        "kube_feature_gates: ['InPlacePodVerticalScaling=true']\nkube_proxy_mode: ipvs\n")
+    result, text = run(inv)
+    assert result is not None, text
+    changed = {c["name"]: (c["value"], c["origin"]) for c in result["changed"]}
+    assert changed["cni"][0] == "calico"
+    assert changed["pod_cidr"][0] == "10.233.64.0/18"
+    assert changed["service_cidr"][0] == "10.233.0.0/18"
+    assert changed["feature_gates"][0] == '{"InPlacePodVerticalScaling": true}'
+    assert "group_vars/k8s_cluster/k8s-cluster.yml:2" in changed["cni"][1], changed
+    assert "kube_network_plugin (kubespray's name) is read as cni: calico" in text
+    assert "dns_domain is a Jinja expression" in text
+    assert "group_vars/k8s_cluster applies to control_plane and workers" in text
+    assert "kube_proxy_mode" in text.split("warnings:")[1]  # no gpuk8s meaning: ignored
+    # kubespray and gpuk8s names in one file must agree
+    (gv / "k8s-cluster.yml").write_text("kube_network_plugin: calico\ncni: flannel\n")
+    result, text = run(inv)
+    assert result is None and "cni and kube_network_plugin (line 1) disagree" in text
+    (gv / "k8s-cluster.yml").write_text("container_manager: crio\n")
+    result, text = run(inv)
+    assert result is None
+    assert "container_manager: crio is not something gpuk8s installs (containerd or docker)" \
+        in text
 
 
 def test_cns_shaped_inventory_with_ansibles_other_key_names(tmp_path: Path) -> None:
