@@ -124,10 +124,16 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     reporter.redact = redact
     for warning in inv.warnings:  # other playbooks' variables, ignored: said once per file
         reporter.print(f"warning: {untrusted(warning)}")
-    selected = [h.name for h in inv.select(limit) if not h.absent]
-    skipped = [h.name for h in inv.select(limit) if h.absent]
-    for name in skipped:
-        reporter.print(f"skipping {name}: absent: true in the inventory", style="dim")
+    # the cluster is control_plane + workers: other hosts of a shared inventory (Slurm login
+    # nodes, storage, bastions) are never contacted
+    members = [h for h in inv.select(limit) if h.is_control_plane or h.is_worker]
+    selected = [h.name for h in members if not h.absent]
+    for h in inv.select(limit):
+        if h.absent:
+            reporter.print(f"skipping {h.name}: absent: true in the inventory", style="dim")
+        elif h not in members:
+            reporter.print(f"skipping {h.name}: in neither control_plane nor workers (not a "
+                           "cluster member; never contacted)", style="dim")
     needy = [h for h in inv.needs_become_password() if h in selected]
     if needy and password_prompt is not None:  # --ask-become-pass
         inv = inv.with_become_password(password_prompt(f"sudo password for {', '.join(needy)}: "),

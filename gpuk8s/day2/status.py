@@ -43,6 +43,9 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
             if host.absent:
                 rows.append({**row, "state": "absent"})
                 continue
+            if not (host.is_control_plane or host.is_worker):
+                rows.append({**row, "role": "none", "state": "skipped (not a cluster member)"})
+                continue
             if name in session.unreachable:
                 rows.append({**row, "state": "unreachable",
                              "error": str(session.unreachable[name])})

@@ -36,7 +36,7 @@ def role(host: Host) -> str:
         return "control plane" + (" (schedulable)" if host.schedulable else "")
     if host.is_worker:
         return "worker"
-    return "not a cluster member (in neither control_plane nor workers)"
+    return "skipped: in neither control_plane nor workers (never contacted)"
 
 
 def cluster_problems(inv: Inventory) -> list[InventoryError]:

@@ -88,7 +88,7 @@ def test_a_host_in_no_cluster_group_is_shown_as_such(tmp_path: Path) -> None:
     result, text = run(inv)
     assert result is not None
     assert result["hosts"]["login01"] == \
-        "not a cluster member (in neither control_plane nor workers)"
+        "skipped: in neither control_plane nor workers (never contacted)"
     assert "notes:" in text and "login01" in text.split("notes:")[1]
 
 
@@ -267,3 +267,39 @@ def test_plan_refuses_with_every_problem_and_contacts_no_host(tmp_path: Path) ->
     assert [ln.split(":")[1] for ln in text.splitlines() if ln.startswith("- ")] == \
         ["2", "5", "6"]
     assert err.value.line == 2 and err.value.fix  # the first one's, for callers that want one
+
+
+def test_hosts_outside_the_cluster_are_never_contacted(tmp_path: Path) -> None:
+    """A DeepOps-shaped inventory: a Slurm login node in neither control_plane nor workers."""
+    from gpuk8s import api
+    from gpuk8s.errors import ConnectError, Gpuk8sError
+    from gpuk8s.transport import ConnectSpec
+
+    inv = write(tmp_path, """\
+        [kube-master]
+        mgmt01 ansible_host=10.0.0.10
+
+        [kube-node]
+        gpu01 ansible_host=10.0.0.21
+
+        [slurm-master]
+        login01 ansible_host=10.0.0.30
+
+        [slurm-cluster:children]
+        slurm-master
+
+        [slurm-cluster:vars]
+        slurm_password=hunter2
+        """)
+    asked: list[str] = []
+
+    def opener(spec: ConnectSpec, redact: object) -> None:
+        asked.append(spec.name)
+        raise ConnectError(f"{spec.name}: test opener, nothing is contacted")
+
+    out = io.StringIO()
+    with pytest.raises(Gpuk8sError):
+        api.plan(inv, reporter=Reporter(out), opener=opener)
+    assert sorted(asked) == ["gpu01", "mgmt01"]
+    assert "skipping login01: in neither control_plane nor workers" in out.getvalue()
+    assert "hunter2" not in out.getvalue()
