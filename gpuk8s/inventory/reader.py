@@ -126,6 +126,12 @@ class _Reader:
                          fix="pass the inventory file itself, e.g. inventories/lab.yaml")
             raise _Fatal
         data = path.read_bytes()
+        if data.startswith(b"#!") and os.access(path, os.X_OK):
+            self.problem("this is an executable (dynamic) inventory script; gpuk8s reads static "
+                         "YAML or INI inventories and never runs it", line=1, path=shown,
+                         fix=f"write a static inventory from it: ansible-inventory -i {shown} "
+                         "--list -y > inventory.yaml (then check the groups)")
+            raise _Fatal
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -68,6 +68,15 @@ def _yaml_error(exc: Exception, path: str, text: str = "") -> InventoryError:
     """An InventoryError from a YAML error, without the source snippet (it may hold secrets)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     lines = text.splitlines()
+    if isinstance(exc, yaml.constructor.ConstructorError) and "!vault" in str(exc.problem) \
+            and mark is not None and mark.line < len(lines):
+        key = lines[mark.line].split(":", 1)[0].strip().lstrip("- ") or "a value"
+        return InventoryError(
+            f"Ansible Vault values are not supported: {key} is vault-encrypted", path=path,
+            line=mark.line + 1,
+            fix=f"give {key} in plain text in a file only you can read (mode 0600), or for a "
+            "sudo password use the GPUK8S_BECOME_PASSWORD environment variable or "
+            "--ask-become-pass")
     if mark is not None and mark.line < len(lines) and "pass" in lines[mark.line].lower():
         # the details may quote a password (e.g. a tag: an unquoted password starting with !)
         return InventoryError(

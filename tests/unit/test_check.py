@@ -303,3 +303,30 @@ def test_hosts_outside_the_cluster_are_never_contacted(tmp_path: Path) -> None:
     assert sorted(asked) == ["gpu01", "mgmt01"]
     assert "skipping login01: in neither control_plane nor workers" in out.getvalue()
     assert "hunter2" not in out.getvalue()
+
+
+def test_vault_values_and_inventory_scripts_are_named_as_such(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        all:
+          children:
+            control_plane:
+              hosts:
+                cp-01: {ansible_host: 10.0.0.10}
+        """, name="hosts.yaml")
+    gv = tmp_path / "group_vars"
+    gv.mkdir()
+    (gv / "all.yml").write_text("ansible_become_password: !vault |\n"
+                                "  $ANSIBLE_VAULT;1.1;AES256\n  62313365396662343061\n")
+    result, text = run(inv)
+    assert result is None
+    assert "all.yml:1: Ansible Vault values are not supported: ansible_become_password is " \
+        "vault-encrypted" in text
+    assert "YAML syntax error" not in text and "62313365" not in text
+    script = tmp_path / "inventory.py"
+    script.write_text("#!/usr/bin/env python3\nprint('{}')\n")
+    script.chmod(0o755)
+    result, text = run(script)
+    assert result is None
+    assert "executable (dynamic) inventory script; gpuk8s reads static YAML or INI " \
+        "inventories and never runs it" in text
+    assert f"ansible-inventory -i {script} --list -y > inventory.yaml" in text
