@@ -38,7 +38,7 @@ from gpuk8s.inventory.model import (
     Secret,
 )
 from gpuk8s.inventory.names import _OtherTools, near_miss, unknown_variable
-from gpuk8s.inventory.reader import _Entry, _RawHost
+from gpuk8s.inventory.reader import _Entry, _RawHost, inventory_file
 from gpuk8s.inventory.text import (
     _text_value,
 )
@@ -68,7 +68,7 @@ def load_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[
     ``overrides``: ``--set`` values, as ``["k=v", ...]`` or ``{"k": "v"}`` (text values are
     parsed as YAML). ``env``: where GPUK8S_BECOME_PASSWORD is read (default os.environ).
     """
-    builder = _Builder(Path(path), overrides, env, project_root)
+    builder = _Builder(inventory_file(path), overrides, env, project_root)
     inventory = builder.build()
     problems = builder.sorted_problems()
     if len(problems) > 1:
@@ -83,7 +83,7 @@ def validate_all(path: str | Path, *, overrides: Mapping[str, Any] | Sequence[st
                  env: Mapping[str, str] | None = None,
                  project_root: Path | None = None) -> list[InventoryError]:
     """Every problem of the inventory (empty list: valid), in file order."""
-    builder = _Builder(Path(path), overrides, env, project_root)
+    builder = _Builder(inventory_file(path), overrides, env, project_root)
     builder.build()
     return builder.sorted_problems()
 
@@ -93,7 +93,7 @@ def inspect_inventory(path: str | Path, *, overrides: Mapping[str, Any] | Sequen
                       ) -> tuple[Inventory | None, list[InventoryError], tuple[str, ...]]:
     """What `gpuk8s check` shows: the inventory as read (None when it cannot be read at
     all), every problem in file order, and the loader's notes."""
-    builder = _Builder(Path(path), overrides, env, project_root)
+    builder = _Builder(inventory_file(path), overrides, env, project_root)
     inventory = builder.build()
     return inventory, builder.sorted_problems(), tuple(dict.fromkeys(builder.notes))
 

@@ -29,6 +29,22 @@ from gpuk8s.variables import (
     VarSpec,
 )
 
+#: the inventory file of an Ansible inventory folder (kubespray's inventory/mycluster/, DeepOps'
+#: config/), first found
+FOLDER_FILES = ("hosts.yaml", "hosts.yml", "hosts.ini", "hosts", "inventory.yaml",
+                "inventory.yml", "inventory.ini", "inventory")
+
+
+def inventory_file(path: str | Path) -> Path:
+    """The file to read: ``path`` itself, or for a folder its inventory file (its group_vars/
+    and host_vars/ then apply as Ansible applies them)."""
+    p = Path(path)
+    if p.is_dir():
+        for name in FOLDER_FILES:
+            if (p / name).is_file():
+                return p / name
+    return p
+
 
 @dataclass
 class _Entry:
@@ -122,7 +138,9 @@ class _Reader:
                          fix="check the path given to --inventory (e.g. inventories/lab.yaml)")
             raise _Fatal
         if path.is_dir():
-            self.problem("the inventory path is a directory", line=None, path=shown,
+            self.problem("the inventory folder holds none of hosts.yaml, hosts.yml, hosts.ini, "
+                         "hosts, inventory.yaml, inventory.yml, inventory.ini, inventory",
+                         line=None, path=shown,
                          fix="pass the inventory file itself, e.g. inventories/lab.yaml")
             raise _Fatal
         data = path.read_bytes()

@@ -330,3 +330,27 @@ def test_vault_values_and_inventory_scripts_are_named_as_such(tmp_path: Path) ->
     assert "executable (dynamic) inventory script; gpuk8s reads static YAML or INI " \
         "inventories and never runs it" in text
     assert f"ansible-inventory -i {script} --list -y > inventory.yaml" in text
+
+
+def test_an_inventory_folder_loads_with_its_group_vars(tmp_path: Path) -> None:
+    """kubespray's layout: -i inventory/mycluster/ with hosts.yaml and group_vars/ inside."""
+    folder = tmp_path / "mycluster"
+    folder.mkdir()
+    write(folder, """\
+        all:
+          children:
+            kube_control_plane:
+              hosts:
+                node1: {ansible_host: 10.0.0.10, ip: 10.0.0.10}
+            kube_node:
+              hosts:
+                node2: {ansible_host: 10.0.0.11, ip: 10.0.0.11}
+        """, name="hosts.yaml")
+    (folder / "group_vars" / "k8s_cluster").mkdir(parents=True)
+    (folder / "group_vars" / "k8s_cluster" / "k8s-cluster.yml").write_text(
+        "kube_network_plugin: calico\n")
+    result, text = run(folder)
+    assert result is not None, text
+    assert [c["value"] for c in result["changed"] if c["name"] == "cni"] == ["calico"]
+    result, text = run(tmp_path)  # a folder without an inventory file in it
+    assert result is None and "the inventory folder holds none of hosts.yaml" in text

@@ -459,7 +459,7 @@ all:
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     with pytest.raises(InventoryError, match="not found"):
         load(tmp_path / "nope.yaml")
-    with pytest.raises(InventoryError, match="directory"):
+    with pytest.raises(InventoryError, match="inventory folder holds none of"):
         load(tmp_path)
 
 
