@@ -31,6 +31,17 @@ def write(tmp_path: Path, text: str, name: str = "inventory.ini") -> Path:
     return p
 
 
+#: three problems, on lines 2, 5 and 6
+THREE_PROBLEMS = """\
+[control_plane]
+cp-01 ansible_host=10.0.0.10 kubernetes_version=1.36.2
+
+[workers]
+gpu-01 ansible_host=10.0.0.21 cni=weave
+gpu-02 ansible_host=10.0.0.22 ansible_port=notaport
+"""
+
+
 def test_the_lab_inventory_is_accepted_with_roles_and_origins() -> None:
     result, text = run(ROOT / "inventories" / "lab.yaml")
     assert result is not None
@@ -43,14 +54,7 @@ def test_the_lab_inventory_is_accepted_with_roles_and_origins() -> None:
 
 
 def test_every_problem_in_one_run_in_file_order(tmp_path: Path) -> None:
-    inv = write(tmp_path, """\
-        [control_plane]
-        cp-01 ansible_host=10.0.0.10 kubernetes_version=1.36.2
-
-        [workers]
-        gpu-01 ansible_host=10.0.0.21 cni=weave
-        gpu-02 ansible_host=10.0.0.22 ansible_port=notaport
-        """)
+    inv = write(tmp_path, THREE_PROBLEMS)
     result, text = run(inv)
     assert result is None
     lines = [ln for ln in text.splitlines() if ln.startswith("  - ")]
@@ -248,14 +252,7 @@ def test_plan_refuses_with_every_problem_and_contacts_no_host(tmp_path: Path) ->
     from gpuk8s import api
     from gpuk8s.errors import InventoryProblems
 
-    inv = write(tmp_path, """\
-        [control_plane]
-        cp-01 ansible_host=10.0.0.10 kubernetes_version=1.36.2
-
-        [workers]
-        gpu-01 ansible_host=10.0.0.21 cni=weave
-        gpu-02 ansible_host=10.0.0.22 ansible_port=notaport
-        """)
+    inv = write(tmp_path, THREE_PROBLEMS)
 
     def no_host(*a: object) -> None:
         pytest.fail("a host was contacted")

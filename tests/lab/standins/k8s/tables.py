@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .common import age, now, parse_ts
+from .common import age, human_duration, now, parse_ts
 
 Obj = dict[str, Any]
 Col = tuple[str, str, int]  # (name, type, priority)
@@ -101,8 +101,6 @@ def _duration(st: Obj) -> str:
     if not st.get("startTime"):
         return ""
     end = parse_ts(st["completionTime"]) if st.get("completionTime") else now()
-    from .common import human_duration
-
     return human_duration(max(int((end - parse_ts(st["startTime"])).total_seconds()), 0))
 
 

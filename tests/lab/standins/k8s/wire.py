@@ -9,6 +9,7 @@ Answers go back as JSON, which every client lists in its Accept header.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 MAGIC = b"k8s\x00"
@@ -123,8 +124,6 @@ def simple_object(kind: str, f: Fields) -> dict[str, Any] | None:
     if kind == "Namespace":
         return {"metadata": md}
     if kind == "ConfigMap":
-        import base64
-
         out: dict[str, Any] = {"metadata": md}
         if _map(f, 2):
             out["data"] = _map(f, 2)
