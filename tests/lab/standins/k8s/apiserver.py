@@ -36,6 +36,7 @@ from .common import (
     package_version,
     parse_quantity,
     parse_ts,
+    pod_ready,
     rand_suffix,
     read,
     ts,
@@ -188,11 +189,6 @@ def field_match(selector: str, obj: Obj) -> bool:
             if field_value(obj, k) != v:
                 return False
     return True
-
-
-def pod_ready(pod: Obj) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in pod.get("status", {}).get("conditions") or [])
 
 
 def controller_manager_flags() -> dict[str, str]:
