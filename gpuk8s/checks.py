@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuk8s.sinks import APT_CONF_HOST
+
 SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
 
 
@@ -275,6 +277,16 @@ def check_str_list(name: str, value: list[Any]) -> VarProblem | None:
         if not isinstance(item, str):
             return VarProblem(name, f"{name} must be a list of strings, got {show(item)} in it",
                               f'write {name}: ["time_sync"]')
+    return None
+
+
+def check_host_list(name: str, value: list[Any]) -> VarProblem | None:
+    """Host names or IPv4 addresses (as apt.conf keys take them)."""
+    for item in value:
+        if not isinstance(item, str) or not APT_CONF_HOST.fullmatch(item):
+            return VarProblem(name, f"{name}: {show(item)} is not a host name or IPv4 address "
+                              "(apt matches whole host names: no domains, networks or ports)",
+                              f'write {name}: ["mirror.lab.example", "10.0.0.5"]')
     return None
 
 

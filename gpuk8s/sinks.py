@@ -79,6 +79,19 @@ def apt_conf_string(value: str, what: str) -> str:
     return f'"{value}"'
 
 
+#: a host name or IPv4 address, as it may stand in an apt.conf key (Acquire::http::Proxy::HOST)
+APT_CONF_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*"
+                           r"[A-Za-z0-9])?)*")
+
+
+def apt_conf_host(host: str, what: str) -> str:
+    """``host`` as the last part of an apt.conf key (apt has no quoting for keys)."""
+    if not APT_CONF_HOST.fullmatch(host):
+        raise UnsafeValue(f"{what}: {host!r} cannot be a key of apt.conf: apt matches host "
+                          "names and IPv4 addresses (letters, digits, '-' and '.')")
+    return host
+
+
 def url_has_secret(url: str) -> bool:
     """Whether ``url`` carries a password (``http://user:pass@host``)."""
     userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]

@@ -18,6 +18,7 @@ from gpuk8s.checks import (
     JINJA_MARK,
     Rule,
     VarProblem,
+    check_host_list,
     check_positive,
     check_url,
     parse_network,
@@ -35,6 +36,8 @@ CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
 #: variables' rules in its RULES (roles/<role>/role.py)
 CLUSTER_RULES: dict[str, Rule] = {
     "apt_proxy": Rule(functools.partial(check_url, allow_empty=True)),
+    "apt_https_proxy": Rule(functools.partial(check_url, allow_empty=True)),
+    "apt_proxy_direct": Rule(check_host_list),
 }
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuk8s.inventory.text import _text_value
+from gpuk8s.sinks import APT_CONF_HOST
 from gpuk8s.variables import VarProblem, VarSpec
 
 #: other tools' settings that mean a gpuk8s variable: read as it (with a note), the value
@@ -24,6 +25,11 @@ OTHER_TOOLS_NAMES = {
     "kube_feature_gates": ("kubespray", "feature_gates"),
     "kubelet_feature_gates": ("kubespray", "feature_gates"),
     "kube_apiserver_feature_gates": ("kubespray", "feature_gates"),
+    # kubespray's proxies serve apt and the container engine; gpuk8s applies them to apt
+    "http_proxy": ("kubespray", "apt_proxy"),
+    "https_proxy": ("kubespray", "apt_https_proxy"),
+    "no_proxy": ("kubespray", "apt_proxy_direct"),
+    "additional_no_proxy": ("kubespray", "apt_proxy_direct"),
 }
 _CHOICES = {"cni": ("flannel", "calico"), "container_runtime": ("containerd", "docker")}
 
@@ -48,6 +54,8 @@ def translate(name: str, value: Any) -> tuple[str, Any] | VarProblem | None:
                               f"({' or '.join(_CHOICES[ours])})",
                               f"set {name} (or {ours}) to {' or '.join(_CHOICES[ours])}")
         return ours, text
+    if ours == "apt_proxy_direct":
+        return ours, direct_hosts(value)[0]
     if ours == "feature_gates":
         if isinstance(value, dict):
             return ours, value
@@ -61,6 +69,18 @@ def translate(name: str, value: Any) -> tuple[str, Any] | VarProblem | None:
             gates[gate.strip()] = flag.strip().lower() == "true"
         return ours, gates
     return ours, value
+
+
+def direct_hosts(value: Any) -> tuple[list[str], list[str]]:
+    """no_proxy's entries apt can go to directly (whole host names and IPv4 addresses), and
+    the others (domains like .svc, networks, wildcards, ports), which apt cannot match."""
+    items = value if isinstance(value, list) else str(value).split(",")
+    hosts: list[str] = []
+    other: list[str] = []
+    for item in (str(i).strip() for i in items):
+        if item:
+            (hosts if APT_CONF_HOST.fullmatch(item) else other).append(item)
+    return list(dict.fromkeys(hosts)), other
 
 
 def near_miss(name: str, known: Iterable[str]) -> str | None:
@@ -119,6 +139,18 @@ class _OtherTools:
                 self.problem(mapped.message, line=e.line, path=e.path, fix=mapped.fix)
                 return False
             self.notes.append(f"{key} ({tool}'s name) is read as {mapped[0]}: {mapped[1]}")
+            if ours == "apt_proxy_direct":  # no_proxy and additional_no_proxy add up
+                skipped = direct_hosts(e.value)[1]
+                if skipped:
+                    self.notes.append(f"{key}: {', '.join(skipped)} not applied to apt (apt "
+                                      "matches whole host names and addresses only)")
+                earlier = self.mapped.get((e.path, ours))
+                if earlier is not None:
+                    mapped = (ours, list(dict.fromkeys([*earlier[1], *mapped[1]])))
+                self.mapped[(e.path, ours)] = (key, mapped[1], e.line)
+            elif ours in ("apt_proxy", "apt_https_proxy"):
+                self.notes.append(f"{key} is applied to apt only: containerd and the "
+                                  "kubelet pull images directly (or through registry_mirrors)")
             earlier = self.mapped.setdefault((e.path, ours), (key, mapped[1], e.line))
             if earlier[1] != mapped[1]:
                 self.problem(f"{key} and {earlier[0]} (line {earlier[2]}) both set {ours}, "

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, sha256, write_file
-from gpuk8s.sinks import apt_conf_string
+from gpuk8s.sinks import apt_conf_host, apt_conf_string
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,18 @@ class Apt:
                 f'> "$c"\n{body}\n)')
 
 
-def proxy_conf(proxy: str) -> str:
-    """The apt.conf line that sends apt's http through ``proxy`` ("DIRECT": no proxy)."""
-    return f"Acquire::http::Proxy {apt_conf_string(proxy, 'apt_proxy')};"
+def proxy_conf(proxy: str, https: str = "", direct: Sequence[str] = ()) -> str:
+    """The apt.conf lines that send apt's http through ``proxy`` ("DIRECT": no proxy), its
+    https through ``https`` (if any), and both straight to each host of ``direct`` (a mirror
+    inside the lab: apt_proxy_direct, kubespray's no_proxy)."""
+    lines = [f"Acquire::http::Proxy {apt_conf_string(proxy, 'apt_proxy')};"]
+    if https:
+        lines.append(f"Acquire::https::Proxy {apt_conf_string(https, 'apt_https_proxy')};")
+    for host in direct:
+        key = apt_conf_host(host, "apt_proxy_direct")
+        lines.extend(f'Acquire::{scheme}::Proxy::{key} "DIRECT";' for scheme, via in
+                     (("http", proxy), ("https", https)) if via and via != "DIRECT")
+    return "\n".join(lines)
 
 
 #: apt-get with the default lock wait and no extra settings

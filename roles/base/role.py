@@ -55,12 +55,13 @@ def plan(ctx: HostContext) -> list[Op]:
     file_states = f[Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE)]
     # with package_cache on, every node's apt (the cache host's too) goes through the cache
     proxy = ctx.cluster.get("package_cache_url") or ctx.var("apt_proxy")
-    if proxy:
+    https, direct = ctx.var("apt_https_proxy"), ctx.var("apt_proxy_direct")
+    if proxy or https:
+        secret = url_has_secret(proxy) or url_has_secret(https)
         # a proxy with a password in it is for root's eyes only
         ops.append(files.content(file_states[PROXY_FILE], "base | apt proxy",
-                                 (proxy_conf(proxy) + "\n").encode(),
-                                 mode="0600" if url_has_secret(proxy) else "0644",
-                                 secret=url_has_secret(proxy)))
+                                 (proxy_conf(proxy or "DIRECT", https, direct) + "\n").encode(),
+                                 mode="0600" if secret else "0644", secret=secret))
     elif file_states[PROXY_FILE].exists:
         ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))
     ops.append(packages(f[Packages(*BASE_PACKAGES)], "base | packages",
