@@ -19,6 +19,7 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, HostRunner
 from gpuk8s.facts import HostFacts
 from gpuk8s.inventory import Host, Inventory, load_inventory
+from gpuk8s.inventory.model import BASTION
 from gpuk8s.ops import Op
 from gpuk8s.playbook import (
     package_cache_host,
@@ -131,6 +132,9 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     for h in inv.select(limit):
         if h.absent:
             reporter.print(f"skipping {h.name}: absent: true in the inventory", style="dim")
+        elif h not in members and BASTION in h.groups:
+            reporter.print(f"skipping {h.name}: the bastion (the jump host of the others; not "
+                           "a cluster member)", style="dim")
         elif h not in members:
             reporter.print(f"skipping {h.name}: in neither control_plane nor workers (not a "
                            "cluster member; never contacted)", style="dim")

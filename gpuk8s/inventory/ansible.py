@@ -3,10 +3,15 @@ keys gpuk8s honours (and their old names), and ssh arguments (ProxyJump, known h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuk8s.inventory.model import BECOME_PASSWORD_ENV, Host, Secret
+from gpuk8s.variables import MergedVars
 
 #: The sudo password and its Ansible aliases: never accepted from --set (argv is public).
 _PASSWORD_KEYS = frozenset({"ansible_become_password", "ansible_become_pass",
@@ -39,11 +44,22 @@ ANSIBLE_ALIASES = {
 }
 #: keys gpuk8s accepts only with the one value it works with (it always becomes root by sudo)
 ANSIBLE_FIXED = {"ansible_become_user": "root", "ansible_become_method": "sudo"}
-#: keys gpuk8s refuses, with why
-_ANSIBLE_REFUSED = {
-    "ansible_ssh_pass": None,
-    "ansible_password": None,
-}
+#: login passwords: refused (gpuk8s logs in with keys only), with a one-line switch to a key
+_ANSIBLE_REFUSED = frozenset({"ansible_ssh_pass", "ansible_password"})
+#: Ansible's own settings that change nothing in what gpuk8s does (retries, timeouts, how
+#: Ansible copies its modules, other languages' interpreters): ignored like other playbooks'
+#: variables. ansible_host_key_checking is among them: gpuk8s checks host keys regardless
+#: (StrictHostKeyChecking=accept-new in ansible_ssh_common_args trusts on first use).
+ANSIBLE_IGNORED = frozenset({
+    "ansible_ssh_retries", "ansible_ssh_pipelining", "ansible_pipelining", "ansible_timeout",
+    "ansible_ssh_timeout", "ansible_ssh_transfer_method", "ansible_scp_if_ssh",
+    "ansible_sftp_batch_mode", "ansible_host_key_checking", "ansible_ssh_host_key_checking",
+    "ansible_shell_executable", "ansible_remote_tmp", "ansible_ssh_args",
+})
+
+
+def ansible_ignored(key: str) -> bool:
+    return key in ANSIBLE_IGNORED or (key.endswith("_interpreter") and key.count("_") == 2)
 
 
 _CONNECTIONS = {"ssh": "ssh", "paramiko": "ssh", "smart": "ssh", "local": "local"}
@@ -155,3 +171,43 @@ def _ssh_option(ssh: _Ssh, option: str, base: Path) -> None:
         ssh.warnings.append(f"ssh option {key} ignored: use {what}")
     else:
         ssh.warnings.append(f"ssh option {key} ignored")
+
+
+def connection_host(name: str, merged: MergedVars, groups: Sequence[str],
+                    env: Mapping[str, str], base: Path, source: str
+                    ) -> tuple[Host, tuple[str, str] | None]:
+    """The Host its merged variables describe, and a problem (message, fix) with the become
+    password taken from the environment, if any."""
+    conn = {k: merged[k] for k in merged if k.startswith("ansible_")}
+    user = conn.get("ansible_user", "root")
+    become = conn.get("ansible_become", user != "root")
+    password = conn.get("ansible_become_password")
+    problem = None
+    if password is None and become and env.get(BECOME_PASSWORD_ENV):
+        if _has_line_break(env[BECOME_PASSWORD_ENV]):
+            problem = (f"{BECOME_PASSWORD_ENV} contains a line break (value not shown): sudo "
+                       "reads a password only up to the first one",
+                       f'export {BECOME_PASSWORD_ENV}="..." with the password on one line')
+        else:
+            password = Secret(env[BECOME_PASSWORD_ENV])
+    ssh = _Ssh()
+    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        if conn.get(key):
+            with contextlib.suppress(_SshArgError):  # reported where it was written
+                _parse_ssh_args(conn[key], base, ssh)
+    if ssh.proxy_jump and ssh.proxy_command:
+        ssh.warnings.append("both ProxyJump and ProxyCommand are set; ProxyJump is used")
+    key_file = conn.get("ansible_ssh_private_key_file")
+    key_file = _resolve_path(key_file, base) if key_file else None
+    identities = list(dict.fromkeys([*([key_file] if key_file else []), *ssh.identity_files]))
+    spec_vars = merged.subset([k for k in merged if not k.startswith("ansible_")])
+    return Host(
+        name=name, address=conn.get("ansible_host", name), port=conn.get("ansible_port", 22),
+        user=user, groups=tuple(groups), vars=spec_vars,
+        private_key_file=key_file or (identities[0] if identities else None),
+        identity_files=tuple(identities), become=become, become_password=password,
+        connection=_CONNECTIONS[conn.get("ansible_connection", "ssh")],
+        proxy_jump=ssh.proxy_jump, proxy_command=ssh.proxy_command,
+        known_hosts_files=tuple(ssh.known_hosts_files),
+        strict_host_key_checking=ssh.strict, ssh_config_file=ssh.config_file,
+        warnings=tuple(ssh.warnings), source=source), problem

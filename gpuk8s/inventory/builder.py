@@ -7,7 +7,6 @@ as an InventoryError naming the file, the line and the fix; validate_all() retur
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -24,13 +23,14 @@ from gpuk8s.inventory.ansible import (
     ANSIBLE_KEYS,
     _has_line_break,
     _parse_ssh_args,
-    _resolve_path,
-    _Ssh,
     _SshArgError,
+    ansible_ignored,
+    connection_host,
 )
+from gpuk8s.inventory.bastion import through_bastion
 from gpuk8s.inventory.ini_reader import _IniReader
 from gpuk8s.inventory.model import (
-    BECOME_PASSWORD_ENV,
+    BASTION,
     IGNORED_GROUPS,
     Group,
     Host,
@@ -38,7 +38,7 @@ from gpuk8s.inventory.model import (
     Secret,
 )
 from gpuk8s.inventory.names import _OtherTools, near_miss, unknown_variable
-from gpuk8s.inventory.reader import _Entry, _RawHost, inventory_file
+from gpuk8s.inventory.reader import _Entry, _RawHost, commented_hosts, inventory_file
 from gpuk8s.inventory.text import (
     _text_value,
 )
@@ -121,7 +121,7 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
         if not self.hosts:
             if self.structural:  # "no hosts" would only repeat the problem above
                 return None
-            self.problem("the inventory defines no hosts", line=None,
+            self.problem("the inventory defines no hosts" + commented_hosts(text), line=None,
                          fix="add hosts, e.g. all: children: control_plane: hosts: cp-01: "
                          "{ansible_host: 10.0.0.10}")
             return None
@@ -133,7 +133,8 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
         for name, host in self.hosts.items():
             clash = next((g for g in self.groups.values() if name in (g.name, *g.written)),
                          None)
-            if clash is not None:
+            if clash is not None and not (clash.name == BASTION and name in clash.hosts):
+                # kubespray's documented bastion is a host and a group, both named bastion
                 self.problem(f"{name!r} is both a host and a group", line=host.line,
                              path=host.path, fix="rename the host or the group")
         state: dict[str, int] = {}
@@ -224,14 +225,18 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
                              path=e.path, fix=f"remove {key}, or set it to "
                              f"{ANSIBLE_FIXED[key]}")
             return False  # nothing to keep: it says what gpuk8s does anyway
+        if key in _ANSIBLE_REFUSED:
+            self.problem(f"{key}: gpuk8s does not log in with passwords, only with SSH keys",
+                         line=e.line, path=e.path, fix="run `ssh-copy-id USER@HOST` once per "
+                         f"host (it asks for the password this one time), then remove {key}")
+            return False
+        if key not in ANSIBLE_KEYS and ansible_ignored(key):
+            self.foreign.setdefault(e.path or self.shown, {}).setdefault(key, e.line)
+            return False
         if key not in ANSIBLE_KEYS:
-            if key in _ANSIBLE_REFUSED:
-                fix = ("remove it: gpuk8s logs in with SSH keys (ansible_ssh_private_key_file "
-                       "or an agent) as ansible_user, and uses sudo")
-            else:
-                best = near_miss(key, ANSIBLE_KEYS)
-                fix = f"did you mean {best!r}?" if best else \
-                    f"use one of {', '.join(sorted(ANSIBLE_KEYS))}"
+            best = near_miss(key, ANSIBLE_KEYS)
+            fix = f"did you mean {best!r}?" if best else \
+                f"use one of {', '.join(sorted(ANSIBLE_KEYS))}"
             self.problem(f"{key} is not supported by gpuk8s", line=e.line, path=e.path, fix=fix)
             return False
         if e.text and isinstance(value, str):
@@ -379,15 +384,20 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
                                  "duplicate host")
                 else:
                     addresses[addr] = name
+        through_bastion(hosts, self.groups.get(BASTION), self.problem, self.notes)
         self._check_cluster(hosts)
         groups = self._groups(hosts, host_groups)
         if not any(h.is_control_plane for h in hosts.values()) and hosts \
                 and not self.structural:
-            self.problem("no control plane: no host is in the control_plane group", line=None,
+            seen = sorted(w for g in self.groups.values() if g.name not in ("all", "ungrouped")
+                          for w in g.written)
+            self.problem("no control plane: no host is in the control_plane group (or "
+                         "kube_control_plane, master, server...); groups here: "
+                         f"{', '.join(seen) or 'none'}", line=None,
                          fix="add a host under children: control_plane: hosts: (INI: "
                          "[control_plane] then the host name)")
         for name, host in hosts.items():
-            if not host.is_control_plane and not host.is_worker:
+            if not host.is_control_plane and not host.is_worker and BASTION not in host.groups:
                 self.notes.append(f"host {name!r} is in neither control_plane nor workers")
             for w in host.warnings:
                 self.notes.append(f"host {name!r}: {w}")
@@ -438,42 +448,11 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
                                  fix=f"set {key} once, under all: vars:")
 
     def _host(self, name: str, raw: _RawHost, merged: MergedVars, groups: list[str]) -> Host:
-        conn = {k: merged[k] for k in merged if k.startswith("ansible_")}
-        user = conn.get("ansible_user", "root")
-        become = conn.get("ansible_become", user != "root")
-        password = conn.get("ansible_become_password")
-        if password is None and become and self.env.get(BECOME_PASSWORD_ENV):
-            if _has_line_break(self.env[BECOME_PASSWORD_ENV]):
-                self.problem(f"{BECOME_PASSWORD_ENV} contains a line break (value not shown): "
-                             "sudo reads a password only up to the first one", line=None,
-                             path="environment",
-                             fix=f'export {BECOME_PASSWORD_ENV}="..." with the password on one '
-                             "line")
-            else:
-                password = Secret(self.env[BECOME_PASSWORD_ENV])
-        ssh = _Ssh()
-        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-            if conn.get(key):
-                with contextlib.suppress(_SshArgError):  # reported where it was written
-                    _parse_ssh_args(conn[key], self.base, ssh)
-        if ssh.proxy_jump and ssh.proxy_command:
-            ssh.warnings.append("both ProxyJump and ProxyCommand are set; ProxyJump is used")
-        key_file = conn.get("ansible_ssh_private_key_file")
-        key_file = _resolve_path(key_file, self.base) if key_file else None
-        identities = list(dict.fromkeys([*([key_file] if key_file else []),
-                                         *ssh.identity_files]))
-        spec_vars = merged.subset([k for k in merged if not k.startswith("ansible_")])
-        return Host(
-            name=name, address=conn.get("ansible_host", name), port=conn.get("ansible_port", 22),
-            user=user, groups=tuple(groups), vars=spec_vars,
-            private_key_file=key_file or (identities[0] if identities else None),
-            identity_files=tuple(identities), become=become, become_password=password,
-            connection=_CONNECTIONS[conn.get("ansible_connection", "ssh")],
-            proxy_jump=ssh.proxy_jump, proxy_command=ssh.proxy_command,
-            known_hosts_files=tuple(ssh.known_hosts_files),
-            strict_host_key_checking=ssh.strict, ssh_config_file=ssh.config_file,
-            warnings=tuple(ssh.warnings),
-            source=f"{raw.path}:{raw.line}" if raw.line else raw.path)
+        host, problem = connection_host(name, merged, groups, self.env, self.base,
+                                        f"{raw.path}:{raw.line}" if raw.line else raw.path)
+        if problem is not None:
+            self.problem(problem[0], line=None, path="environment", fix=problem[1])
+        return host
 
     def _groups(self, hosts: Mapping[str, Host], host_groups: Mapping[str, list[str]]
                 ) -> dict[str, Group]:

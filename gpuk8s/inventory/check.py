@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuk8s.errors import InventoryError
 from gpuk8s.inventory.builder import inspect_inventory
-from gpuk8s.inventory.model import Host, Inventory
+from gpuk8s.inventory.model import BASTION, Host, Inventory
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.variables import load_variable_specs
 
@@ -36,6 +36,8 @@ def role(host: Host) -> str:
         return "control plane" + (" (schedulable)" if host.schedulable else "")
     if host.is_worker:
         return "worker"
+    if BASTION in host.groups:
+        return "skipped: the bastion, the jump host of the others (never a cluster member)"
     return "skipped: in neither control_plane nor workers (never contacted)"
 
 
@@ -101,7 +103,9 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
             hosts[host.name] = role(host)
             where = f"{host.user}@{host.address}:{host.port}" if host.connection == "ssh" \
                 else "local"
-            rep.print(f"  {untrusted(host.name):<{width}}  {where:<28} {hosts[host.name]}")
+            via = f" (through {host.proxy_jump})" if host.proxy_jump else ""
+            rep.print(f"  {untrusted(host.name):<{width}}  {untrusted(where):<28} "
+                      f"{hosts[host.name]}{untrusted(via)}")
         changed = changed_variables(inv)
         if changed:
             rep.print("\ngpuk8s variables the inventory sets:")

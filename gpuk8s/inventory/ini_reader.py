@@ -78,14 +78,8 @@ class _IniReader(_Reader):
             return
         if not tokens:
             return
-        pattern, entries = tokens[0], []
-        port: str | None = None
-        outside = re.sub(r"\[[^\]]*\]", "", pattern)
-        if outside.count(":") == 1 and re.search(r":\d+$", pattern):
-            pattern, _, port = pattern.rpartition(":")
+        pattern, entries = self._split_port(tokens[0], path, lineno)
         names = self._host_names(pattern, path, lineno)
-        if port is not None:
-            entries.append(_Entry("ansible_port", port, path, lineno, "host line", text=True))
         for i, tok in enumerate(tokens[1:], start=2):
             key, sep, value = tok.partition("=")
             if not sep or not key:

@@ -34,6 +34,7 @@ GROUP_ALIASES: dict[str, str] = {
     "masters": CONTROL_PLANE,
     "master": CONTROL_PLANE,  # NVIDIA Cloud Native Stack
     "server": CONTROL_PLANE,  # k3s-ansible
+    "control": CONTROL_PLANE,  # chutes-miner
     "kube_node": WORKERS,
     "kube-node": WORKERS,
     "nodes": WORKERS,
@@ -46,8 +47,11 @@ GROUP_ALIASES: dict[str, str] = {
 IGNORED_GROUPS: dict[str, str] = {
     "etcd": "kubeadm runs etcd on the control planes (stacked etcd)",
     "calico_rr": "calico route reflectors are not managed by gpuk8s",
-    "bastion": "set ansible_ssh_common_args: '-J user@bastion' to go through a jump host",
 }
+
+
+#: kubespray's jump host: its one host is the ProxyJump of every other host, never a member
+BASTION = "bastion"
 
 
 class Secret:

@@ -35,6 +35,22 @@ FOLDER_FILES = ("hosts.yaml", "hosts.yml", "hosts.ini", "hosts", "inventory.yaml
                 "inventory.yml", "inventory.ini", "inventory")
 
 
+#: a commented-out host line of a template: INI `# node1 ansible_host=...`, YAML `#  node1:`
+#: followed by `#    ansible_host: ...`
+_COMMENTED_HOST = re.compile(r"^\s*#+\s*[A-Za-z0-9_][\w.\-\[\]:]*\s+\w+=\S|"
+                             r"^\s*#+\s*ansible_host\s*:\s*\S", re.M)
+
+
+def commented_hosts(text: str) -> str:
+    """", but N host lines are commented out..." for a template whose hosts wait to be
+    uncommented; "" otherwise."""
+    count = len(_COMMENTED_HOST.findall(text))
+    if not count:
+        return ""
+    return (f", but {count} host line{'s are' if count > 1 else ' is'} commented out (a "
+            "template: uncomment and fill them in)")
+
+
 def inventory_file(path: str | Path) -> Path:
     """The file to read: ``path`` itself, or for a folder its inventory file (its group_vars/
     and host_vars/ then apply as Ansible applies them)."""
@@ -193,6 +209,18 @@ class _Reader:
             host.groups.append(group.name)
         if name not in group.hosts:
             group.hosts.append(name)
+
+    @staticmethod
+    def _split_port(pattern: Any, path: str, line: int | None) -> tuple[Any, list[_Entry]]:
+        """``host:5309`` as Ansible reads it: host ``host``, ansible_port 5309 (a variable the
+        host's own ansible_port overrides); a range's brackets may hold colons."""
+        if not isinstance(pattern, str):
+            return pattern, []
+        outside = re.sub(r"\[[^\]]*\]", "", pattern)
+        if outside.count(":") != 1 or not re.search(r":\d+$", pattern):
+            return pattern, []
+        pattern, _, port = pattern.rpartition(":")
+        return pattern, [_Entry("ansible_port", port, path, line, "host name", text=True)]
 
     def _host_names(self, pattern: Any, path: str, line: int | None) -> list[str]:
         if isinstance(pattern, int) and not isinstance(pattern, bool):

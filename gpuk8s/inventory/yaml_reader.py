@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpuk8s.errors import InventoryError
@@ -122,7 +123,8 @@ class _YamlReader(_Reader):
         for pattern in hosts:
             hline = hosts.key_lines.get(pattern)
             hvars = hosts[pattern]
-            names = self._host_names(pattern, path, hline)
+            name_pattern, port_entries = self._split_port(pattern, path, hline)
+            names = self._host_names(name_pattern, path, hline)
             entries: list[_Entry] = []
             if isinstance(hvars, _LineDict):
                 self._duplicates(hvars, path, "variable")
@@ -134,4 +136,5 @@ class _YamlReader(_Reader):
             for name in names:
                 if hvars is not None:
                     entries = self._entries(hvars, path, f"host {name}")
-                self._add_host(name, group, path, hline, entries)
+                port = [replace(e, where=f"host {name}") for e in port_entries]
+                self._add_host(name, group, path, hline, port + entries)

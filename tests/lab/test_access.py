@@ -46,6 +46,26 @@ def test_bastion_proxyjump(lab: Lab, tmp_path: Path) -> None:
     assert f"Accepted publickey for root from {cp.ip}" in out
 
 
+def test_kubespray_bastion_group_is_the_jump_host(lab: Lab, tmp_path: Path) -> None:
+    """kubespray's documented shape: a host and a group both named bastion. gpu-01 is reached
+    through it (its sshd sees cp-01's address); the bastion itself is no member: its facts are
+    never gathered."""
+    cp, gpu = lab.node("cp-01"), lab.node("gpu-01")
+    path = tmp_path / "inventory.ini"
+    path.write_text(f"gpu-01 ansible_host={gpu.ip} ip={gpu.ip}\n\n"
+                    "[kube_control_plane]\ngpu-01\n\n"
+                    f"[bastion]\nbastion ansible_host={cp.ip}\n\n"
+                    f"[all:vars]\nansible_user=root\nansible_ssh_private_key_file={lab.ssh_key}\n"
+                    f"ansible_ssh_common_args='-o UserKnownHostsFile={lab.known_hosts}'\n")
+    _, before, _ = lab.ssh("gpu-01", "journalctl -u ssh --no-pager -o cat | wc -l")
+    data = facts(path)
+    assert list(data) == ["gpu-01"] and data["gpu-01"]["System"].hostname == "gpu-01"
+    rc, out, _ = lab.ssh("gpu-01", f"journalctl -u ssh --no-pager -o cat | tail -n +"
+                         f"{int(before.strip()) + 1}")
+    assert rc == 0
+    assert f"Accepted publickey for root from {cp.ip}" in out
+
+
 def test_unknown_host_key_is_refused(lab: Lab, tmp_path: Path) -> None:
     node = lab.node("cpu-01")
     empty = tmp_path / "known_hosts"

@@ -351,3 +351,142 @@ def test_an_inventory_folder_loads_with_its_group_vars(tmp_path: Path) -> None:
     assert [c["value"] for c in result["changed"] if c["name"] == "cni"] == ["calico"]
     result, text = run(tmp_path)  # a folder without an inventory file in it
     assert result is None and "the inventory folder holds none of hosts.yaml" in text
+
+
+def test_kubespray_bastion_is_the_jump_host_of_the_others(tmp_path: Path) -> None:
+    """kubespray's documented bastion: a host and a group both named bastion. Every other
+    host is reached through it (unless it has a jump of its own); it is no cluster member."""
+    inv = write(tmp_path, """\
+        node1 ansible_host=10.0.0.10 ip=10.3.0.1
+        node2 ansible_host=10.0.0.11 ansible_ssh_common_args='-J admin@10.9.9.9'
+
+        [kube_control_plane]
+        node1
+
+        [kube_node]
+        node2
+
+        [bastion]
+        bastion ansible_host=198.51.100.1 ansible_user=jump ansible_port=2200
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    assert result["hosts"]["bastion"].startswith("skipped: the bastion")
+    assert "node1    root@10.0.0.10:22            control plane (through " \
+        "jump@198.51.100.1:2200)" in text
+    from gpuk8s.inventory import load_inventory
+
+    hosts = load_inventory(inv).hosts
+    assert hosts["node1"].proxy_jump == "jump@198.51.100.1:2200"
+    assert hosts["node2"].proxy_jump == "admin@10.9.9.9"  # its own jump stays
+    assert hosts["bastion"].proxy_jump is None
+    assert not hosts["bastion"].is_control_plane and not hosts["bastion"].is_worker
+
+
+@pytest.mark.parametrize(("bastion", "problem"), [
+    ("b1 ansible_host=10.0.0.1\nb2 ansible_host=10.0.0.2",
+     "group bastion has 2 hosts (b1, b2); it is the one jump host of the others"),
+    ("node1", "host 'node1' is the bastion and a cluster member"),
+])
+def test_a_bastion_group_gpuk8s_cannot_follow_is_refused(tmp_path: Path, bastion: str,
+                                                         problem: str) -> None:
+    inv = write(tmp_path, f"[kube_control_plane]\nnode1 ansible_host=10.0.0.10\n\n"
+                f"[bastion]\n{bastion}\n")
+    result, text = run(inv)
+    assert result is None and problem in text, text
+
+
+def test_a_host_key_with_a_port_is_read_as_ansible_reads_it(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        all:
+          children:
+            control_plane:
+              hosts:
+                cp-01:5309:
+                  ansible_host: 10.0.0.10
+            workers:
+              hosts:
+                "gpu-[01:02]:2222":
+                w-03:7000: {ansible_port: 22}
+        """, name="inventory.yml")
+    from gpuk8s.inventory import load_inventory
+
+    hosts = load_inventory(inv).hosts
+    assert {n: (h.address, h.port) for n, h in hosts.items()} == {
+        "cp-01": ("10.0.0.10", 5309), "gpu-01": ("gpu-01", 2222), "gpu-02": ("gpu-02", 2222),
+        "w-03": ("w-03", 22)}  # the host's own ansible_port wins, as in Ansible
+
+
+def test_password_login_is_refused_with_the_switch_to_a_key(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10
+
+        [all:vars]
+        ansible_password=vagrant
+        """)
+    result, text = run(inv)
+    assert result is None
+    assert ":5: ansible_password: gpuk8s does not log in with passwords, only with SSH keys" \
+        in text
+    assert "run `ssh-copy-id USER@HOST` once per host" in text and "vagrant" not in text
+
+
+def test_ansibles_harmless_settings_are_ignored_and_others_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control]
+        cp ansible_host=10.0.0.10 ansible_ssh_retries=3 ansible_ruby_interpreter=/usr/bin/ruby
+
+        [workers]
+        w ansible_host=10.0.0.11
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    assert result["hosts"] == {"cp": "control plane", "w": "worker"}  # chutes' [control]
+    assert "2 variables gpuk8s does not use (ignored): ansible_ruby_interpreter, " \
+        "ansible_ssh_retries" in result["warnings"][0]
+    bad = write(tmp_path, "[control_plane]\ncp ansible_host=10.0.0.10 ansible_become_exe=doas\n")
+    result, text = run(bad)
+    assert result is None and "ansible_become_exe is not supported by gpuk8s" in text
+
+
+def test_templates_and_inventories_without_a_cluster_say_why(tmp_path: Path) -> None:
+    template = write(tmp_path, """\
+        [kube_control_plane]
+        # node1 ansible_host=95.54.0.12  # ip=10.3.0.1
+
+        [kube_node]
+        # node4 ansible_host=95.54.0.15
+        """)
+    _, text = run(template)
+    assert "the inventory defines no hosts, but 2 host lines are commented out (a template" \
+        in text
+    web = write(tmp_path, "[webservers]\nweb1 ansible_host=10.0.0.1\n[dbservers]\ndb1\n")
+    _, text = run(web)
+    assert "no control plane: no host is in the control_plane group (or kube_control_plane, " \
+        "master, server...); groups here: dbservers, webservers" in text
+
+
+def test_kubespray_proxies_are_applied_to_apt(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10
+
+        [all:vars]
+        http_proxy=http://10.0.0.1:3128
+        https_proxy=http://10.0.0.1:3129
+        no_proxy=localhost,10.0.0.5,.svc,10.0.0.0/8,mirror.lab
+        additional_no_proxy=10.0.0.6
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    changed = {c["name"]: c["value"] for c in result["changed"]}
+    assert changed == {"apt_proxy": "http://10.0.0.1:3128",
+                       "apt_https_proxy": "http://10.0.0.1:3129",
+                       "apt_proxy_direct": '["localhost", "10.0.0.5", "mirror.lab", "10.0.0.6"]'}
+    assert "no_proxy: .svc, 10.0.0.0/8 not applied to apt" in text
+    assert "http_proxy is applied to apt only" in text
+    bad = write(tmp_path, "[control_plane]\ncp ansible_host=10.0.0.10\n[all:vars]\n"
+                "apt_proxy_direct=['10.0.0.0/8']\n")
+    result, text = run(bad)
+    assert result is None and "apt_proxy_direct: '10.0.0.0/8' is not a host name" in text

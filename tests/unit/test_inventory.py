@@ -542,11 +542,12 @@ all:
         etcd_deployment_type: host   # kubespray's, not ours: not read
     bastion:
       hosts:
-        jump: {ansible_host: 10.0.0.10}  # same address as cp-01: not a duplicate
+        jump: {ansible_host: 10.0.0.99}
 """))
-    assert list(inv.hosts) == ["cp-01"]
+    assert list(inv.hosts) == ["cp-01", "jump"]  # the bastion is kept, as the jump host
     assert any("etcd-02" in n and "not used" in n for n in inv.notes)
-    assert any("bastion" in n and "-J" in n for n in inv.notes)
+    assert any("'jump' (group bastion) is the jump host" in n for n in inv.notes)
+    assert inv.hosts["cp-01"].proxy_jump == "root@10.0.0.99:22"
 
 
 def test_duplicate_keys_inside_a_value_are_reported(tmp_path: Path) -> None:
