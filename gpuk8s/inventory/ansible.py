@@ -45,7 +45,7 @@ ANSIBLE_ALIASES = {
 #: keys gpuk8s accepts only with the one value it works with (it always becomes root by sudo)
 ANSIBLE_FIXED = {"ansible_become_user": "root", "ansible_become_method": "sudo"}
 #: login passwords: refused (gpuk8s logs in with keys only), with a one-line switch to a key
-_ANSIBLE_REFUSED = frozenset({"ansible_ssh_pass", "ansible_password"})
+_ANSIBLE_REFUSED = frozenset({"ansible_ssh_pass", "ansible_password", "ansible_ssh_password"})
 #: Ansible's own settings that change nothing in what gpuk8s does (retries, timeouts, how
 #: Ansible copies its modules, other languages' interpreters): ignored like other playbooks'
 #: variables. ansible_host_key_checking is among them: gpuk8s checks host keys regardless
@@ -54,7 +54,7 @@ ANSIBLE_IGNORED = frozenset({
     "ansible_ssh_retries", "ansible_ssh_pipelining", "ansible_pipelining", "ansible_timeout",
     "ansible_ssh_timeout", "ansible_ssh_transfer_method", "ansible_scp_if_ssh",
     "ansible_sftp_batch_mode", "ansible_host_key_checking", "ansible_ssh_host_key_checking",
-    "ansible_shell_executable", "ansible_remote_tmp", "ansible_ssh_args",
+    "ansible_shell_executable", "ansible_remote_tmp",
 })
 
 

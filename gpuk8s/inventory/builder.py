@@ -372,8 +372,8 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
             hosts[name] = host
             for p in check_combination(host.vars):
                 self._report_merged(p, host.vars)
-            if host.connection == "ssh":
-                addr = (host.address.lower(), host.port)
+            if host.connection == "ssh" and BASTION not in host.groups:  # a bastion may be a
+                addr = (host.address.lower(), host.port)                # node's own address
                 if addr in addresses:
                     where = merged.origin_of("ansible_host") if "ansible_host" in merged \
                         else Origin("", raw.path, raw.line)
@@ -431,6 +431,8 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
     def _check_cluster(self, hosts: Mapping[str, Host]) -> None:
         first: dict[str, tuple[str, Any]] = {}
         for name, host in hosts.items():
+            if not host.is_control_plane and not host.is_worker:
+                continue  # a login node or the bastion: kubespray's k8s_cluster vars skip it
             for key in cluster_wide():
                 if key not in host.vars:
                     continue

@@ -71,10 +71,13 @@ def _yaml_error(exc: Exception, path: str, text: str = "") -> InventoryError:
     if isinstance(exc, yaml.constructor.ConstructorError) and "!vault" in str(exc.problem) \
             and mark is not None and mark.line < len(lines):
         key = lines[mark.line].split(":", 1)[0].strip().lstrip("- ") or "a value"
+        login = key in ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password")
         return InventoryError(
             f"Ansible Vault values are not supported: {key} is vault-encrypted", path=path,
             line=mark.line + 1,
-            fix=f"give {key} in plain text in a file only you can read (mode 0600), or for a "
+            fix="gpuk8s logs in with SSH keys only: run `ssh-copy-id USER@HOST` once per host, "
+            f"then remove {key}" if login else
+            f"give {key} in plain text in a file only you can read (mode 0600), or for a "
             "sudo password use the GPUK8S_BECOME_PASSWORD environment variable or "
             "--ask-become-pass")
     if mark is not None and mark.line < len(lines) and "pass" in lines[mark.line].lower():

@@ -490,3 +490,70 @@ def test_kubespray_proxies_are_applied_to_apt(tmp_path: Path) -> None:
                 "apt_proxy_direct=['10.0.0.0/8']\n")
     result, text = run(bad)
     assert result is None and "apt_proxy_direct: '10.0.0.0/8' is not a host name" in text
+
+
+def test_a_bastion_outside_k8s_cluster_vars_and_at_a_nodes_address(tmp_path: Path) -> None:
+    """kubespray's k8s_cluster group_vars do not reach the bastion: its defaults are no
+    cluster-wide disagreement; a bastion may be a node's own address."""
+    inv = write(tmp_path, """\
+        node1 ansible_host=10.0.0.10
+
+        [kube_control_plane]
+        node1
+
+        [k8s_cluster:children]
+        kube_control_plane
+
+        [bastion]
+        bastion ansible_host=10.0.0.10
+        """)
+    (tmp_path / "group_vars" / "k8s_cluster").mkdir(parents=True)
+    (tmp_path / "group_vars" / "k8s_cluster" / "k8s-cluster.yml").write_text(
+        "kube_version: v1.35.2\n")
+    result, text = run(inv)
+    assert result is not None, text
+    assert {c["name"]: c["value"] for c in result["changed"]}["kubernetes_version"] == "1.35"
+
+
+def test_the_bastions_own_jump_and_key_are_chained(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10
+
+        [jumps]
+        gw ansible_host=198.51.100.1 ansible_ssh_private_key_file=/keys/gw
+
+        [jumps:vars]
+        ansible_ssh_common_args='-J edge@203.0.113.9'
+
+        [bastion:children]
+        jumps
+
+        [all:vars]
+        ansible_ssh_private_key_file=/keys/node
+        """)
+    from gpuk8s.inventory import load_inventory
+
+    node = load_inventory(inv).hosts["node1"]
+    assert node.proxy_jump == "edge@203.0.113.9,root@198.51.100.1:22"
+    assert node.identity_files == ("/keys/node", "/keys/gw")
+    proxycommand = write(tmp_path, """\
+        [kube_control_plane]
+        node1 ansible_host=10.0.0.10
+
+        [bastion]
+        gw ansible_host=198.51.100.1 ansible_ssh_common_args='-o ProxyCommand="nc %h %p"'
+        """)
+    result, text = run(proxycommand)
+    assert result is None and "has a ProxyCommand, which gpuk8s cannot chain" in text
+
+
+@pytest.mark.parametrize(("line", "needle"), [
+    ("ansible_ssh_password=x", "ansible_ssh_password: gpuk8s does not log in with passwords"),
+    ("ansible_ssh_args='-o ProxyCommand=nc'", "ansible_ssh_args is not supported by gpuk8s"),
+])
+def test_other_ansible_login_settings_are_refused(tmp_path: Path, line: str,
+                                                  needle: str) -> None:
+    inv = write(tmp_path, f"[control_plane]\ncp ansible_host=10.0.0.10 {line}\n")
+    result, text = run(inv)
+    assert result is None and needle in text, text
