@@ -36,7 +36,8 @@ CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
 #: variables' rules in its RULES (roles/<role>/role.py)
 CLUSTER_RULES: dict[str, Rule] = {
     "apt_proxy": Rule(functools.partial(check_url, allow_empty=True)),
-    "apt_https_proxy": Rule(functools.partial(check_url, allow_empty=True)),
+    "apt_https_proxy": Rule(lambda name, value: None if value == "DIRECT" else
+                            check_url(name, value, allow_empty=True)),
     "apt_proxy_direct": Rule(check_host_list),
 }
 

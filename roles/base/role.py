@@ -54,8 +54,12 @@ def plan(ctx: HostContext) -> list[Op]:
                           "package run was interrupted)", "dpkg --configure -a"))
     file_states = f[Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE)]
     # with package_cache on, every node's apt (the cache host's too) goes through the cache
-    proxy = ctx.cluster.get("package_cache_url") or ctx.var("apt_proxy")
-    https, direct = ctx.var("apt_https_proxy"), ctx.var("apt_proxy_direct")
+    cache = ctx.cluster.get("package_cache_url")
+    proxy = cache or ctx.var("apt_proxy")
+    # apt sends https through the http proxy (CONNECT) unless told otherwise; the package
+    # cache serves http only, so https sources go direct past it (or through apt_https_proxy)
+    https = ctx.var("apt_https_proxy") or ("DIRECT" if cache else "")
+    direct = ctx.var("apt_proxy_direct")
     if proxy or https:
         secret = url_has_secret(proxy) or url_has_secret(https)
         # a proxy with a password in it is for root's eyes only

@@ -10,7 +10,9 @@ setting), and this role installs apt-cacher-ng through ``apt_proxy`` (or directl
 host's apt proxy file says, so a cache host whose proxy file points at a removed cache recovers.
 
 Only http:// apt sources go through the cache (Debian's and Ubuntu's archives); https:// sources
-(Docker, pkgs.k8s.io, NVIDIA) are fetched directly by each node, as apt does without a proxy.
+(Docker, pkgs.k8s.io, NVIDIA) are fetched directly by each node (the base role writes
+``Acquire::https::Proxy "DIRECT"``: apt would otherwise send them to the cache by CONNECT), or
+through ``apt_https_proxy`` when one is set.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def _through(ctx: HostContext) -> Apt:
     """apt for installing the cache itself: through ``apt_proxy`` (or directly, apt's DIRECT),
     whatever the host's apt proxy file says (it may name this very cache, not yet running)."""
     proxy = ctx.var("apt_proxy")
-    return Apt.for_host(ctx.vars, conf=proxy_conf(proxy or "DIRECT"))
+    return Apt.for_host(ctx.vars, conf=proxy_conf(proxy or "DIRECT", ctx.var("apt_https_proxy"),
+                                                  ctx.var("apt_proxy_direct")))
 
 
 def plan(ctx: HostContext) -> list[Op]:

@@ -52,7 +52,9 @@ def cached(lab: Lab) -> Any:
 def test_every_node_uses_the_cache_and_a_second_run_changes_nothing(cached: Lab) -> None:
     for node in ("cp-01", "gpu-01", "gpu-02", "cpu-01"):
         conf = sh(cached, node, "cat /etc/apt/apt.conf.d/90gpuk8s-proxy")
-        assert conf == 'Acquire::http::Proxy "http://10.88.0.11:3142";\n', node
+        # https sources go direct: the cache serves http only (apt would CONNECT through it)
+        assert conf == ('Acquire::http::Proxy "http://10.88.0.11:3142";\n'
+                        'Acquire::https::Proxy "DIRECT";\n'), node
     assert sh(cached, CACHE, "systemctl is-active apt-cacher-ng").strip() == "active"
     # the cache's own upstream is the lab host's apt-cacher-ng (apt_proxy)
     assert "Proxy: http://10.88.0.1:3142" in sh(cached, CACHE,

@@ -109,3 +109,29 @@ def test_real_apt_goes_direct_only_to_the_hosts_listed(tmp_path: Path, servers: 
         assert "/./InRelease" in served and not proxied
     else:
         assert proxied and not served
+
+
+def _proxy_file(**vars_: object) -> str | None:
+    vars = default_vars(**vars_)
+    ctx = HostContext("cp-01", "base", vars, fresh_facts("ubuntu2404", 0, "cp-01", vars),
+                      {"package_cache_url": vars.pop("_cache", "")}, ("control_plane",))
+    op = next((o for o in load_role("base").plan(ctx) if o.id == "base | apt proxy"), None)
+    if op is None:
+        return None
+    script = "\n".join(op.commands)
+    return base64.b64decode(script.split("<<'GPUK8S_EOF'\n")[1].split("\nGPUK8S_EOF")[0]
+                            ).decode()
+
+
+def test_what_the_proxy_file_says_in_each_case() -> None:
+    assert _proxy_file() is None  # no proxy at all: no file (a direct list alone needs none)
+    assert _proxy_file(apt_proxy_direct=["10.0.0.5"]) is None
+    assert _proxy_file(apt_https_proxy="http://p:3129") == (
+        'Acquire::http::Proxy "DIRECT";\nAcquire::https::Proxy "http://p:3129";\n')
+    # the package cache serves http only: https goes direct past it, not by CONNECT through it
+    assert _proxy_file(_cache="http://10.0.0.1:3142") == (
+        'Acquire::http::Proxy "http://10.0.0.1:3142";\nAcquire::https::Proxy "DIRECT";\n')
+    assert _proxy_file(_cache="http://10.0.0.1:3142", apt_https_proxy="http://p:3129",
+                       apt_proxy_direct=["m.lab"]) == (
+        'Acquire::http::Proxy "http://10.0.0.1:3142";\nAcquire::https::Proxy "http://p:3129";\n'
+        'Acquire::http::Proxy::m.lab "DIRECT";\nAcquire::https::Proxy::m.lab "DIRECT";\n')
