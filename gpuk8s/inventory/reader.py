@@ -3,6 +3,7 @@ and hosts, names, variable entries."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,14 @@ FOLDER_FILES = ("hosts.yaml", "hosts.yml", "hosts.ini", "hosts", "inventory.yaml
 #: followed by `#    ansible_host: ...`
 _COMMENTED_HOST = re.compile(r"^\s*#+\s*[A-Za-z0-9_][\w.\-\[\]:]*\s+\w+=\S|"
                              r"^\s*#+\s*ansible_host\s*:\s*\S", re.M)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def commented_hosts(text: str) -> str:
@@ -216,6 +225,10 @@ class _Reader:
         host's own ansible_port overrides); a range's brackets may hold colons."""
         if not isinstance(pattern, str):
             return pattern, []
+        v6 = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?", pattern)
+        if v6 and _is_ipv6(v6.group(1)):  # [2001:db8::1]:2222, not a range
+            port = [_Entry("ansible_port", v6.group(2), path, line, "host name", text=True)]
+            return v6.group(1), port if v6.group(2) else []
         outside = re.sub(r"\[[^\]]*\]", "", pattern)
         if outside.count(":") != 1 or not re.search(r":\d+$", pattern):
             return pattern, []

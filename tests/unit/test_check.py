@@ -408,13 +408,16 @@ def test_a_host_key_with_a_port_is_read_as_ansible_reads_it(tmp_path: Path) -> N
               hosts:
                 "gpu-[01:02]:2222":
                 w-03:7000: {ansible_port: 22}
+                "[2001:db8::7]:2222":
+                "[2001:db8::8]":
         """, name="inventory.yml")
     from gpuk8s.inventory import load_inventory
 
     hosts = load_inventory(inv).hosts
     assert {n: (h.address, h.port) for n, h in hosts.items()} == {
         "cp-01": ("10.0.0.10", 5309), "gpu-01": ("gpu-01", 2222), "gpu-02": ("gpu-02", 2222),
-        "w-03": ("w-03", 22)}  # the host's own ansible_port wins, as in Ansible
+        "w-03": ("w-03", 22),  # the host's own ansible_port wins, as in Ansible
+        "2001:db8::7": ("2001:db8::7", 2222), "2001:db8::8": ("2001:db8::8", 22)}
 
 
 def test_password_login_is_refused_with_the_switch_to_a_key(tmp_path: Path) -> None:
