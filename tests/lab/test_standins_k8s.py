@@ -33,7 +33,7 @@ from k8s.kubeadm import cluster_info_kubeconfig, create_token_secret  # noqa: E4
 from k8s.kubeadm_config import ConfigError, decode  # noqa: E402
 from k8s.tables import tabwriter  # noqa: E402
 
-from tests.lab.repos import real_kubectl  # noqa: E402
+from tests.lab.repos import real_etcd, real_kubectl  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
@@ -90,6 +90,8 @@ class Node:
                   "proc/sys/net/ipv4", "run/gpuk8s-lab", "var/run/containerd", "var/log"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        (root / "usr/lib/gpuk8s-lab/etcd").mkdir(parents=True)  # as the kubelet package puts it
+        (root / "usr/lib/gpuk8s-lab/etcd/etcd").symlink_to(real_etcd())
         (root / "etc/hostname").write_text("cp-01\n")
         (root / "etc/os-release").write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
         self.swaps = root / "_swaps"
@@ -138,6 +140,7 @@ class Node:
         kubelet = K8S / "kubelet"
         self._script("systemctl", f"""\
             api={root}/run/gpuk8s-lab/kube-apiserver-standin.pid
+            etcd={root}/run/gpuk8s-lab/etcd-static-pod.pid
             case "$1" in
               is-active) [ "$3" = containerd ] && exit $(cat {st}/active); exit 1;;
               is-enabled) exit 0;;
@@ -156,6 +159,9 @@ class Node:
                 fi
                 if [ "$2" = kube-apiserver-standin ] && [ -f "$api" ]; then
                   kill $(cat "$api") 2>/dev/null; sleep 0.3
+                fi
+                if [ "$2" = etcd-static-pod ] && [ -f "$etcd" ]; then
+                  kill $(cat "$etcd") 2>/dev/null; sleep 0.3
                 fi;;
             esac
             exit 0
@@ -200,7 +206,8 @@ class Node:
                               timeout=timeout)
 
     def cleanup(self) -> None:
-        for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid"):
+        for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid",
+                        "run/gpuk8s-lab/etcd-static-pod.pid"):
             p = self.root / pidfile
             if not p.exists():
                 continue
@@ -239,6 +246,17 @@ class Cluster:
                   orgs=["system:masters"])
         self.ca_pem = (pk / "ca.crt").read_text()
         self.server = f"https://127.0.0.1:{self.port}"
+        # the API server's store: a REAL etcd of its own (plain http on this machine; the
+        # lab's etcd is TLS with kubeadm's certificates)
+        self.etcd_port, peer = free_port(), free_port()
+        self.etcd = subprocess.Popen(
+            [str(real_etcd()), f"--data-dir={root / 'etcd'}", "--name=standin",
+             f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+             f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+             f"--listen-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-cluster=standin=http://127.0.0.1:{peer}", "--unsafe-no-fsync"],
+            stdout=subprocess.DEVNULL, stderr=open(root / "etcd.log", "w"))  # noqa: SIM115
         self.kubeconfig = root / "admin.conf"
         self.kubeconfig.write_text(kubeconfig.build(
             self.server, self.ca_pem, "kubernetes-admin",
@@ -246,7 +264,8 @@ class Cluster:
         args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
                 f"--client-ca-file={ca}", f"--tls-cert-file={pk / 'apiserver.crt'}",
-                f"--tls-private-key-file={pk / 'apiserver.key'}", f"--lab-data-dir={root / 'etcd'}"]
+                f"--tls-private-key-file={pk / 'apiserver.key'}",
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
         if gates:
             args.append(f"--feature-gates={gates}")
         self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
@@ -301,6 +320,8 @@ class Cluster:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+        self.etcd.terminate()
+        self.etcd.wait(10)
         self.log.close()
 
 
@@ -1392,9 +1413,34 @@ def test_worker_joins_with_printed_join_command(control_plane: tuple[Node, str],
         worker.cleanup()
 
 
+def test_the_api_servers_store_is_kubeadms_real_etcd(control_plane: tuple[Node, str]) -> None:
+    """kubeadm init writes etcd's static pod; the kubelet runs the REAL etcd from it with
+    kubeadm's certificates, and the API server keeps the cluster there: the real etcdctl, with
+    the API server's client certificate, reads the namespace the API server created."""
+    cp, kc = control_plane
+    pki = cp.root / "etc/kubernetes/pki"
+    etcdctl = [str(real_etcd("etcdctl")), "--endpoints=https://127.0.0.1:2379",
+               f"--cacert={pki / 'etcd/ca.crt'}", f"--cert={pki / 'apiserver-etcd-client.crt'}",
+               f"--key={pki / 'apiserver-etcd-client.key'}"]
+    members = subprocess.run([*etcdctl, "member", "list", "-w", "json"], capture_output=True,
+                             text=True, timeout=30, check=True)
+    assert [m["name"] for m in json.loads(members.stdout)["members"]] == ["cp-01"]
+    cp.run("kubectl", "--kubeconfig", kc, "create", "namespace", "lab-etcd-check")
+    got = subprocess.run([*etcdctl, "get", "/registry/core/namespaces/_cluster/lab-etcd-check",
+                          "--print-value-only"], capture_output=True, text=True, timeout=30,
+                         check=True)
+    assert json.loads(got.stdout)["metadata"]["name"] == "lab-etcd-check"
+    # without a client certificate etcd refuses the connection (client-cert-auth, as kubeadm)
+    bare = subprocess.run([str(real_etcd("etcdctl")), "--endpoints=https://127.0.0.1:2379",
+                           f"--cacert={pki / 'etcd/ca.crt'}", "--command-timeout=3s", "get",
+                           "/registry", "--prefix", "--keys-only"], capture_output=True,
+                          text=True, timeout=30)
+    assert bare.returncode != 0
+
+
 def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "k8s.apiserver", "--feature-gates=Accelerators=true",
-                        f"--lab-data-dir={tmp_path}"], capture_output=True, text=True,
+                        ], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(STANDINS)}, timeout=30)
     assert r.returncode == 1
     assert r.stderr.strip() == ('Error: invalid argument "Accelerators=true" for '

@@ -3,7 +3,7 @@
 
 Started by the kubelet stand-in from /etc/kubernetes/manifests/kube-apiserver.yaml with the flags in
 that manifest (python3 -m k8s.apiserver --advertise-address=... --secure-port=6443 ...).
-Objects persist as JSON under the etcd data dir (--lab-data-dir, default /var/lib/etcd).
+Objects are kept in the REAL etcd of --etcd-servers (store.py), as kubeadm configures it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .common import (
 )
 from .resources import Registry, Resource
 from .scheduler import is_active, matches_node_selector, schedule, untolerated_taint
-from .store import Store
+from .store import Conflict, Store, StoreError
 
 Obj = dict[str, Any]
 NODE_GRACE = 40.0  # node-monitor-grace-period
@@ -234,9 +234,13 @@ class ApiServer:
         # node paths (GPUK8S_LAB_ROOT applies when they are opened)
         self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
-        self.data_dir = f.get("lab-data-dir", P("/var/lib/etcd"))
         self.registry = Registry()
-        self.store = Store(self.data_dir)
+        # the REAL etcd kubeadm's static pod runs (the first of --etcd-servers), with the
+        # client certificate kubeadm issued this API server
+        self.store = Store(f.get("etcd-servers", "https://127.0.0.1:2379").split(",")[0],
+                           ca=P(f["etcd-cafile"]) if f.get("etcd-cafile") else "",
+                           cert=P(f["etcd-certfile"]) if f.get("etcd-certfile") else "",
+                           key=P(f["etcd-keyfile"]) if f.get("etcd-keyfile") else "")
         self.lock = threading.RLock()
         self.started = time.time()
         self.svc_range = f.get("service-cluster-ip-range", "10.96.0.0/12")
@@ -1302,6 +1306,13 @@ class ApiServer:
                         self._send(code, out, ctype)
                 except HTTPError as e:
                     self._send(e.code, e.status())
+                except Conflict as e:  # another API server changed it since this one read it
+                    self._send(409, HTTPError(409, "Conflict", "Operation cannot be fulfilled: "
+                                              f"{e}: the object has been modified; please apply "
+                                              "your changes to the latest version and try again"
+                                              ).status())
+                except StoreError as e:  # etcd is down or lost quorum
+                    self._send(500, HTTPError(500, "InternalError", str(e)).status())
                 except merge.PatchError as e:
                     self._send(e.code, HTTPError(e.code, e.reason, e.message,
                                                  {"causes": e.causes} if e.causes else {}
@@ -1338,6 +1349,9 @@ class ApiServer:
         text = "text/plain; charset=utf-8"
         js = "application/json"
         if parts and parts[0] in ("livez", "readyz", "healthz"):
+            if not self.store.healthy():  # etcd down, or without quorum
+                return 500, (f"[+]ping ok\n[-]etcd failed: reason withheld\n{parts[0]} check "
+                             "failed\n"), text
             if "verbose" in q:
                 return 200, f"[+]ping ok\n[+]etcd ok\n{parts[0]} check passed\n", text
             return 200, "ok", text
