@@ -8,6 +8,7 @@ nvidia-smi) are small fakes on PATH that print what the real ones print.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -231,7 +232,10 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 # ------------------------------------------------------------------ a running API server
 class Cluster:
-    def __init__(self, root: Path, gates: str = "") -> None:
+    def __init__(self, root: Path, gates: str = "", etcd_port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """An API server stand-in on this machine with a REAL etcd of its own, or sharing the
+        etcd at ``etcd_port`` (another Cluster's: two control planes of one cluster)."""
         self.root = root
         self.port = free_port()
         pk = root / "pki"
@@ -248,15 +252,18 @@ class Cluster:
         self.server = f"https://127.0.0.1:{self.port}"
         # the API server's store: a REAL etcd of its own (plain http on this machine; the
         # lab's etcd is TLS with kubeadm's certificates)
-        self.etcd_port, peer = free_port(), free_port()
-        self.etcd = subprocess.Popen(
-            [str(real_etcd()), f"--data-dir={root / 'etcd'}", "--name=standin",
-             f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
-             f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
-             f"--listen-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-             f"--initial-cluster=standin=http://127.0.0.1:{peer}", "--unsafe-no-fsync"],
-            stdout=subprocess.DEVNULL, stderr=open(root / "etcd.log", "w"))  # noqa: SIM115
+        self.etcd: subprocess.Popen[bytes] | None = None
+        self.etcd_port = etcd_port or free_port()
+        if etcd_port is None:
+            peer = free_port()
+            self.etcd = subprocess.Popen(
+                [str(real_etcd()), f"--data-dir={root / 'etcd'}", "--name=standin",
+                 f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-cluster=standin=http://127.0.0.1:{peer}", "--unsafe-no-fsync"],
+                stdout=subprocess.DEVNULL, stderr=open(root / "etcd.log", "w"))  # noqa: SIM115
         self.kubeconfig = root / "admin.conf"
         self.kubeconfig.write_text(kubeconfig.build(
             self.server, self.ca_pem, "kubernetes-admin",
@@ -270,7 +277,8 @@ class Cluster:
             args.append(f"--feature-gates={gates}")
         self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
-            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2"})
+            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
+            **(env or {})})
         for _ in range(100):
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
@@ -317,11 +325,20 @@ class Cluster:
             time.sleep(0.1)
         raise AssertionError("condition not reached")
 
+    def ident(self) -> str:
+        """This API server's identity in leader election (from its log)."""
+        self.log.flush()
+        m = re.search(r"leader lease kube-system/kube-controller-manager as (\S+)\.\.\.",
+                      (self.root / "apiserver.log").read_text())
+        return m.group(1) if m else ""
+
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.etcd.terminate()
-        self.etcd.wait(10)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        if self.etcd is not None:
+            self.etcd.terminate()
+            self.etcd.wait(10)
         self.log.close()
 
 
@@ -1436,6 +1453,71 @@ def test_the_api_servers_store_is_kubeadms_real_etcd(control_plane: tuple[Node, 
                            "/registry", "--prefix", "--keys-only"], capture_output=True,
                           text=True, timeout=30)
     assert bare.returncode != 0
+
+
+def test_two_api_servers_share_one_etcd(tmp_path: Path) -> None:
+    """Two control planes' API servers on one REAL etcd: what one writes the other serves and
+    watches; one of them leads the controllers (the Lease kube-system/kube-controller-manager),
+    and the other takes the lead once the leader stops renewing it."""
+    env = {"GPUK8S_LAB_LEASE_SECONDS": "3"}
+    a = Cluster(tmp_path / "a", env=env)
+    b = Cluster(tmp_path / "b", etcd_port=a.etcd_port, env=env)
+    try:
+        watch = subprocess.Popen(
+            [str(real_kubectl()), "--kubeconfig", str(b.kubeconfig), "get", "configmaps",
+             "--watch-only", "--output-watch-events", "-o", "name", "--request-timeout=8s"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        r = a.kubectl("create", "configmap", "shared", "--from-literal=k=v")
+        assert r.returncode == 0, r.stderr
+        assert wait_for(lambda: b.kubectl("get", "configmap", "shared", "-o",
+                                          "jsonpath={.data.k}").stdout == "v")
+        out, _ = watch.communicate(timeout=30)
+        assert out.splitlines() == ["configmap/shared"]  # streamed by b as a wrote it
+        lease = "jsonpath={.spec.holderIdentity}"
+        holder = wait_for(lambda: a.kubectl("get", "lease", "-n", "kube-system",
+                                            "kube-controller-manager", "-o", lease).stdout)
+        assert holder == b.kubectl("get", "lease", "-n", "kube-system",
+                                   "kube-controller-manager", "-o", lease).stdout
+        leader, other = (a, b) if a.ident() == holder else (b, a)
+        assert other.ident() != holder
+        leader.proc.terminate()  # its API server only: the etcd (a's) stays up
+        leader.proc.wait(10)
+        assert wait_for(lambda: other.kubectl("get", "lease", "-n", "kube-system",
+                                              "kube-controller-manager", "-o", lease
+                                              ).stdout == other.ident(), timeout=30)
+        transitions = other.kubectl("get", "lease", "-n", "kube-system", "kube-controller-manager",
+                                    "-o", "jsonpath={.spec.leaseTransitions}").stdout
+        assert transitions == "1"
+    finally:
+        for c in (b, a):
+            with contextlib.suppress(Exception):
+                c.stop()
+
+
+def test_a_write_based_on_a_stale_read_is_refused_by_etcd(tmp_path: Path) -> None:
+    """store.py's transactions: a change based on a revision another API server has since
+    overwritten is refused by etcd itself (the compare of the transaction), not merged."""
+    c = Cluster(tmp_path / "c")
+    try:
+        from k8s.store import Conflict, Store
+
+        one = Store(f"http://127.0.0.1:{c.etcd_port}")
+        two = Store(f"http://127.0.0.1:{c.etcd_port}")
+        key = ("", "configmaps")
+        one.put(key, {"metadata": {"name": "x", "namespace": "default"}, "data": {"n": "1"}})
+        wait_for(lambda: two.get(key, "default", "x"))
+        stale = two.get(key, "default", "x")
+        fresh = one.get(key, "default", "x")
+        assert stale is not None and fresh is not None
+        fresh["data"]["n"] = "2"
+        one.put(key, fresh)
+        stale["data"]["n"] = "3"
+        with pytest.raises(Conflict):
+            two.put(key, stale)
+        assert wait_for(lambda: (two.get(key, "default", "x") or {}).get("data") == {"n": "2"})
+    finally:
+        c.stop()
 
 
 def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:

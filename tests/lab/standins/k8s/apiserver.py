@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import datetime as dt
 import hashlib
 import hmac
 import http.client
@@ -18,6 +19,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -191,6 +193,12 @@ def field_match(selector: str, obj: Obj) -> bool:
     return True
 
 
+#: the Lease the controllers' leader holds, and how long it lasts unrenewed
+LEADER_LEASE = "kube-controller-manager"
+LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
+RENEW_SECONDS = 2
+
+
 def controller_manager_flags() -> dict[str, str]:
     """The --flags of the kube-controller-manager static pod on this (control plane) node."""
     docs = yaml_load_all(read("/etc/kubernetes/manifests/kube-controller-manager.yaml") or "")
@@ -235,6 +243,9 @@ class ApiServer:
         self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
         self.registry = Registry()
+        #: this server's controllers' identity in leader election (kube-controller-manager's
+        #: is "<hostname>_<uuid>")
+        self.identity = f"{socket.gethostname()}_{uuid.uuid4()}"
         # the REAL etcd kubeadm's static pod runs (the first of --etcd-servers), with the
         # client certificate kubeadm issued this API server
         self.store = Store(f.get("etcd-servers", "https://127.0.0.1:2379").split(",")[0],
@@ -574,8 +585,52 @@ class ApiServer:
         return bool(exp) and parse_ts(exp) <= now()
 
     # ---------------------------------------------------------------- controllers
+    def lead(self, now_: dt.datetime | None = None) -> bool:
+        """Leader election as kube-controller-manager does it: hold (or take over, once its
+        holder stopped renewing it for leaseDurationSeconds) the Lease
+        kube-system/kube-controller-manager. Only the holder's controllers run, so API servers
+        sharing one etcd (control planes of one cluster) never run them twice."""
+        t = now_ or dt.datetime.now(dt.UTC)
+        micro = t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = self.get(self.R("leases"), "kube-system", LEADER_LEASE)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity")
+        try:
+            renewed: dt.datetime | None = dt.datetime.strptime(
+                spec.get("renewTime", ""), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+        except ValueError:
+            renewed = None
+        if lease is not None and renewed is not None:
+            if holder == self.identity and t < renewed + dt.timedelta(seconds=RENEW_SECONDS):
+                return True  # renewed a moment ago (the real one retries every 2 s)
+            if holder != self.identity and t < renewed + dt.timedelta(
+                    seconds=int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)):
+                return False
+        new = lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": LEADER_LEASE, "namespace": "kube-system",
+                                     "uid": str(uuid.uuid4()), "creationTimestamp": ts()}}
+        took = holder != self.identity
+        new["spec"] = {"holderIdentity": self.identity, "leaseDurationSeconds": LEASE_SECONDS,
+                       "acquireTime": micro if took else spec.get("acquireTime", micro),
+                       "renewTime": micro,
+                       "leaseTransitions": int(spec.get("leaseTransitions") or 0)
+                       + (1 if took and lease is not None else 0)}
+        try:
+            self.store.put(self.key(self.R("leases")), new)
+        except (Conflict, StoreError):
+            return False  # another API server renewed or took it first, or etcd is away
+        if took:
+            sys.stderr.write(f"leaderelection.go:268] successfully acquired lease "
+                             f"kube-system/{LEADER_LEASE}\n")
+        return True
+
     def controllers(self) -> None:
+        sys.stderr.write(f"leaderelection.go:257] attempting to acquire leader lease "
+                         f"kube-system/{LEADER_LEASE} as {self.identity}...\n")
         while True:
+            if not self.lead():
+                time.sleep(float(os.environ.get("GPUK8S_LAB_CONTROLLER_PERIOD", "1")))
+                continue
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
