@@ -357,6 +357,19 @@ def real_kubectl() -> Path:
     return resolver.tree(fake, "kubectl") / "usr" / "bin" / "kubectl"
 
 
+def real_etcd(tool: str = "etcd") -> Path:
+    """The REAL etcd or etcdctl (Debian sid's etcd-server and etcd-client 3.5), downloaded and
+    extracted once into the cache: the store of the in-host API server tests (nodes get the
+    same binaries through the lab's kubelet package)."""
+    pkg = {"etcd": "etcd-server", "etcdctl": "etcd-client"}[tool]
+    deb = fetch_upstream_deb(pkg, "unstable")
+    root = cache_dir() / "downloads" / "extracted"
+    resolver = debs.FetchResolver(lambda _pkg, _suite: deb, root)
+    fake = debs.PackageDef(Path(f"real-{pkg}"), {"fetch": {tool: {"package": pkg,
+                                                                   "suite": "unstable"}}})
+    return resolver.tree(fake, tool) / "usr" / "bin" / tool
+
+
 def build_all(force: bool = False) -> Path:
     """Build every package (cached by content hash), publish and sign every repo.
 

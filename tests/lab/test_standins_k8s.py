@@ -8,6 +8,7 @@ nvidia-smi) are small fakes on PATH that print what the real ones print.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from k8s.kubeadm import cluster_info_kubeconfig, create_token_secret  # noqa: E4
 from k8s.kubeadm_config import ConfigError, decode  # noqa: E402
 from k8s.tables import tabwriter  # noqa: E402
 
-from tests.lab.repos import real_kubectl  # noqa: E402
+from tests.lab.repos import real_etcd, real_kubectl  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "openssl"], capture_output=True).returncode != 0,
@@ -90,6 +91,8 @@ class Node:
                   "proc/sys/net/ipv4", "run/gpuk8s-lab", "var/run/containerd", "var/log"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        (root / "usr/lib/gpuk8s-lab/etcd").mkdir(parents=True)  # as the kubelet package puts it
+        (root / "usr/lib/gpuk8s-lab/etcd/etcd").symlink_to(real_etcd())
         (root / "etc/hostname").write_text("cp-01\n")
         (root / "etc/os-release").write_text('PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')
         self.swaps = root / "_swaps"
@@ -138,6 +141,7 @@ class Node:
         kubelet = K8S / "kubelet"
         self._script("systemctl", f"""\
             api={root}/run/gpuk8s-lab/kube-apiserver-standin.pid
+            etcd={root}/run/gpuk8s-lab/etcd-static-pod.pid
             case "$1" in
               is-active) [ "$3" = containerd ] && exit $(cat {st}/active); exit 1;;
               is-enabled) exit 0;;
@@ -156,6 +160,9 @@ class Node:
                 fi
                 if [ "$2" = kube-apiserver-standin ] && [ -f "$api" ]; then
                   kill $(cat "$api") 2>/dev/null; sleep 0.3
+                fi
+                if [ "$2" = etcd-static-pod ] && [ -f "$etcd" ]; then
+                  kill $(cat "$etcd") 2>/dev/null; sleep 0.3
                 fi;;
             esac
             exit 0
@@ -200,7 +207,8 @@ class Node:
                               timeout=timeout)
 
     def cleanup(self) -> None:
-        for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid"):
+        for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid",
+                        "run/gpuk8s-lab/etcd-static-pod.pid"):
             p = self.root / pidfile
             if not p.exists():
                 continue
@@ -224,7 +232,10 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 # ------------------------------------------------------------------ a running API server
 class Cluster:
-    def __init__(self, root: Path, gates: str = "") -> None:
+    def __init__(self, root: Path, gates: str = "", etcd_port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """An API server stand-in on this machine with a REAL etcd of its own, or sharing the
+        etcd at ``etcd_port`` (another Cluster's: two control planes of one cluster)."""
         self.root = root
         self.port = free_port()
         pk = root / "pki"
@@ -239,6 +250,20 @@ class Cluster:
                   orgs=["system:masters"])
         self.ca_pem = (pk / "ca.crt").read_text()
         self.server = f"https://127.0.0.1:{self.port}"
+        # the API server's store: a REAL etcd of its own (plain http on this machine; the
+        # lab's etcd is TLS with kubeadm's certificates)
+        self.etcd: subprocess.Popen[bytes] | None = None
+        self.etcd_port = etcd_port or free_port()
+        if etcd_port is None:
+            peer = free_port()
+            self.etcd = subprocess.Popen(
+                [str(real_etcd()), f"--data-dir={root / 'etcd'}", "--name=standin",
+                 f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-cluster=standin=http://127.0.0.1:{peer}", "--unsafe-no-fsync"],
+                stdout=subprocess.DEVNULL, stderr=open(root / "etcd.log", "w"))  # noqa: SIM115
         self.kubeconfig = root / "admin.conf"
         self.kubeconfig.write_text(kubeconfig.build(
             self.server, self.ca_pem, "kubernetes-admin",
@@ -246,12 +271,14 @@ class Cluster:
         args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
                 f"--client-ca-file={ca}", f"--tls-cert-file={pk / 'apiserver.crt'}",
-                f"--tls-private-key-file={pk / 'apiserver.key'}", f"--lab-data-dir={root / 'etcd'}"]
+                f"--tls-private-key-file={pk / 'apiserver.key'}",
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
         if gates:
             args.append(f"--feature-gates={gates}")
         self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
-            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2"})
+            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
+            **(env or {})})
         for _ in range(100):
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
@@ -298,9 +325,20 @@ class Cluster:
             time.sleep(0.1)
         raise AssertionError("condition not reached")
 
+    def ident(self) -> str:
+        """This API server's identity in leader election (from its log)."""
+        self.log.flush()
+        m = re.search(r"leader lease kube-system/kube-controller-manager as (\S+)\.\.\.",
+                      (self.root / "apiserver.log").read_text())
+        return m.group(1) if m else ""
+
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        if self.etcd is not None:
+            self.etcd.terminate()
+            self.etcd.wait(10)
         self.log.close()
 
 
@@ -1392,9 +1430,99 @@ def test_worker_joins_with_printed_join_command(control_plane: tuple[Node, str],
         worker.cleanup()
 
 
+def test_the_api_servers_store_is_kubeadms_real_etcd(control_plane: tuple[Node, str]) -> None:
+    """kubeadm init writes etcd's static pod; the kubelet runs the REAL etcd from it with
+    kubeadm's certificates, and the API server keeps the cluster there: the real etcdctl, with
+    the API server's client certificate, reads the namespace the API server created."""
+    cp, kc = control_plane
+    pki = cp.root / "etc/kubernetes/pki"
+    etcdctl = [str(real_etcd("etcdctl")), "--endpoints=https://127.0.0.1:2379",
+               f"--cacert={pki / 'etcd/ca.crt'}", f"--cert={pki / 'apiserver-etcd-client.crt'}",
+               f"--key={pki / 'apiserver-etcd-client.key'}"]
+    members = subprocess.run([*etcdctl, "member", "list", "-w", "json"], capture_output=True,
+                             text=True, timeout=30, check=True)
+    assert [m["name"] for m in json.loads(members.stdout)["members"]] == ["cp-01"]
+    cp.run("kubectl", "--kubeconfig", kc, "create", "namespace", "lab-etcd-check")
+    got = subprocess.run([*etcdctl, "get", "/registry/core/namespaces/_cluster/lab-etcd-check",
+                          "--print-value-only"], capture_output=True, text=True, timeout=30,
+                         check=True)
+    assert json.loads(got.stdout)["metadata"]["name"] == "lab-etcd-check"
+    # without a client certificate etcd refuses the connection (client-cert-auth, as kubeadm)
+    bare = subprocess.run([str(real_etcd("etcdctl")), "--endpoints=https://127.0.0.1:2379",
+                           f"--cacert={pki / 'etcd/ca.crt'}", "--command-timeout=3s", "get",
+                           "/registry", "--prefix", "--keys-only"], capture_output=True,
+                          text=True, timeout=30)
+    assert bare.returncode != 0
+
+
+def test_two_api_servers_share_one_etcd(tmp_path: Path) -> None:
+    """Two control planes' API servers on one REAL etcd: what one writes the other serves and
+    watches; one of them leads the controllers (the Lease kube-system/kube-controller-manager),
+    and the other takes the lead once the leader stops renewing it."""
+    env = {"GPUK8S_LAB_LEASE_SECONDS": "3"}
+    a = Cluster(tmp_path / "a", env=env)
+    b = Cluster(tmp_path / "b", etcd_port=a.etcd_port, env=env)
+    try:
+        watch = subprocess.Popen(
+            [str(real_kubectl()), "--kubeconfig", str(b.kubeconfig), "get", "configmaps",
+             "--watch-only", "--output-watch-events", "-o", "name", "--request-timeout=8s"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        r = a.kubectl("create", "configmap", "shared", "--from-literal=k=v")
+        assert r.returncode == 0, r.stderr
+        assert wait_for(lambda: b.kubectl("get", "configmap", "shared", "-o",
+                                          "jsonpath={.data.k}").stdout == "v")
+        out, _ = watch.communicate(timeout=30)
+        assert out.splitlines() == ["configmap/shared"]  # streamed by b as a wrote it
+        lease = "jsonpath={.spec.holderIdentity}"
+        holder = wait_for(lambda: a.kubectl("get", "lease", "-n", "kube-system",
+                                            "kube-controller-manager", "-o", lease).stdout)
+        assert holder == b.kubectl("get", "lease", "-n", "kube-system",
+                                   "kube-controller-manager", "-o", lease).stdout
+        leader, other = (a, b) if a.ident() == holder else (b, a)
+        assert other.ident() != holder
+        leader.proc.terminate()  # its API server only: the etcd (a's) stays up
+        leader.proc.wait(10)
+        assert wait_for(lambda: other.kubectl("get", "lease", "-n", "kube-system",
+                                              "kube-controller-manager", "-o", lease
+                                              ).stdout == other.ident(), timeout=30)
+        transitions = other.kubectl("get", "lease", "-n", "kube-system", "kube-controller-manager",
+                                    "-o", "jsonpath={.spec.leaseTransitions}").stdout
+        assert transitions == "1"
+    finally:
+        for c in (b, a):
+            with contextlib.suppress(Exception):
+                c.stop()
+
+
+def test_a_write_based_on_a_stale_read_is_refused_by_etcd(tmp_path: Path) -> None:
+    """store.py's transactions: a change based on a revision another API server has since
+    overwritten is refused by etcd itself (the compare of the transaction), not merged."""
+    c = Cluster(tmp_path / "c")
+    try:
+        from k8s.store import Conflict, Store
+
+        one = Store(f"http://127.0.0.1:{c.etcd_port}")
+        two = Store(f"http://127.0.0.1:{c.etcd_port}")
+        key = ("", "configmaps")
+        one.put(key, {"metadata": {"name": "x", "namespace": "default"}, "data": {"n": "1"}})
+        wait_for(lambda: two.get(key, "default", "x"))
+        stale = two.get(key, "default", "x")
+        fresh = one.get(key, "default", "x")
+        assert stale is not None and fresh is not None
+        fresh["data"]["n"] = "2"
+        one.put(key, fresh)
+        stale["data"]["n"] = "3"
+        with pytest.raises(Conflict):
+            two.put(key, stale)
+        assert wait_for(lambda: (two.get(key, "default", "x") or {}).get("data") == {"n": "2"})
+    finally:
+        c.stop()
+
+
 def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "k8s.apiserver", "--feature-gates=Accelerators=true",
-                        f"--lab-data-dir={tmp_path}"], capture_output=True, text=True,
+                        ], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(STANDINS)}, timeout=30)
     assert r.returncode == 1
     assert r.stderr.strip() == ('Error: invalid argument "Accelerators=true" for '

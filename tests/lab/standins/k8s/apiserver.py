@@ -3,7 +3,7 @@
 
 Started by the kubelet stand-in from /etc/kubernetes/manifests/kube-apiserver.yaml with the flags in
 that manifest (python3 -m k8s.apiserver --advertise-address=... --secure-port=6443 ...).
-Objects persist as JSON under the etcd data dir (--lab-data-dir, default /var/lib/etcd).
+Objects are kept in the REAL etcd of --etcd-servers (store.py), as kubeadm configures it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import datetime as dt
 import hashlib
 import hmac
 import http.client
@@ -18,6 +19,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -44,7 +46,7 @@ from .common import (
 )
 from .resources import Registry, Resource
 from .scheduler import is_active, matches_node_selector, schedule, untolerated_taint
-from .store import Store
+from .store import Conflict, Store, StoreError
 
 Obj = dict[str, Any]
 NODE_GRACE = 40.0  # node-monitor-grace-period
@@ -191,6 +193,12 @@ def field_match(selector: str, obj: Obj) -> bool:
     return True
 
 
+#: the Lease the controllers' leader holds, and how long it lasts unrenewed
+LEADER_LEASE = "kube-controller-manager"
+LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
+RENEW_SECONDS = 2
+
+
 def controller_manager_flags() -> dict[str, str]:
     """The --flags of the kube-controller-manager static pod on this (control plane) node."""
     docs = yaml_load_all(read("/etc/kubernetes/manifests/kube-controller-manager.yaml") or "")
@@ -234,9 +242,16 @@ class ApiServer:
         # node paths (GPUK8S_LAB_ROOT applies when they are opened)
         self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
-        self.data_dir = f.get("lab-data-dir", P("/var/lib/etcd"))
         self.registry = Registry()
-        self.store = Store(self.data_dir)
+        #: this server's controllers' identity in leader election (kube-controller-manager's
+        #: is "<hostname>_<uuid>")
+        self.identity = f"{socket.gethostname()}_{uuid.uuid4()}"
+        # the REAL etcd kubeadm's static pod runs (the first of --etcd-servers), with the
+        # client certificate kubeadm issued this API server
+        self.store = Store(f.get("etcd-servers", "https://127.0.0.1:2379").split(",")[0],
+                           ca=P(f["etcd-cafile"]) if f.get("etcd-cafile") else "",
+                           cert=P(f["etcd-certfile"]) if f.get("etcd-certfile") else "",
+                           key=P(f["etcd-keyfile"]) if f.get("etcd-keyfile") else "")
         self.lock = threading.RLock()
         self.started = time.time()
         self.svc_range = f.get("service-cluster-ip-range", "10.96.0.0/12")
@@ -570,8 +585,52 @@ class ApiServer:
         return bool(exp) and parse_ts(exp) <= now()
 
     # ---------------------------------------------------------------- controllers
+    def lead(self, now_: dt.datetime | None = None) -> bool:
+        """Leader election as kube-controller-manager does it: hold (or take over, once its
+        holder stopped renewing it for leaseDurationSeconds) the Lease
+        kube-system/kube-controller-manager. Only the holder's controllers run, so API servers
+        sharing one etcd (control planes of one cluster) never run them twice."""
+        t = now_ or dt.datetime.now(dt.UTC)
+        micro = t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = self.get(self.R("leases"), "kube-system", LEADER_LEASE)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity")
+        try:
+            renewed: dt.datetime | None = dt.datetime.strptime(
+                spec.get("renewTime", ""), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+        except ValueError:
+            renewed = None
+        if lease is not None and renewed is not None:
+            if holder == self.identity and t < renewed + dt.timedelta(seconds=RENEW_SECONDS):
+                return True  # renewed a moment ago (the real one retries every 2 s)
+            if holder != self.identity and t < renewed + dt.timedelta(
+                    seconds=int(spec.get("leaseDurationSeconds") or LEASE_SECONDS)):
+                return False
+        new = lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": LEADER_LEASE, "namespace": "kube-system",
+                                     "uid": str(uuid.uuid4()), "creationTimestamp": ts()}}
+        took = holder != self.identity
+        new["spec"] = {"holderIdentity": self.identity, "leaseDurationSeconds": LEASE_SECONDS,
+                       "acquireTime": micro if took else spec.get("acquireTime", micro),
+                       "renewTime": micro,
+                       "leaseTransitions": int(spec.get("leaseTransitions") or 0)
+                       + (1 if took and lease is not None else 0)}
+        try:
+            self.store.put(self.key(self.R("leases")), new)
+        except (Conflict, StoreError):
+            return False  # another API server renewed or took it first, or etcd is away
+        if took:
+            sys.stderr.write(f"leaderelection.go:268] successfully acquired lease "
+                             f"kube-system/{LEADER_LEASE}\n")
+        return True
+
     def controllers(self) -> None:
+        sys.stderr.write(f"leaderelection.go:257] attempting to acquire leader lease "
+                         f"kube-system/{LEADER_LEASE} as {self.identity}...\n")
         while True:
+            if not self.lead():
+                time.sleep(float(os.environ.get("GPUK8S_LAB_CONTROLLER_PERIOD", "1")))
+                continue
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
@@ -1302,6 +1361,13 @@ class ApiServer:
                         self._send(code, out, ctype)
                 except HTTPError as e:
                     self._send(e.code, e.status())
+                except Conflict as e:  # another API server changed it since this one read it
+                    self._send(409, HTTPError(409, "Conflict", "Operation cannot be fulfilled: "
+                                              f"{e}: the object has been modified; please apply "
+                                              "your changes to the latest version and try again"
+                                              ).status())
+                except StoreError as e:  # etcd is down or lost quorum
+                    self._send(500, HTTPError(500, "InternalError", str(e)).status())
                 except merge.PatchError as e:
                     self._send(e.code, HTTPError(e.code, e.reason, e.message,
                                                  {"causes": e.causes} if e.causes else {}
@@ -1338,6 +1404,9 @@ class ApiServer:
         text = "text/plain; charset=utf-8"
         js = "application/json"
         if parts and parts[0] in ("livez", "readyz", "healthz"):
+            if not self.store.healthy():  # etcd down, or without quorum
+                return 500, (f"[+]ping ok\n[-]etcd failed: reason withheld\n{parts[0]} check "
+                             "failed\n"), text
             if "verbose" in q:
                 return 200, f"[+]ping ok\n[+]etcd ok\n{parts[0]} check passed\n", text
             return 200, "ok", text

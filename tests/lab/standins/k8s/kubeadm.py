@@ -48,6 +48,25 @@ KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kube
                "controller-manager.conf", "scheduler.conf")
 
 
+
+def etcd_command(node: str, adv: str, members: dict[str, str], state: str) -> list[str]:
+    """kubeadm's command for the stacked etcd of ``node`` (etcd's own flags: the kubelet runs the
+    REAL etcd with them). ``members``: name -> peer address of every member, this one included;
+    ``state``: "new" (init) or "existing" (a control plane joining)."""
+    pki = f"{PKI}/etcd"
+    cluster = ",".join(f"{n}=https://{a}:2380" for n, a in members.items())
+    return ["etcd", f"--advertise-client-urls=https://{adv}:2379", f"--cert-file={pki}/server.crt",
+            "--client-cert-auth=true", "--data-dir=/var/lib/etcd",
+            "--experimental-watch-progress-notify-interval=5s",
+            f"--initial-advertise-peer-urls=https://{adv}:2380", f"--initial-cluster={cluster}",
+            *(["--initial-cluster-state=existing"] if state == "existing" else []),
+            f"--key-file={pki}/server.key",
+            f"--listen-client-urls=https://127.0.0.1:2379,https://{adv}:2379",
+            "--listen-metrics-urls=http://127.0.0.1:2381", f"--listen-peer-urls=https://{adv}:2380",
+            f"--name={node}", f"--peer-cert-file={pki}/peer.crt", "--peer-client-cert-auth=true",
+            f"--peer-key-file={pki}/peer.key", f"--peer-trusted-ca-file={pki}/ca.crt",
+            "--snapshot-count=10000", f"--trusted-ca-file={pki}/ca.crt"]
+
 class Fail(Exception):
     """Printed to stderr followed by the stack-trace hint, exit 1."""
 
@@ -377,10 +396,7 @@ class Kubeadm:
         out(f'[etcd] Creating static Pod manifest for local etcd in "{MANIFESTS}"')
         write(f"{MANIFESTS}/etcd.yaml", static_pod(
             "etcd", "registry.k8s.io/etcd:3.6.5-0",
-            ["etcd", f"--advertise-client-urls=https://{adv}:2379", "--data-dir=/var/lib/etcd",
-             f"--listen-client-urls=https://127.0.0.1:2379,https://{adv}:2379",
-             f"--name={node}", "--cert-file=/etc/kubernetes/pki/etcd/server.crt",
-             "--key-file=/etc/kubernetes/pki/etcd/server.key"],
+            etcd_command(node, adv, {node: adv}, "new"),
             "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
         self._write_control_plane(cc, adv, port, k8s_version)
 
@@ -1250,6 +1266,7 @@ class Kubeadm:
         systemctl("stop", "kubelet")
         # the real reset removes all Kubernetes containers through the CRI
         systemctl("stop", "kube-apiserver-standin")
+        systemctl("stop", "etcd-static-pod")
         out('[reset] Unmounting mounted directories in "/var/lib/kubelet"')
         if is_cp or dir_not_empty("/var/lib/etcd"):
             _empty_dir("/var/lib/etcd")

@@ -38,10 +38,15 @@ from .common import (
 from .scheduler import pod_requests
 
 Obj = dict[str, Any]
+#: etcd flags that name files or folders of the node
+PATH_FLAGS = {"--data-dir", "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file",
+              "--peer-key-file", "--peer-trusted-ca-file", "--wal-dir"}
 STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
 APISERVER_UNIT = "kube-apiserver-standin"
-APISERVER_PIDFILE = "/run/gpuk8s-lab/kube-apiserver-standin.pid"
-APISERVER_HASHFILE = "/run/gpuk8s-lab/kube-apiserver-standin.hash"
+ETCD_UNIT = "etcd-static-pod"
+#: the REAL etcd (Debian's etcd-server 3.5), carried by the lab's kubelet package: the kubelet
+#: runs it for kubeadm's etcd static pod as the real one runs the registry.k8s.io/etcd image
+ETCD_BINARY = "/usr/lib/gpuk8s-lab/etcd/etcd"
 CNI_DIR = "/etc/cni/net.d"
 FLANNEL_PLUGIN = "/opt/cni/bin/flannel"
 NO_CNI = ("container runtime network not ready: NetworkReady=false "
@@ -65,6 +70,70 @@ def stop_pidfile(path: str) -> None:
             time.sleep(0.1)
     except (ValueError, OSError):
         pass
+
+
+class StaticProcess:
+    """One static pod run as a process of the node: a transient systemd unit (or, with
+    GPUK8S_LAB_NO_SYSTEMD, a child with a pidfile), restarted when its manifest's command
+    changes, with CrashLoopBackOff's pause between failed starts. A restarted kubelet adopts
+    the process it left running (as the real one finds its containers through the CRI)."""
+
+    def __init__(self, unit: str, description: str) -> None:
+        self.unit, self.description = unit, description
+        self.pidfile = f"/run/gpuk8s-lab/{unit}.pid"
+        self.hashfile = f"/run/gpuk8s-lab/{unit}.hash"
+        self.hash = (read(self.hashfile) or "").strip()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.last_start = 0.0
+
+    def sync(self, cmd: list[str], env: dict[str, str], version: str, log: str) -> bool:
+        """Run ``cmd``; True when it runs (or was just started)."""
+        h = hashlib.sha256(json.dumps([cmd, version]).encode()).hexdigest()
+        running = self.running()
+        if running and h == self.hash:
+            return True
+        if running:
+            self.stop()
+        if time.monotonic() - self.last_start < 10 and self.hash == h:
+            return False  # back-off like CrashLoopBackOff
+        self.hash = h
+        write(self.hashfile, h)
+        self.last_start = time.monotonic()
+        if os.environ.get(NO_SYSTEMD_ENV):
+            os.makedirs(P("/var/log"), exist_ok=True)
+            with open(P(log), "ab") as logf:
+                self.proc = subprocess.Popen(cmd, env={**os.environ, **env},
+                                             start_new_session=True,
+                                             stdout=subprocess.DEVNULL, stderr=logf)
+            write(self.pidfile, str(self.proc.pid))
+        else:
+            run(["systemctl", "reset-failed", self.unit])
+            run(["systemd-run", f"--unit={self.unit}", f"--description={self.description}",
+                 "--property=KillMode=mixed", *(f"--setenv={k}={v}" for k, v in env.items()),
+                 *cmd])
+        return True
+
+    def _pid(self) -> int | None:
+        try:
+            pid = int((read(self.pidfile) or "").strip())
+            os.kill(pid, 0)
+            return pid
+        except (ValueError, OSError):
+            return None
+
+    def running(self) -> bool:
+        if os.environ.get(NO_SYSTEMD_ENV):
+            if self.proc is not None:
+                self.proc.poll()
+            return self._pid() is not None
+        return run(["systemctl", "is-active", "--quiet", self.unit]).returncode == 0
+
+    def stop(self) -> None:
+        if os.environ.get(NO_SYSTEMD_ENV):
+            stop_pidfile(self.pidfile)
+            self.proc = None
+        elif self.running():
+            run(["systemctl", "stop", self.unit])
 
 
 def fatal(err: str) -> None:
@@ -221,9 +290,9 @@ class Kubelet:
         self.dns_started = False
         # a restarted kubelet adopts the static pod it left running (as the real one finds
         # its containers through the CRI) instead of restarting it
-        self.apiserver_hash = (read(APISERVER_HASHFILE) or "").strip()
-        self.apiserver_proc: subprocess.Popen[bytes] | None = None
-        self.apiserver_last_start = 0.0
+        self.apiserver = StaticProcess(APISERVER_UNIT, "LAB STAND-IN kube-apiserver (static "
+                                       "pod kube-apiserver)")
+        self.etcd = StaticProcess(ETCD_UNIT, "REAL etcd (static pod etcd)")
         self.registered = False
         #: device plugin allocation: pod uid -> UUIDs of the GPUs its containers were given
         self.gpu_assign: dict[str, list[str]] = {}
@@ -398,74 +467,45 @@ class Kubelet:
                     out[fn] = docs[0]
         return out
 
+    def sync_etcd(self, manifest: Obj | None) -> bool:
+        """Run the REAL etcd with the command of kubeadm's static pod manifest."""
+        if manifest is None:
+            self.etcd.stop()
+            return False
+        c = manifest["spec"]["containers"][0]
+        argv = list(c.get("command") or [])[1:] + list(c.get("args") or [])
+        # paths of the manifest are the node's (GPUK8S_LAB_ROOT for the in-host tests)
+        argv = [f"{a.split('=', 1)[0]}={P(a.split('=', 1)[1])}"
+                if a.split("=", 1)[0] in PATH_FLAGS else a for a in argv]
+        image = c.get("image", "")
+        started = self.etcd.running()
+        if not self.etcd.sync([P(ETCD_BINARY), *argv], {}, image, "/var/log/etcd.log"):
+            return False
+        if not started:
+            klog("I", f'"Starting static pod" pod="kube-system/etcd-{self.node_name}"',
+                 "kubelet.go:2468")
+        return True
+
     def sync_apiserver(self, manifest: Obj | None) -> bool:
         """Run the stand-in kube-apiserver for the static pod manifest; True when it runs."""
         if manifest is None:
-            self._stop_apiserver()
+            self.apiserver.stop()
             return False
         c = manifest["spec"]["containers"][0]
         argv = list(c.get("command") or [])[1:] + list(c.get("args") or [])
         image = c.get("image", "")
         ver = image.rsplit(":", 1)[-1].lstrip("v") if ":" in image else ""
-        data_dir = "/var/lib/etcd"
-        etcd = self.static_manifests().get("etcd.yaml")
-        if etcd:
-            for a in etcd["spec"]["containers"][0].get("command") or []:
-                if a.startswith("--data-dir="):
-                    data_dir = a.split("=", 1)[1]
-        argv.append(f"--lab-data-dir={P(data_dir)}")
-        # a new image tag (kubeadm upgrade) restarts it, like any change of the manifest
-        h = hashlib.sha256(json.dumps([argv, ver]).encode()).hexdigest()
-        running = self._apiserver_running()
-        if running and h == self.apiserver_hash:
-            return True
-        if running:
-            self._stop_apiserver()
-        if time.monotonic() - self.apiserver_last_start < 10 and self.apiserver_hash == h:
-            return False  # back-off like CrashLoopBackOff
-        self.apiserver_hash = h
-        write(APISERVER_HASHFILE, h)
-        self.apiserver_last_start = time.monotonic()
         libdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         cmd = [sys.executable, "-m", "k8s.apiserver", *argv]
         env = {"PYTHONPATH": libdir, "GPUK8S_LAB_K8S_VERSION": ver}
-        if os.environ.get(NO_SYSTEMD_ENV):
-            os.makedirs(P("/var/log"), exist_ok=True)
-            with open(P("/var/log/kube-apiserver.log"), "ab") as logf:
-                self.apiserver_proc = subprocess.Popen(
-                    cmd, env={**os.environ, **env}, start_new_session=True,
-                    stdout=subprocess.DEVNULL, stderr=logf)
-            write(APISERVER_PIDFILE, str(self.apiserver_proc.pid))
-        else:
-            run(["systemctl", "reset-failed", APISERVER_UNIT])
-            run(["systemd-run", f"--unit={APISERVER_UNIT}", "--description=LAB STAND-IN "
-                 "kube-apiserver (static pod kube-apiserver)", "--property=KillMode=mixed",
-                 *(f"--setenv={k}={v}" for k, v in env.items()), *cmd])
-        klog("I", '"Starting static pod" pod="kube-system/kube-apiserver-' + self.node_name + '"',
-             "kubelet.go:2468")
+        # a new image tag (kubeadm upgrade) restarts it, like any change of the manifest
+        started = self.apiserver.running()
+        if not self.apiserver.sync(cmd, env, ver, "/var/log/kube-apiserver.log"):
+            return False
+        if not started:
+            klog("I", '"Starting static pod" pod="kube-system/kube-apiserver-'
+                 + self.node_name + '"', "kubelet.go:2468")
         return True
-
-    def _pidfile_pid(self) -> int | None:
-        try:
-            pid = int((read(APISERVER_PIDFILE) or "").strip())
-            os.kill(pid, 0)
-            return pid
-        except (ValueError, OSError):
-            return None
-
-    def _apiserver_running(self) -> bool:
-        if os.environ.get(NO_SYSTEMD_ENV):
-            if self.apiserver_proc is not None:
-                self.apiserver_proc.poll()
-            return self._pidfile_pid() is not None
-        return run(["systemctl", "is-active", "--quiet", APISERVER_UNIT]).returncode == 0
-
-    def _stop_apiserver(self) -> None:
-        if os.environ.get(NO_SYSTEMD_ENV):
-            stop_pidfile(APISERVER_PIDFILE)
-            self.apiserver_proc = None
-        elif self._apiserver_running():
-            run(["systemctl", "stop", APISERVER_UNIT])
 
     def sync_mirror_pods(self, manifests: dict[str, Obj], pods: list[Obj], api_up: bool) -> None:
         want = {}
@@ -801,6 +841,7 @@ class Kubelet:
 
     def sync(self) -> None:
         manifests = self.static_manifests()
+        self.sync_etcd(manifests.get("etcd.yaml"))
         api_up = self.sync_apiserver(manifests.get("kube-apiserver.yaml"))
         try:
             pods = self.client.get(f"/api/v1/pods?fieldSelector=spec.nodeName={self.node_name}"

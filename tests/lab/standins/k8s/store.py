@@ -1,23 +1,53 @@
-# LAB STAND-IN: not the real etcd. Test infrastructure for gpuk8s; never shipped to users.
-"""Object storage of the stand-in API server: JSON files under the etcd data dir.
+# LAB STAND-IN client of the REAL etcd. Test infrastructure for gpuk8s; never shipped to users.
+"""Object storage of the stand-in API server: a REAL etcd (3.5, Debian's etcd-server), reached
+through etcd's JSON gateway (/v3/kv/..., /v3/watch) with the client certificate kubeadm issues
+the API server, as the real kube-apiserver reaches it through gRPC.
 
-Layout: <data-dir>/member/standin/<group or core>/<plural>/<namespace or _cluster>/<name>.json, so
-`kubeadm reset` (which empties /var/lib/etcd) wipes the cluster like it does for real etcd.
+Keys are /registry/<group or core>/<plural>/<namespace or _cluster>/<name>, values the objects'
+JSON; an object's resourceVersion is its etcd mod_revision, as in Kubernetes. Reads come from a
+cache fed by one etcd watch (the real API server's watch cache); every write is an etcd
+transaction that compares the revision this server last saw (so API servers sharing the etcd
+never overwrite each other's changes unseen), and returns once the watch has brought it back.
+`kubeadm reset` empties /var/lib/etcd, wiping the cluster as it does for real.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
-import contextlib
 import copy
+import http.client
 import json
-import os
+import ssl
 import threading
+import time
+import urllib.parse
 from typing import Any
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, plural)
 HISTORY = 5000  # watch events kept (etcd's compaction window, in events not minutes)
+PREFIX = "/registry/"
+
+
+class StoreError(RuntimeError):
+    """etcd cannot be reached or refused a request."""
+
+
+class Conflict(StoreError):
+    """Another API server changed the object since this one read it."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> str:
+    return base64.b64decode(text).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 class Event:
@@ -30,52 +60,193 @@ class Event:
         self.rv, self.type, self.key, self.obj, self.old = rv, etype, key, obj, old
 
 
-class Store:
-    def __init__(self, data_dir: str) -> None:
-        self.dir = os.path.join(data_dir, "member", "standin")
-        os.makedirs(self.dir, exist_ok=True)
-        self.lock = threading.RLock()
-        self.objs: dict[Key, dict[tuple[str, str], Obj]] = {}
-        self.rv = 0
-        self.changed = threading.Condition(self.lock)
-        self.history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
-        self._load()
-        self.loaded_rv = self.rv  # a watch from before this start is "too old"
+class Etcd:
+    """etcd's v3 JSON gateway over http(s), with a client certificate when given."""
 
-    def _path(self, key: Key, ns: str, name: str) -> str:
-        return os.path.join(self.dir, key[0] or "core", key[1], ns or "_cluster", name + ".json")
+    def __init__(self, endpoint: str, ca: str = "", cert: str = "", key: str = "",
+                 timeout: float = 10) -> None:
+        u = urllib.parse.urlsplit(endpoint)
+        self.https = u.scheme == "https"
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 2379
+        self.timeout = timeout
+        self.ctx: ssl.SSLContext | None = None
+        if self.https:
+            self.ctx = ssl.create_default_context(cafile=ca or None)
+            if cert:
+                self.ctx.load_cert_chain(cert, key or None)
 
-    def _load(self) -> None:
+    def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        t = self.timeout if timeout is None else timeout
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=t, context=self.ctx)
+        return http.client.HTTPConnection(self.host, self.port, timeout=t)
+
+    def call(self, path: str, body: Obj, timeout: float | None = None) -> Obj:
+        conn = self.connect(timeout)
         try:
-            with open(os.path.join(self.dir, "revision")) as f:
-                self.rv = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            self.rv = 0
-        for dirpath, _, files in os.walk(self.dir):
-            for fn in files:
-                if not fn.endswith(".json"):
-                    continue
-                rel = os.path.relpath(dirpath, self.dir).split(os.sep)
-                if len(rel) != 3:
-                    continue
-                group = "" if rel[0] == "core" else rel[0]
-                ns = "" if rel[2] == "_cluster" else rel[2]
-                try:
-                    with open(os.path.join(dirpath, fn)) as f:
-                        obj = json.load(f)
-                except (OSError, ValueError):
-                    continue
-                self.objs.setdefault((group, rel[1]), {})[(ns, fn[:-5])] = obj
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise StoreError(f"etcd {self.host}:{self.port}: {e}") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise StoreError(f"etcd {path}: HTTP {resp.status}: {data[:300]!r}")
+        out: Obj = json.loads(data)
+        return out
 
-    def next_rv(self) -> str:
+
+class Store:
+    def __init__(self, endpoint: str, ca: str = "", cert: str = "", key: str = "",
+                 wait: float = 60) -> None:
+        self.etcd = Etcd(endpoint, ca, cert, key)
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.objs: dict[Key, dict[tuple[str, str], Obj]] = {}
+        self.revs: dict[str, int] = {}  # etcd key -> mod_revision this server saw
+        self.history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
+        self.rv = 0
+        self.error = ""
+        deadline = time.monotonic() + wait
+        while True:  # the API server waits for etcd (its static pod may start later)
+            try:
+                self._load()
+                break
+            except StoreError as e:
+                if time.monotonic() > deadline:
+                    raise
+                self.error = str(e)
+                time.sleep(0.5)
+        self.loaded_rv = self.rv  # a watch from before this start is "too old"
+        threading.Thread(target=self._watch_forever, daemon=True, name="etcd-watch").start()
+
+    # ------------------------------------------------------------------ keys and values
+    @staticmethod
+    def _ekey(key: Key, ns: str, name: str) -> str:
+        return f"{PREFIX}{key[0] or 'core'}/{key[1]}/{ns or '_cluster'}/{name}"
+
+    @staticmethod
+    def _parse(ekey: str) -> tuple[Key, str, str] | None:
+        parts = ekey[len(PREFIX):].split("/")
+        if not ekey.startswith(PREFIX) or len(parts) != 4:
+            return None
+        group, plural, ns, name = parts
+        return ("" if group == "core" else group, plural), \
+            "" if ns == "_cluster" else ns, name
+
+    @staticmethod
+    def _value(kv: Obj, rv: int) -> Obj:
+        obj: Obj = json.loads(_unb64(kv.get("value", "")) or "{}")
+        obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
+        return obj
+
+    # ------------------------------------------------------------------ the cache
+    def _load(self) -> None:
+        out = self.etcd.call("/v3/kv/range", {"key": _b64(PREFIX),
+                                              "range_end": _b64(_prefix_end(PREFIX))})
         with self.lock:
-            self.rv += 1
-            tmp = os.path.join(self.dir, "revision.tmp")
-            with open(tmp, "w") as f:
-                f.write(str(self.rv))
-            os.replace(tmp, os.path.join(self.dir, "revision"))
-            return str(self.rv)
+            self.objs.clear()
+            self.revs.clear()
+            for kv in out.get("kvs") or []:
+                ekey = _unb64(kv["key"])
+                where = self._parse(ekey)
+                if where is None:
+                    continue
+                rev = int(kv["mod_revision"])
+                self.objs.setdefault(where[0], {})[(where[1], where[2])] = self._value(kv, rev)
+                self.revs[ekey] = rev
+            self.rv = int(out["header"]["revision"])
 
+    def _watch_forever(self) -> None:
+        while True:
+            try:
+                self._watch()
+            except (OSError, http.client.HTTPException, ValueError, StoreError) as e:
+                self.error = f"etcd watch: {e}"
+            time.sleep(0.5)
+
+    def _watch(self) -> None:
+        conn = self.etcd.connect(timeout=None)
+        try:
+            body = {"create_request": {"key": _b64(PREFIX), "range_end": _b64(_prefix_end(PREFIX)),
+                                       "start_revision": str(self.rv + 1), "prev_kv": True,
+                                       "progress_notify": True}}
+            conn.request("POST", "/v3/watch", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise StoreError(f"HTTP {resp.status}")
+            dec = json.JSONDecoder()
+            buf = ""
+            while True:
+                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+                if not chunk:
+                    raise StoreError("the watch stream ended")
+                buf += chunk.decode()
+                while True:
+                    buf = buf.lstrip()
+                    if not buf:
+                        break
+                    try:
+                        msg, end = dec.raw_decode(buf)
+                    except ValueError:
+                        break  # an incomplete message: read more
+                    buf = buf[end:]
+                    self._apply(msg)
+        finally:
+            conn.close()
+
+    def _apply(self, msg: Obj) -> None:
+        result = msg.get("result") or {}
+        if "error" in msg:
+            raise StoreError(str(msg["error"]))
+        if result.get("compact_revision") and int(result["compact_revision"]) > self.rv:
+            self._load()  # compacted past us: start over from a fresh list
+            return
+        events = result.get("events") or []
+        with self.lock:
+            for ev in events:
+                kv = ev["kv"]
+                ekey = _unb64(kv["key"])
+                where = self._parse(ekey)
+                rev = int(kv["mod_revision"])
+                if where is None:
+                    continue
+                key, ns, name = where
+                bucket = self.objs.setdefault(key, {})
+                old = bucket.get((ns, name))
+                if ev.get("type") == "DELETE":
+                    gone = copy.deepcopy(old) if old is not None else \
+                        self._value(ev.get("prev_kv") or {}, rev)
+                    gone.setdefault("metadata", {})["resourceVersion"] = str(rev)
+                    bucket.pop((ns, name), None)
+                    self.revs.pop(ekey, None)
+                    self.history.append(Event(rev, "DELETED", key, gone, old))
+                else:
+                    obj = bucket[(ns, name)] = self._value(kv, rev)
+                    self.revs[ekey] = rev
+                    # the event shares the stored copy: stored objects are never changed in place
+                    self.history.append(Event(rev, "ADDED" if old is None else "MODIFIED",
+                                              key, obj, old))
+            if events:
+                self.rv = max(self.rv, *(int(e["kv"]["mod_revision"]) for e in events))
+            elif not result.get("created"):  # a progress notice: nothing is left before it
+                self.rv = max(self.rv, int((result.get("header") or {}).get("revision", 0)))
+            self.changed.notify_all()
+
+    def _caught_up(self, rev: int, timeout: float = 30) -> None:
+        """Return once the watch has brought revision ``rev`` into the cache."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.rv < rev:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreError(f"the etcd watch did not bring revision {rev} in "
+                                     f"{timeout:.0f}s ({self.error or 'no error seen'})")
+                self.changed.wait(left)
+
+    # ------------------------------------------------------------------ the API
     def get(self, key: Key, ns: str, name: str) -> Obj | None:
         with self.lock:
             obj = self.objs.get(key, {}).get((ns, name))
@@ -87,36 +258,55 @@ class Store:
                      if ns is None or k[0] == ns]
             return [copy.deepcopy(v) for _, v in sorted(items, key=lambda kv: kv[0])]
 
+    def _txn(self, ekey: str, request: Obj, based_on: Any = None) -> int:
+        """Run ``request`` if the key is still at the revision the change was based on (the
+        object's resourceVersion, else the newest this server saw; absent: it must not
+        exist); raise Conflict if another API server changed it in between."""
+        seen = self.revs.get(ekey)
+        if seen is not None and str(based_on or "").isdigit():
+            seen = int(based_on)
+        compare = {"target": "MOD", "key": _b64(ekey), "mod_revision": str(seen),
+                   "result": "EQUAL"} if seen is not None else \
+            {"target": "CREATE", "key": _b64(ekey), "create_revision": "0", "result": "EQUAL"}
+        out = self.etcd.call("/v3/kv/txn", {"compare": [compare], "success": [request]})
+        if not out.get("succeeded"):
+            raise Conflict(f"{ekey} was changed by another API server")
+        rev = int(out["header"]["revision"])
+        self._caught_up(rev)
+        return rev
+
     def put(self, key: Key, obj: Obj) -> Obj:
-        with self.lock:
-            md = obj["metadata"]
-            md["resourceVersion"] = self.next_rv()
-            ns, name = md.get("namespace", ""), md["name"]
-            old = self.objs.setdefault(key, {}).get((ns, name))
-            stored = self.objs[key][(ns, name)] = copy.deepcopy(obj)
-            # the event shares the stored copy: stored objects are never changed in place
-            self._record("ADDED" if old is None else "MODIFIED", key, stored, old)
-            path = self._path(key, ns, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                json.dump(obj, f)
-            os.replace(path + ".tmp", path)
-            return copy.deepcopy(obj)
+        md = obj["metadata"]
+        ekey = self._ekey(key, md.get("namespace", ""), md["name"])
+        value = {**obj, "metadata": {k: v for k, v in md.items() if k != "resourceVersion"}}
+        rev = self._txn(ekey, {"request_put": {"key": _b64(ekey),
+                                               "value": _b64(json.dumps(value))}},
+                        md.get("resourceVersion"))
+        md["resourceVersion"] = str(rev)
+        return copy.deepcopy(obj)
 
     def delete(self, key: Key, ns: str, name: str) -> Obj | None:
+        ekey = self._ekey(key, ns, name)
         with self.lock:
-            obj = self.objs.get(key, {}).pop((ns, name), None)
-            with contextlib.suppress(OSError):
-                os.unlink(self._path(key, ns, name))
-            if obj is not None:
-                gone = copy.deepcopy(obj)
-                gone["metadata"]["resourceVersion"] = self.next_rv()
-                self._record("DELETED", key, gone, obj)
-            return obj
+            obj = self.objs.get(key, {}).get((ns, name))
+            if obj is None:
+                return None
+            obj = copy.deepcopy(obj)
+        self._txn(ekey, {"request_delete_range": {"key": _b64(ekey)}})
+        return obj
 
-    def _record(self, etype: str, key: Key, obj: Obj, old: Obj | None) -> None:
-        self.history.append(Event(self.rv, etype, key, obj, old))
-        self.changed.notify_all()
+    def healthy(self) -> bool:
+        """Whether etcd answers a linearizable read within 2 s (it cannot without quorum)."""
+        try:
+            self.etcd.call("/v3/kv/range", {"key": _b64("health"), "limit": "1"}, timeout=2)
+        except StoreError:
+            return False
+        return True
+
+    def next_rv(self) -> str:
+        """The revision the next write will get at the earliest (for objects never stored)."""
+        with self.lock:
+            return str(self.rv + 1)
 
     def oldest_rv(self) -> int:
         """The oldest resourceVersion a watch may start from (older ones are 410 Gone)."""
