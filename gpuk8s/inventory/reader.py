@@ -227,8 +227,8 @@ class _Reader:
             return pattern, []
         v6 = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?", pattern)
         if v6 and _is_ipv6(v6.group(1)):  # [2001:db8::1]:2222, not a range
-            port = [_Entry("ansible_port", v6.group(2), path, line, "host name", text=True)]
-            return v6.group(1), port if v6.group(2) else []
+            given = [_Entry("ansible_port", v6.group(2), path, line, "host name", text=True)]
+            return v6.group(1), given if v6.group(2) else []
         outside = re.sub(r"\[[^\]]*\]", "", pattern)
         if outside.count(":") != 1 or not re.search(r":\d+$", pattern):
             return pattern, []
