@@ -346,28 +346,29 @@ def _resolver() -> debs.FetchResolver:
     return debs.FetchResolver(fetch_upstream_deb, cache_dir() / "downloads" / "extracted")
 
 
-def real_kubectl() -> Path:
-    """The REAL kubectl (Debian sid's `kubectl` package, built from the Kubernetes sources),
-    downloaded and extracted once into the cache: the client the lab tests drive the API server
-    stand-in with on the lab host (nodes get the same binary through the lab's kubectl package)."""
-    deb = fetch_upstream_deb("kubectl", "unstable")
-    root = cache_dir() / "downloads" / "extracted"
-    resolver = debs.FetchResolver(lambda _pkg, _suite: deb, root)
-    fake = debs.PackageDef(Path("real-kubectl"), {"fetch": {"kubectl": {"suite": "unstable"}}})
-    return resolver.tree(fake, "kubectl") / "usr" / "bin" / "kubectl"
-
-
-def real_etcd(tool: str = "etcd") -> Path:
-    """The REAL etcd or etcdctl (Debian sid's etcd-server and etcd-client 3.5), downloaded and
-    extracted once into the cache: the store of the in-host API server tests (nodes get the
-    same binaries through the lab's kubelet package)."""
-    pkg = {"etcd": "etcd-server", "etcdctl": "etcd-client"}[tool]
+def _real_tool(pkg: str, tool: str) -> Path:
+    """/usr/bin/<tool> of Debian sid's package ``pkg``, downloaded and extracted once into the
+    cache."""
     deb = fetch_upstream_deb(pkg, "unstable")
     root = cache_dir() / "downloads" / "extracted"
     resolver = debs.FetchResolver(lambda _pkg, _suite: deb, root)
     fake = debs.PackageDef(Path(f"real-{pkg}"), {"fetch": {tool: {"package": pkg,
                                                                    "suite": "unstable"}}})
     return resolver.tree(fake, tool) / "usr" / "bin" / tool
+
+
+def real_kubectl() -> Path:
+    """The REAL kubectl (Debian sid's `kubectl` package, built from the Kubernetes sources):
+    the client the lab tests drive the API server stand-in with on the lab host (nodes get the
+    same binary through the lab's kubectl package)."""
+    return _real_tool("kubectl", "kubectl")
+
+
+def real_etcd(tool: str = "etcd") -> Path:
+    """The REAL etcd or etcdctl (Debian sid's etcd-server and etcd-client 3.5): the store of
+    the in-host API server tests (nodes get the same binaries through the lab's kubelet
+    package)."""
+    return _real_tool({"etcd": "etcd-server", "etcdctl": "etcd-client"}[tool], tool)
 
 
 def build_all(force: bool = False) -> Path:

@@ -467,45 +467,45 @@ class Kubelet:
                     out[fn] = docs[0]
         return out
 
-    def sync_etcd(self, manifest: Obj | None) -> bool:
-        """Run the REAL etcd with the command of kubeadm's static pod manifest."""
+    def _sync_static(self, proc: StaticProcess, manifest: Obj | None, pod: str,
+                     build: Any) -> bool:
+        """Run ``proc`` for a static pod manifest (stop it when the manifest is gone); True
+        when it runs. ``build(argv, image)`` gives (command, env, version, log file)."""
         if manifest is None:
-            self.etcd.stop()
+            proc.stop()
             return False
         c = manifest["spec"]["containers"][0]
         argv = list(c.get("command") or [])[1:] + list(c.get("args") or [])
-        # paths of the manifest are the node's (GPUK8S_LAB_ROOT for the in-host tests)
-        argv = [f"{a.split('=', 1)[0]}={P(a.split('=', 1)[1])}"
-                if a.split("=", 1)[0] in PATH_FLAGS else a for a in argv]
-        image = c.get("image", "")
-        started = self.etcd.running()
-        if not self.etcd.sync([P(ETCD_BINARY), *argv], {}, image, "/var/log/etcd.log"):
+        cmd, env, version, log = build(argv, c.get("image", ""))
+        started = proc.running()
+        # a new image tag (kubeadm upgrade) restarts it, like any change of the manifest
+        if not proc.sync(cmd, env, version, log):
             return False
         if not started:
-            klog("I", f'"Starting static pod" pod="kube-system/etcd-{self.node_name}"',
+            klog("I", f'"Starting static pod" pod="kube-system/{pod}-{self.node_name}"',
                  "kubelet.go:2468")
         return True
 
+    def sync_etcd(self, manifest: Obj | None) -> bool:
+        """Run the REAL etcd with the command of kubeadm's static pod manifest."""
+        def build(argv: list[str], image: str) -> tuple[list[str], dict[str, str], str, str]:
+            # paths of the manifest are the node's (GPUK8S_LAB_ROOT for the in-host tests)
+            argv = [f"{a.split('=', 1)[0]}={P(a.split('=', 1)[1])}"
+                    if a.split("=", 1)[0] in PATH_FLAGS else a for a in argv]
+            return [P(ETCD_BINARY), *argv], {}, image, "/var/log/etcd.log"
+
+        return self._sync_static(self.etcd, manifest, "etcd", build)
+
     def sync_apiserver(self, manifest: Obj | None) -> bool:
         """Run the stand-in kube-apiserver for the static pod manifest; True when it runs."""
-        if manifest is None:
-            self.apiserver.stop()
-            return False
-        c = manifest["spec"]["containers"][0]
-        argv = list(c.get("command") or [])[1:] + list(c.get("args") or [])
-        image = c.get("image", "")
-        ver = image.rsplit(":", 1)[-1].lstrip("v") if ":" in image else ""
-        libdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        cmd = [sys.executable, "-m", "k8s.apiserver", *argv]
-        env = {"PYTHONPATH": libdir, "GPUK8S_LAB_K8S_VERSION": ver}
-        # a new image tag (kubeadm upgrade) restarts it, like any change of the manifest
-        started = self.apiserver.running()
-        if not self.apiserver.sync(cmd, env, ver, "/var/log/kube-apiserver.log"):
-            return False
-        if not started:
-            klog("I", '"Starting static pod" pod="kube-system/kube-apiserver-'
-                 + self.node_name + '"', "kubelet.go:2468")
-        return True
+        def build(argv: list[str], image: str) -> tuple[list[str], dict[str, str], str, str]:
+            ver = image.rsplit(":", 1)[-1].lstrip("v") if ":" in image else ""
+            libdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            return ([sys.executable, "-m", "k8s.apiserver", *argv],
+                    {"PYTHONPATH": libdir, "GPUK8S_LAB_K8S_VERSION": ver}, ver,
+                    "/var/log/kube-apiserver.log")
+
+        return self._sync_static(self.apiserver, manifest, "kube-apiserver", build)
 
     def sync_mirror_pods(self, manifests: dict[str, Obj], pods: list[Obj], api_up: bool) -> None:
         want = {}

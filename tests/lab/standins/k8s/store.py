@@ -303,11 +303,6 @@ class Store:
             return False
         return True
 
-    def next_rv(self) -> str:
-        """The revision the next write will get at the earliest (for objects never stored)."""
-        with self.lock:
-            return str(self.rv + 1)
-
     def oldest_rv(self) -> int:
         """The oldest resourceVersion a watch may start from (older ones are 410 Gone)."""
         with self.lock:
