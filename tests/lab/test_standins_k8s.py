@@ -1455,6 +1455,36 @@ def test_the_api_servers_store_is_kubeadms_real_etcd(control_plane: tuple[Node, 
     assert bare.returncode != 0
 
 
+def test_upload_certs_encrypts_them_with_the_certificate_key(
+        control_plane: tuple[Node, str]) -> None:
+    """`kubeadm init phase upload-certs --upload-certs`: kubeadm-certs holds the shared CAs and
+    keys, each AES-256-GCM encrypted with the certificate key (12-byte nonce first), owned by a
+    bootstrap token that expires in two hours."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    cp, kc = control_plane
+    key = cp.run("kubeadm", "certs", "certificate-key").stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    r = cp.run("kubeadm", "init", "phase", "upload-certs", "--upload-certs",
+               "--certificate-key", key, "--kubeconfig", kc)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith(f"[upload-certs] Using certificate key:\n{key}\n")
+    sec = json.loads(cp.run("kubectl", "--kubeconfig", kc, "-n", "kube-system", "get", "secret",
+                            "kubeadm-certs", "-o", "json").stdout)
+    assert sorted(sec["data"]) == ["ca.crt", "ca.key", "etcd-ca.crt", "etcd-ca.key",
+                                   "front-proxy-ca.crt", "front-proxy-ca.key", "sa.key",
+                                   "sa.pub"]
+    blob = base64.b64decode(sec["data"]["ca.key"])
+    assert b"PRIVATE KEY" not in blob  # not readable without the key
+    plain = AESGCM(bytes.fromhex(key)).decrypt(blob[:12], blob[12:], None)
+    assert plain.decode() == (cp.root / "etc/kubernetes/pki/ca.key").read_text()
+    owner = sec["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "Secret" and owner["name"].startswith("bootstrap-token-")
+    bad = cp.run("kubeadm", "init", "phase", "upload-certs", "--upload-certs",
+                 "--certificate-key", "nothex", "--kubeconfig", kc)
+    assert bad.returncode == 1 and "error decoding certificate key" in bad.stderr
+
+
 def test_two_api_servers_share_one_etcd(tmp_path: Path) -> None:
     """Two control planes' API servers on one REAL etcd: what one writes the other serves and
     watches; one of them leads the controllers (the Lease kube-system/kube-controller-manager),

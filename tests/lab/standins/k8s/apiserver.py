@@ -566,6 +566,10 @@ class ApiServer:
                 return True
             if plural == "nodes" and verb == "get":
                 return True
+            # kubeadm's Role kubeadm:kubeadm-certs: joining control planes read the certs
+            if plural == "secrets" and verb == "get" and ns == "kube-system" and \
+                    name == "kubeadm-certs":
+                return True
         return plural == "configmaps" and verb == "get" and ns == "kube-public" and \
             name == "cluster-info"
 

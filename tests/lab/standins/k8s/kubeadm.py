@@ -10,6 +10,7 @@ import contextlib
 import hmac
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -34,8 +35,10 @@ from .common import (
     ts,
     write,
     yaml_dump,
+    yaml_load_all,
 )
 from .kubeadm_config import ConfigError, args_dict, decode, kubelet_defaults
+from .store import Etcd, StoreError
 
 Obj = dict[str, Any]
 STACK = "To see the stack trace of this error execute with --v=5 or higher"
@@ -47,6 +50,11 @@ FAULT_FILE = "/run/gpuk8s-lab/kubeadm-init-fault"
 KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kubelet.conf",
                "controller-manager.conf", "scheduler.conf")
 
+
+
+#: the files `init --upload-certs` shares with the control planes that join later
+CONTROL_PLANE_SHARED = ("ca.crt", "ca.key", "sa.key", "sa.pub", "front-proxy-ca.crt",
+                        "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key")
 
 
 def etcd_command(node: str, adv: str, members: dict[str, str], state: str) -> list[str]:
@@ -328,52 +336,21 @@ class Kubeadm:
 
         # certs
         out(f'[certs] Using certificateDir folder "{PKI}"')
-        ca_crt, ca_key = f"{PKI}/ca.crt", f"{PKI}/ca.key"
+        ca_crt = f"{PKI}/ca.crt"
         os.makedirs(P(PKI + "/etcd"), exist_ok=True)
         out('[certs] Generating "ca" certificate and key')
-        pki.gen_ca(ca_crt, ca_key, "kubernetes", algorithm=algo)
-        sans_dns = [node, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                    "kubernetes.default.svc.cluster.local"]
-        import ipaddress
+        pki.gen_ca(ca_crt, f"{PKI}/ca.key", "kubernetes", algorithm=algo)
 
-        svc_ip = str(next(ipaddress.ip_network(svc_subnet, strict=False).hosts()))
-        sans_ip = [svc_ip, adv]
-        cp_host = endpoint.rsplit(":", 1)[0]
-        extra = [s for s in (cc.get("apiServer") or {}).get("certSANs") or []]
-        if cp_host not in sans_ip + sans_dns:
-            extra.append(cp_host)
-        out('[certs] Generating "apiserver" certificate and key')
-        out(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(sans_dns)}] and "
-            f"IPs [{' '.join(sans_ip)}]")
-        pki.issue(f"{PKI}/apiserver.crt", f"{PKI}/apiserver.key", ca_crt, ca_key, "kube-apiserver",
-                  server=True, client=False, sans=sans_dns + sans_ip + extra + ["127.0.0.1"],
-                  algorithm=algo)
-        out('[certs] Generating "apiserver-kubelet-client" certificate and key')
-        pki.issue(f"{PKI}/apiserver-kubelet-client.crt", f"{PKI}/apiserver-kubelet-client.key",
-                  ca_crt, ca_key, "kube-apiserver-kubelet-client",
-                  orgs=["kubeadm:cluster-admins"], algorithm=algo)
-        out('[certs] Generating "front-proxy-ca" certificate and key')
-        pki.gen_ca(f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-ca",
-                   algorithm=algo)
-        out('[certs] Generating "front-proxy-client" certificate and key')
-        pki.issue(f"{PKI}/front-proxy-client.crt", f"{PKI}/front-proxy-client.key",
-                  f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-client",
-                  algorithm=algo)
-        out('[certs] Generating "etcd/ca" certificate and key')
-        pki.gen_ca(f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "etcd-ca", algorithm=algo)
-        for leaf, server in (("server", True), ("peer", True), ("healthcheck-client", False)):
-            out(f'[certs] Generating "etcd/{leaf}" certificate and key')
-            if server:
-                out(f"[certs] etcd/{leaf} serving cert is signed for DNS names [{node} localhost]"
-                    f" and IPs [{adv} 127.0.0.1 ::1]")
-            pki.issue(f"{PKI}/etcd/{leaf}.crt", f"{PKI}/etcd/{leaf}.key", f"{PKI}/etcd/ca.crt",
-                      f"{PKI}/etcd/ca.key", node if server else "kube-etcd-healthcheck-client",
-                      server=server, sans=[node, "localhost", adv, "127.0.0.1"] if server
-                      else None, algorithm=algo)
-        out('[certs] Generating "apiserver-etcd-client" certificate and key')
-        pki.issue(f"{PKI}/apiserver-etcd-client.crt", f"{PKI}/apiserver-etcd-client.key",
-                  f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "kube-apiserver-etcd-client",
-                  algorithm=algo)
+        def new_ca(leaf: str) -> None:  # each CA just before its first leaf, as kubeadm prints
+            if leaf == "front-proxy-client":
+                out('[certs] Generating "front-proxy-ca" certificate and key')
+                pki.gen_ca(f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key",
+                           "front-proxy-ca", algorithm=algo)
+            elif leaf == "etcd/server":
+                out('[certs] Generating "etcd/ca" certificate and key')
+                pki.gen_ca(f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "etcd-ca", algorithm=algo)
+
+        self._node_certs(node, adv, endpoint, svc_subnet, cc, algo, new_ca)
         out('[certs] Generating "sa" key and public key')
         pki.gen_key(f"{PKI}/sa.key", "RSA-2048")
         ca_pem = read(ca_crt) or ""
@@ -438,6 +415,12 @@ class Kubeadm:
         control-plane apiserver|controller-manager|scheduler|all` (kubeadm's documented way to
         reconfigure a running cluster), each with --config."""
         phase, sub = [*args, "", ""][:2]
+        if phase == "upload-certs":  # kubeadm init phase upload-certs --upload-certs
+            if not self.args.upload_certs:
+                out("[upload-certs] Skipping phase. Please see --upload-certs")
+                return
+            self._upload_certs(self._admin(), self.args.certificate_key or os.urandom(32).hex())
+            return
         if phase not in ("upload-config", "control-plane"):
             raise Fail(f'unknown command "{phase}" for "kubeadm init phase"' if phase else
                        "missing subcommand; \"phase\" is not meant to be run on its own")
@@ -613,18 +596,7 @@ class Kubeadm:
             "data": {"kubelet": yaml_dump(shared_kc)}})
         cert_key = ic.get("certificateKey") or self.args.certificate_key or os.urandom(32).hex()
         if self.args.upload_certs:
-            out('[upload-certs] Storing the certificates in Secret "kubeadm-certs" in the '
-                '"kube-system" Namespace')
-            data = {}
-            for f in ("ca.crt", "ca.key", "sa.key", "front-proxy-ca.crt", "front-proxy-ca.key",
-                      "etcd/ca.crt", "etcd/ca.key"):
-                data[f.replace("/", "-")] = base64.b64encode(
-                    (read(f"{PKI}/{f}") or "").encode()).decode()
-            self._create(c, "/api/v1/namespaces/kube-system/secrets", {
-                "metadata": {"name": "kubeadm-certs", "namespace": "kube-system"},
-                "type": "Opaque", "data": data})
-            out("[upload-certs] Using certificate key:")
-            out(cert_key)
+            self._upload_certs(c, cert_key)
         else:
             out("[upload-certs] Skipping phase. Please see --upload-certs")
         out(f"[mark-control-plane] Marking the node {node} as control-plane by adding the labels:"
@@ -703,6 +675,231 @@ class Kubeadm:
             "root:\n")
         out(f"kubeadm join {endpoint} --token {tok} \\\n\t--discovery-token-ca-cert-hash "
             f"{ca_hash} ")
+
+    @staticmethod
+    def _node_certs(node: str, adv: str, endpoint: str, svc_subnet: str, cc: Obj, algo: str,
+                    before: Any = None) -> None:
+        """This control plane's own certificates, signed by the cluster's CAs (init makes the
+        CAs; a joining control plane downloads them). ``before(leaf)`` runs before each."""
+        import ipaddress
+
+        ca_crt, ca_key = f"{PKI}/ca.crt", f"{PKI}/ca.key"
+        sans_dns = [node, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local"]
+        svc_ip = str(next(ipaddress.ip_network(svc_subnet, strict=False).hosts()))
+        sans_ip = [svc_ip, adv]
+        cp_host = endpoint.rsplit(":", 1)[0]
+        extra = [s for s in (cc.get("apiServer") or {}).get("certSANs") or []]
+        if cp_host not in sans_ip + sans_dns:
+            extra.append(cp_host)
+        hook = before or (lambda leaf: None)
+        out('[certs] Generating "apiserver" certificate and key')
+        out(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(sans_dns)}] and "
+            f"IPs [{' '.join(sans_ip)}]")
+        pki.issue(f"{PKI}/apiserver.crt", f"{PKI}/apiserver.key", ca_crt, ca_key, "kube-apiserver",
+                  server=True, client=False, sans=sans_dns + sans_ip + extra + ["127.0.0.1"],
+                  algorithm=algo)
+        out('[certs] Generating "apiserver-kubelet-client" certificate and key')
+        pki.issue(f"{PKI}/apiserver-kubelet-client.crt", f"{PKI}/apiserver-kubelet-client.key",
+                  ca_crt, ca_key, "kube-apiserver-kubelet-client",
+                  orgs=["kubeadm:cluster-admins"], algorithm=algo)
+        hook("front-proxy-client")
+        out('[certs] Generating "front-proxy-client" certificate and key')
+        pki.issue(f"{PKI}/front-proxy-client.crt", f"{PKI}/front-proxy-client.key",
+                  f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-client",
+                  algorithm=algo)
+        for leaf, server in (("server", True), ("peer", True), ("healthcheck-client", False)):
+            hook(f"etcd/{leaf}")
+            out(f'[certs] Generating "etcd/{leaf}" certificate and key')
+            if server:
+                out(f"[certs] etcd/{leaf} serving cert is signed for DNS names [{node} localhost]"
+                    f" and IPs [{adv} 127.0.0.1 ::1]")
+            pki.issue(f"{PKI}/etcd/{leaf}.crt", f"{PKI}/etcd/{leaf}.key", f"{PKI}/etcd/ca.crt",
+                      f"{PKI}/etcd/ca.key", node if server else "kube-etcd-healthcheck-client",
+                      server=server, sans=[node, "localhost", adv, "127.0.0.1"] if server
+                      else None, algorithm=algo)
+        out('[certs] Generating "apiserver-etcd-client" certificate and key')
+        pki.issue(f"{PKI}/apiserver-etcd-client.crt", f"{PKI}/apiserver-etcd-client.key",
+                  f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "kube-apiserver-etcd-client",
+                  algorithm=algo)
+
+    def _prepare_control_plane(self, c: Client, node: str, adv: str, port: int,
+                               key: str) -> Obj:
+        """`join --control-plane`, before the kubelet starts: the shared certificates from
+        kubeadm-certs, this node's own, its kubeconfigs and control plane manifests."""
+        cm = c.get("/api/v1/namespaces/kube-system/configmaps/kubeadm-config")
+        cc = (yaml_load_all(cm["data"]["ClusterConfiguration"]) or [{}])[0]
+        endpoint = cc.get("controlPlaneEndpoint") or ""
+        if not endpoint or not key:
+            raise Fail("error execution phase preflight: \nOne or more conditions for hosting a "
+                       "new control plane instance is not satisfied.\n\n" + (
+                           "unable to add a new control plane instance to a cluster that "
+                           "doesn't have a stable controlPlaneEndpoint address" if not endpoint
+                           else "the certificate key is required (--certificate-key)") +
+                       "\n\nPlease ensure that:\n* The cluster has a stable "
+                       "controlPlaneEndpoint address.\n* The certificates that must be shared "
+                       "among control plane instances are provided.\n")
+        out("[preflight] Running pre-flight checks before initializing the new control plane "
+            "instance")
+        os.makedirs(P(PKI + "/etcd"), exist_ok=True)
+        self._download_certs(c, key)
+        out(f'[certs] Using certificateDir folder "{PKI}"')
+        net = cc.get("networking") or {}
+        algo = cc.get("encryptionAlgorithm") or "RSA-2048"
+        self._node_certs(node, adv, endpoint, net.get("serviceSubnet") or "10.96.0.0/12", cc,
+                         algo)
+        out('[certs] Valid certificates and keys now exist in "/etc/kubernetes/pki"')
+        out('[certs] Using the existing "sa" key')
+        out('[kubeconfig] Generating kubeconfig files')
+        out('[kubeconfig] Using kubeconfig folder "/etc/kubernetes"')
+        ca_pem = read(f"{PKI}/ca.crt") or ""
+        local = f"https://{adv}:{port}"
+        for fn, cn, orgs, srv in (
+                ("admin.conf", "kubernetes-admin", ["kubeadm:cluster-admins"],
+                 f"https://{endpoint}"),
+                ("controller-manager.conf", "system:kube-controller-manager", [], local),
+                ("scheduler.conf", "system:kube-scheduler", [], local)):
+            out(f'[kubeconfig] Writing "{fn}" kubeconfig file')
+            self._write_client_kubeconfig(f"/etc/kubernetes/{fn}", srv, ca_pem, cn, orgs, algo)
+        out(f'[control-plane] Using manifest folder "{MANIFESTS}"')
+        self._write_control_plane(cc, adv, port, self._check_k8s_version(cc))
+        return cc
+
+    def _join_control_plane(self, node: str, adv: str, port: int, cc: Obj, nr: Obj,
+                            timeouts: Obj) -> None:
+        """`join --control-plane`, once the kubelet runs: this node's etcd member added through
+        a running one (then its static pod written, as kubeadm does), the API server waited
+        for, the node marked as a control plane."""
+        admin = Client(kubeconfig.load(P("/etc/kubernetes/admin.conf")), agent="kubeadm")
+        peers = []
+        for n in admin.get("/api/v1/nodes?labelSelector=node-role.kubernetes.io/control-plane"
+                           )["items"]:
+            ip = next((a["address"] for a in n.get("status", {}).get("addresses") or []
+                       if a.get("type") == "InternalIP"), None)
+            if ip and n["metadata"]["name"] != node:
+                peers.append(ip)
+        etcd_pki = f"{PKI}/etcd"
+        members: dict[str, str] = {}
+        err = "no control plane node with an address"
+        for ip in peers:
+            e = Etcd(f"https://{ip}:2379", P(f"{etcd_pki}/ca.crt"),
+                     P(f"{etcd_pki}/healthcheck-client.crt"),
+                     P(f"{etcd_pki}/healthcheck-client.key"))
+            try:
+                added = e.call("/v3/cluster/member/add", {"peerURLs": [f"https://{adv}:2380"]})
+            except StoreError as exc:
+                err = str(exc)
+                continue
+            for m in added.get("members") or []:
+                peer = (m.get("peerURLs") or [""])[0]
+                name = m.get("name") or node
+                members[name] = peer.removeprefix("https://").rsplit(":", 1)[0]
+            break
+        if not members:
+            raise Fail("error execution phase control-plane-join/etcd: error creating local etcd "
+                       f"static pod manifest file: etcdserver: unable to add member: {err}")
+        out("[etcd] Announced new etcd member joining to the existing etcd cluster")
+        out('[etcd] Creating static Pod manifest for "etcd"')
+        write(f"{MANIFESTS}/etcd.yaml", static_pod(
+            "etcd", "registry.k8s.io/etcd:3.6.5-0", etcd_command(node, adv, members, "existing"),
+            "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
+        out("[etcd] Waiting for the new etcd member to join the cluster. This can take up to 40s")
+        cp_timeout = parse_duration(timeouts.get("controlPlaneComponentHealthCheck", "4m0s"))
+        if wait_http(f"https://{adv}:{port}/readyz", cp_timeout) is None:
+            raise Fail("error execution phase control-plane-join/etcd: the API server on this "
+                       f"node did not become ready in {format_duration(cp_timeout)}")
+        out(f"[mark-control-plane] Marking the node {node} as control-plane by adding the labels:"
+            " [node-role.kubernetes.io/control-plane node.kubernetes.io/exclude-from-external-"
+            "load-balancers]")
+        taints = nr.get("taints")
+        if taints is None:
+            taints = [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]
+        self._mark_control_plane(admin, node, taints)
+        out("\nThis node has joined the cluster and a new control plane instance was created:\n")
+        out("* Certificate signing request was sent to apiserver and approval was received.")
+        out("* The Kubelet was informed of the new secure connection details.")
+        out("* Control plane label and taint were applied to the new node.")
+        out("* The Kubernetes control plane instances scaled up.")
+        out("* A new etcd member was added to the local/stacked etcd cluster.\n")
+        out("To start administering your cluster from this node, you need to run the following "
+            "as a regular user:\n")
+        out("\tmkdir -p $HOME/.kube")
+        out("\tsudo cp -i /etc/kubernetes/admin.conf $HOME/.kube/config")
+        out("\tsudo chown $(id -u):$(id -g) $HOME/.kube/config\n")
+        out("Run 'kubectl get nodes' to see this node join the cluster.\n")
+
+    @staticmethod
+    def _leave_etcd() -> None:
+        """A stacked-etcd control plane's reset: its member removed from the etcd cluster
+        through its own etcd (when other members remain), as kubeadm's remove-etcd-member
+        phase does; a lone member just goes with /var/lib/etcd."""
+        pki_ = f"{PKI}/etcd"
+        e = Etcd("https://127.0.0.1:2379", P(f"{pki_}/ca.crt"),
+                 P(f"{pki_}/healthcheck-client.crt"), P(f"{pki_}/healthcheck-client.key"),
+                 timeout=5)
+        try:
+            members = e.call("/v3/cluster/member/list", {}).get("members") or []
+            me = e.call("/v3/maintenance/status", {}).get("header", {}).get("member_id")
+            if len(members) > 1 and me:
+                e.call("/v3/cluster/member/remove", {"ID": me})
+                out("[reset] Removed this node's member from the etcd cluster")
+        except (StoreError, OSError, ValueError) as exc:
+            sys.stderr.write(f"W1126 reset.go:124] [reset] Failed to remove etcd member: "
+                             f"{exc}\n. Please manually remove this etcd member using "
+                             "etcdctl\n")
+
+    @staticmethod
+    def _upload_certs(c: Client, key: str) -> None:
+        """The cluster's CAs and service-account keys into Secret kube-system/kubeadm-certs,
+        each encrypted with the certificate key as kubeadm does (pki.seal), owned by a bootstrap
+        token that expires in two hours, so that the Secret goes with it."""
+        if not re.fullmatch(r"[0-9a-f]{64}", key):
+            raise Fail("error execution phase upload-certs: error uploading certs: error "
+                       "decoding certificate key: encoding/hex: invalid byte")
+        out('[upload-certs] Storing the certificates in Secret "kubeadm-certs" in the '
+            '"kube-system" Namespace')
+        data = {}
+        for f in CONTROL_PLANE_SHARED:
+            raw = (read(f"{PKI}/{f}") or "").encode()
+            data[f.replace("/", "-")] = base64.b64encode(pki.seal(key, raw)).decode()
+        tok = f"{rand_token_part(6)}.{rand_token_part(16)}"
+        owner = create_token_secret(c, tok, 2 * 3600, "Proxy for managing TTL for the "
+                                    "kubeadm-certs secret", ["authentication"], None)
+        secret = {"metadata": {"name": "kubeadm-certs", "namespace": "kube-system",
+                               "ownerReferences": [owner] if owner else []},
+                  "type": "Opaque", "data": data}
+        path = "/api/v1/namespaces/kube-system/secrets"
+        try:
+            c.request("POST", path, secret)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+            c.request("PUT", f"{path}/kubeadm-certs", secret)
+        out("[upload-certs] Using certificate key:")
+        out(key)
+
+    @staticmethod
+    def _download_certs(c: Client, key: str) -> None:
+        """`join --control-plane`: the shared certificates from kubeadm-certs, decrypted."""
+        out('[download-certs] Downloading the certificates in Secret "kubeadm-certs" in the '
+            '"kube-system" Namespace')
+        try:
+            sec = c.get("/api/v1/namespaces/kube-system/secrets/kubeadm-certs")
+        except ApiError as e:
+            raise Fail("error execution phase control-plane-prepare/download-certs: error "
+                       "downloading certs: error downloading the secret: Secret "
+                       '"kubeadm-certs" was not found in the "kube-system" Namespace. This Secret '
+                       "might have expired. Please, run `kubeadm init phase upload-certs "
+                       "--upload-certs` on a control plane to generate a new one") from e
+        for f in CONTROL_PLANE_SHARED:
+            blob = base64.b64decode((sec.get("data") or {}).get(f.replace("/", "-"), ""))
+            try:
+                raw = pki.unseal(key, blob)
+            except pki.PKIError as e:
+                raise Fail("error execution phase control-plane-prepare/download-certs: error "
+                           "downloading certs: error decoding secret data with provided key: "
+                           f"{e}") from e
+            write(f"{PKI}/{f}", raw.decode(), 0o600 if f.endswith(".key") else 0o644)
 
     @staticmethod
     def _create(c: Client, path: str, obj: Obj) -> None:
@@ -801,8 +998,21 @@ class Kubeadm:
                        "discovery without caCertHashes can be unsafe. Set "
                        "unsafeSkipCAVerification as true in your kubeadm config file or pass "
                        "--discovery-token-unsafe-skip-ca-verification flag to continue")
+        cpj = jc.get("controlPlane")
+        as_cp = cpj is not None or self.args.control_plane
+        cpj = cpj or {}
+        cert_key = cpj.get("certificateKey") or self.args.certificate_key or ""
+        lae = cpj.get("localAPIEndpoint") or {}
+        adv = lae.get("advertiseAddress") or self.args.apiserver_advertise_address or \
+            nodeinfo.ipv4()
+        port = int(lae.get("bindPort") or self.args.apiserver_bind_port or 6443)
         out("[preflight] Running pre-flight checks")
         pf = Preflight(self._ignores(nr))
+        if as_cp:
+            for p_ in (port, 10259, 10257, 2379, 2380):
+                pf.check(f"Port-{p_}", f"Port {p_} is in use" if port_in_use(p_) else None)
+            pf.check("DirAvailable--var-lib-etcd",
+                     "/var/lib/etcd is not empty" if dir_not_empty("/var/lib/etcd") else None)
         pf.check("DirAvailable--etc-kubernetes-manifests", f"{MANIFESTS} is not empty"
                  if dir_not_empty(MANIFESTS) else None)
         for f in ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf",
@@ -824,11 +1034,12 @@ class Kubeadm:
             kcm = c.get("/api/v1/namespaces/kube-system/configmaps/kubelet-config")
         except ApiError as e:
             raise Fail(f"error execution phase kubelet-start: {e}") from e
-        from .common import yaml_load_all
-
         kc = kubelet_defaults((yaml_load_all(kcm["data"]["kubelet"]) or [{}])[0])
         kc["containerRuntimeEndpoint"] = cri
         node = hostname_override(nr)
+        cc: Obj = {}
+        if as_cp:
+            cc = self._prepare_control_plane(c, node, adv, port, cert_key)
         try:
             existing = c.get(f"/api/v1/nodes/{node}")
             ready = next((x["status"] for x in existing.get("status", {}).get("conditions") or []
@@ -889,6 +1100,9 @@ class Kubeadm:
         systemctl("restart", "kubelet")
         self._wait_kubelet(timeouts)
         out("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap\n")
+        if as_cp:
+            self._join_control_plane(node, adv, port, cc, nr, timeouts)
+            return
         out("This node has joined the cluster:")
         out("* Certificate signing request was sent to apiserver and a response was received.")
         out("* The Kubelet was informed of the new secure connection details.\n")
@@ -926,8 +1140,6 @@ class Kubeadm:
         if not hmac.compare_digest(jws_detached(kc_text, token), sig):
             raise Fail(pre + "failed to verify JWS signature of received cluster info object, "
                        "can't trust this API Server")
-        from .common import yaml_load_all
-
         cluster = ((yaml_load_all(kc_text) or [{}])[0].get("clusters") or [{}])[0].get(
             "cluster") or {}
         ca_pem = base64.b64decode(cluster.get("certificate-authority-data", "")).decode()
@@ -945,6 +1157,12 @@ class Kubeadm:
         if not os.path.exists(real):
             raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
         return Client(kubeconfig.load(real), agent="kubeadm")
+
+    def cmd_certs(self) -> None:
+        """`kubeadm certs certificate-key`: a new key for --upload-certs."""
+        if self.args.args[:1] != ["certificate-key"]:
+            raise Fail(f'unknown command "{(self.args.args or [""])[0]}" for "kubeadm certs"')
+        out(os.urandom(32).hex())
 
     def cmd_token(self) -> None:
         sub = self.args.args[0] if self.args.args else ""
@@ -1032,8 +1250,6 @@ class Kubeadm:
                            '"/etc/kubernetes/kubelet.conf": open /etc/kubernetes/kubelet.conf: '
                            "no such file or directory")
             c = Client(kubeconfig.load(conf), agent="kubeadm")
-        from .common import yaml_load_all
-
         if sub == "plan":
             out("[preflight] Running pre-flight checks.")
         out('[upgrade] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
@@ -1201,9 +1417,7 @@ class Kubeadm:
             if text is None:
                 raise Fail(f"error execution phase control-plane: couldn't upgrade control plane: "
                            f"the static Pod manifest {path} is missing")
-            from .common import yaml_load_all
-
-            pod = yaml_load_all(text)[0]
+                pod = yaml_load_all(text)[0]
             out(f'[upgrade/staticpods] Preparing for "{comp}" upgrade')
             write(f"{backup}/{comp}.yaml", text, 0o600)
             pod["spec"]["containers"][0]["image"] = f"registry.k8s.io/{comp}:{target}"
@@ -1231,8 +1445,6 @@ class Kubeadm:
     def _upgrade_kubelet_config(c: Client) -> None:
         """`kubeadm upgrade node`'s kubelet-config phase: /var/lib/kubelet/config.yaml from the
         kubelet-config ConfigMap (the node keeps its own runtime endpoint)."""
-        from .common import yaml_load_all
-
         try:
             kcm = c.get("/api/v1/namespaces/kube-system/configmaps/kubelet-config")
         except ApiError as e:
@@ -1262,6 +1474,8 @@ class Kubeadm:
         if not is_cp:
             out("[reset] No etcd config found. Assuming external etcd")
             out("[reset] Please, manually reset etcd to prevent further issues")
+        if is_cp:
+            self._leave_etcd()
         out("[reset] Stopping the kubelet service")
         systemctl("stop", "kubelet")
         # the real reset removes all Kubernetes containers through the CRI
@@ -1315,7 +1529,9 @@ def cluster_info_kubeconfig(server: str, ca_pem: str) -> str:
 
 
 def create_token_secret(c: Client, tok: str, ttl: float, description: str,
-                        usages: list[str] | None, groups: list[str] | None) -> None:
+                        usages: list[str] | None, groups: list[str] | None) -> Obj | None:
+    """Create (or replace) the token's Secret; its ownerReference (for objects that must go
+    when the token expires), None when the server did not say its uid."""
     tid, secret = tok.split(".")
     data = {"token-id": tid, "token-secret": secret}
     if description:
@@ -1333,11 +1549,15 @@ def create_token_secret(c: Client, tok: str, ttl: float, description: str,
            "type": "bootstrap.kubernetes.io/token",
            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
     try:
-        c.request("POST", "/api/v1/namespaces/kube-system/secrets", obj)
+        made = c.request("POST", "/api/v1/namespaces/kube-system/secrets", obj)
     except ApiError as e:
         if e.code != 409:
             raise
-        c.request("PUT", f"/api/v1/namespaces/kube-system/secrets/bootstrap-token-{tid}", obj)
+        made = c.request("PUT", f"/api/v1/namespaces/kube-system/secrets/bootstrap-token-{tid}",
+                         obj)
+    uid = ((made or {}).get("metadata") or {}).get("uid") if isinstance(made, dict) else None
+    return {"apiVersion": "v1", "kind": "Secret", "name": f"bootstrap-token-{tid}",
+            "uid": uid, "controller": True, "blockOwnerDeletion": True} if uid else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1349,6 +1569,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-token-print", action="store_true")
     p.add_argument("--skip-certificate-key-print", action="store_true")
     p.add_argument("--upload-certs", action="store_true")
+    p.add_argument("--control-plane", action="store_true")
+    p.add_argument("--apiserver-advertise-address")
+    p.add_argument("--apiserver-bind-port")
     p.add_argument("--certificate-key")
     p.add_argument("--token")
     p.add_argument("--discovery-token")

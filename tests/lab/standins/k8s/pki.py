@@ -121,3 +121,23 @@ def ca_cert_hash(cert_pem: str) -> str:
 
 def b64(data: str | bytes) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def seal(key_hex: str, data: bytes) -> bytes:
+    """kubeadm's encryption of the certificates it uploads (kubeadm-certs): AES-256-GCM with
+    the certificate key, a random 12-byte nonce before the ciphertext and its tag."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(12)
+    return nonce + AESGCM(bytes.fromhex(key_hex)).encrypt(nonce, data, None)
+
+
+def unseal(key_hex: str, blob: bytes) -> bytes:
+    """The reverse of seal; raises PKIError for a wrong key or damaged data."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    try:
+        return AESGCM(bytes.fromhex(key_hex)).decrypt(blob[:12], blob[12:], None)
+    except (InvalidTag, ValueError) as e:
+        raise PKIError("cipher: message authentication failed") from e
