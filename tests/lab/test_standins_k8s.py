@@ -1485,6 +1485,28 @@ def test_upload_certs_encrypts_them_with_the_certificate_key(
     assert bad.returncode == 1 and "error decoding certificate key" in bad.stderr
 
 
+def test_control_plane_join_needs_a_stable_endpoint(control_plane: tuple[Node, str],
+                                                    tmp_path: Path) -> None:
+    """kubeadm refuses a second control plane for a cluster initialised without
+    controlPlaneEndpoint (its first API server's address is no stable endpoint)."""
+    cp, kc = control_plane
+    line = cp.run("kubeadm", "token", "create", "--ttl", "15m0s", "--print-join-command",
+                  "--kubeconfig", kc).stdout.split()
+    key = cp.run("kubeadm", "certs", "certificate-key").stdout.strip()
+    subprocess.run(["systemctl", "stop", "kubelet"], env=cp.env(), check=True)
+    other = Node(tmp_path / "cp-02")
+    try:
+        (other.root / "etc/hostname").write_text("cp-02\n")
+        r = other.run("kubeadm", *line[1:], "--control-plane", "--certificate-key", key,
+                      "--ignore-preflight-errors=all")
+        assert r.returncode == 1
+        assert "unable to add a new control plane instance to a cluster that doesn't have a " \
+            "stable controlPlaneEndpoint address" in r.stderr
+        assert not (other.root / "etc/kubernetes/pki/ca.key").exists()
+    finally:
+        other.cleanup()
+
+
 def test_two_api_servers_share_one_etcd(tmp_path: Path) -> None:
     """Two control planes' API servers on one REAL etcd: what one writes the other serves and
     watches; one of them leads the controllers (the Lease kube-system/kube-controller-manager),

@@ -582,7 +582,8 @@ class Kubeadm:
         cc.setdefault("apiVersion", "kubeadm.k8s.io/v1beta4")
         cc.setdefault("kind", "ClusterConfiguration")
         cc.setdefault("kubernetesVersion", self._check_k8s_version(cc))
-        cc.setdefault("controlPlaneEndpoint", endpoint)
+        # kubeadm stores controlPlaneEndpoint as the config gives it ("" when none: then no
+        # other control plane may join)
         out('[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in the '
             '"kube-system" Namespace')
         self._create(c, "/api/v1/namespaces/kube-system/configmaps", {
