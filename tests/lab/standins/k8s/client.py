@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import tempfile
+import time
 import urllib.parse
 from typing import Any
 
@@ -57,8 +58,12 @@ def ssl_context(creds: Creds) -> ssl.SSLContext:
 
 
 class Client:
-    def __init__(self, creds: Creds, timeout: float = 30, agent: str = "lab-standin") -> None:
+    def __init__(self, creds: Creds, timeout: float = 30, agent: str = "lab-standin",
+                 retry_for: float = 0) -> None:
         self.creds = creds
+        #: seconds to keep retrying a request that found no API server (every 0.5 s), as
+        #: kubeadm retries its API calls for timeouts.kubernetesAPICall (1m)
+        self.retry_for = retry_for
         self.agent = f"{agent}/v0.0.0 (linux/amd64) gpuk8s-lab"
         u = urllib.parse.urlsplit(creds.server)
         self.host = u.hostname or "localhost"
@@ -69,6 +74,17 @@ class Client:
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", raw: bool = False) -> Any:
+        deadline = time.monotonic() + self.retry_for
+        while True:
+            try:
+                return self._request(method, path, body, content_type, raw)
+            except Unreachable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _request(self, method: str, path: str, body: Any, content_type: str,
+                 raw: bool) -> Any:
         data: bytes | None = None
         if method == "PUT" and isinstance(body, dict) and body.get("metadata"):
             # the stand-ins update unconditionally (no resourceVersion: no 409 Conflict), as

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Any
 
-from . import kubeconfig, nodeinfo, pki
+from . import kubeconfig, nodeinfo, patches, pki
 from .apiserver import jws_detached
 from .client import ApiError, Client, Unreachable
 from .common import (
@@ -229,6 +229,18 @@ class Kubeadm:
         self.args = args
         self.version = version
         self.gv = git_version(version)
+        #: patches.directory of the Init/JoinConfiguration (or --patches)
+        self.patches: str | None = args.patches
+
+    def write_manifest(self, component: str, text: str) -> None:
+        """Write a static Pod manifest with this node's patches applied (as kubeadm does)."""
+        try:
+            text, said = patches.apply(self.patches, component, text)
+        except patches.PatchError as e:
+            raise Fail(f"error execution phase control-plane: {e}") from e
+        for line in said:
+            out(line)
+        write(f"{MANIFESTS}/{component}.yaml", text, 0o600)
 
     # -------------------------------------------------------------- version / config
     def cmd_version(self) -> None:
@@ -263,9 +275,13 @@ class Kubeadm:
                 raise Fail(f"unable to read config from \"{path}\" : open {path}: "
                            "no such file or directory") from e
         try:
-            return decode(text)
+            cfg = decode(text)
         except ConfigError as e:
             raise Fail(str(e)) from e
+        for kind in ("InitConfiguration", "JoinConfiguration"):
+            directory = ((cfg.get(kind) or {}).get("patches") or {}).get("directory")
+            self.patches = directory or self.patches
+        return cfg
 
     def cmd_config(self) -> None:
         if not self.args.args or self.args.args[0] != "validate":
@@ -371,10 +387,10 @@ class Kubeadm:
         self._fault("after-kubeconfig")
         # manifests
         out(f'[etcd] Creating static Pod manifest for local etcd in "{MANIFESTS}"')
-        write(f"{MANIFESTS}/etcd.yaml", static_pod(
+        self.write_manifest("etcd", static_pod(
             "etcd", "registry.k8s.io/etcd:3.6.5-0",
             etcd_command(node, adv, {node: adv}, "new"),
-            "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
+            "127.0.0.1", 2381, "HTTP", "/livez"))
         self._write_control_plane(cc, adv, port, k8s_version)
 
         self._kubelet_start(kc, cri, nr)
@@ -407,7 +423,8 @@ class Kubeadm:
             out(f"[control-plane-check] {comp} is healthy after {took:.9f}s")
 
         self._fault("before-upload-config")
-        c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")), agent="kubeadm")
+        c = Client(kubeconfig.load(P("/etc/kubernetes/super-admin.conf")), agent="kubeadm",
+                   retry_for=60)
         self._post_init(c, cfg, kc, node, ca_pem, server, endpoint)
 
     def _init_phase(self, args: list[str]) -> None:
@@ -466,8 +483,7 @@ class Kubeadm:
         cm["data"] = data
         c.request("PUT", path, cm)
 
-    @staticmethod
-    def _write_control_plane(cc: Obj, adv: str, port: int, k8s_version: str,
+    def _write_control_plane(self, cc: Obj, adv: str, port: int, k8s_version: str,
                              components: tuple[str, ...] = CONTROL_PLANE) -> None:
         """The static pod manifests of ``components`` from the ClusterConfiguration (init and
         `kubeadm init phase control-plane`)."""
@@ -518,10 +534,10 @@ class Kubeadm:
             flags.update(args_dict((cc.get(section[comp]) or {}).get("extraArgs")))
             host, probe_port, path = probe[comp]
             out(f'[control-plane] Creating static Pod manifest for "{comp}"')
-            write(f"{MANIFESTS}/{comp}.yaml", static_pod(
+            self.write_manifest(comp, static_pod(
                 comp, f"registry.k8s.io/{comp}:{k8s_version}",
                 [comp, *(f"--{k}={v}" for k, v in sorted(flags.items()))],
-                host, probe_port, "HTTPS", path), 0o600)
+                host, probe_port, "HTTPS", path))
 
     @staticmethod
     def _fault(point: str) -> None:
@@ -771,7 +787,8 @@ class Kubeadm:
         """`join --control-plane`, once the kubelet runs: this node's etcd member added through
         a running one (then its static pod written, as kubeadm does), the API server waited
         for, the node marked as a control plane."""
-        admin = Client(kubeconfig.load(P("/etc/kubernetes/admin.conf")), agent="kubeadm")
+        admin = Client(kubeconfig.load(P("/etc/kubernetes/admin.conf")), agent="kubeadm",
+                       retry_for=60)
         peers = []
         for n in admin.get("/api/v1/nodes?labelSelector=node-role.kubernetes.io/control-plane"
                            )["items"]:
@@ -801,9 +818,9 @@ class Kubeadm:
                        f"static pod manifest file: etcdserver: unable to add member: {err}")
         out("[etcd] Announced new etcd member joining to the existing etcd cluster")
         out('[etcd] Creating static Pod manifest for "etcd"')
-        write(f"{MANIFESTS}/etcd.yaml", static_pod(
+        self.write_manifest("etcd", static_pod(
             "etcd", "registry.k8s.io/etcd:3.6.5-0", etcd_command(node, adv, members, "existing"),
-            "127.0.0.1", 2381, "HTTP", "/livez"), 0o600)
+            "127.0.0.1", 2381, "HTTP", "/livez"))
         out("[etcd] Waiting for the new etcd member to join the cluster. This can take up to 40s")
         cp_timeout = parse_duration(timeouts.get("controlPlaneComponentHealthCheck", "4m0s"))
         if wait_http(f"https://{adv}:{port}/readyz", cp_timeout) is None:
@@ -1026,7 +1043,7 @@ class Kubeadm:
 
         ca_pem, server = self._discover(endpoint, token, hashes, unsafe, timeouts)
         creds = kubeconfig.Creds(server=server, ca_pem=ca_pem, token=tls_token)
-        c = Client(creds, agent="kubeadm")
+        c = Client(creds, agent="kubeadm", retry_for=60)
         out('[preflight] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
             '"kube-system"...')
         out("[preflight] Use 'kubeadm init phase upload-config kubeadm --config "
@@ -1157,7 +1174,7 @@ class Kubeadm:
         real = path if os.path.exists(path) else P(path)
         if not os.path.exists(real):
             raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
-        return Client(kubeconfig.load(real), agent="kubeadm")
+        return Client(kubeconfig.load(real), agent="kubeadm", retry_for=60)
 
     def cmd_certs(self) -> None:
         """`kubeadm certs certificate-key`: a new key for --upload-certs."""
@@ -1250,7 +1267,7 @@ class Kubeadm:
                 raise Fail("couldn't create a Kubernetes client from file "
                            '"/etc/kubernetes/kubelet.conf": open /etc/kubernetes/kubelet.conf: '
                            "no such file or directory")
-            c = Client(kubeconfig.load(conf), agent="kubeadm")
+            c = Client(kubeconfig.load(conf), agent="kubeadm", retry_for=60)
         if sub == "plan":
             out("[preflight] Running pre-flight checks.")
         out('[upgrade] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
@@ -1574,6 +1591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apiserver-advertise-address")
     p.add_argument("--apiserver-bind-port")
     p.add_argument("--certificate-key")
+    p.add_argument("--patches")
     p.add_argument("--token")
     p.add_argument("--discovery-token")
     p.add_argument("--tls-bootstrap-token")
