@@ -41,6 +41,26 @@ def mint_join(session: Session) -> None:
                                "ca_hash": match.group(3)}
 
 
+def upload_certs(session: Session) -> None:
+    """A fresh certificate key, made here and kept in memory only; the first control plane
+    uploads the cluster's shared certificates encrypted with it (kubeadm-certs, which kubeadm
+    deletes after two hours), for the control planes joining in this run."""
+    cp = session.first_cp
+    key = secrets.token_hex(32)
+    session.redact.add(key)
+    op = Op("control-plane-join | upload certificates",
+            (f"kubeadm init phase upload-certs --upload-certs --certificate-key {q(key)} "
+             ">/dev/null",),
+            "+ the shared certificates uploaded, encrypted with a fresh key", timeout=120,
+            secret=True)
+    rc, out = session.runner(cp).run_now([op], keep_going=True)[0]
+    if rc != 0:
+        raise PhaseFailed("control-plane-join", {cp: HostResult(cp, error=Gpuk8sError(
+            f"{cp}: kubeadm init phase upload-certs failed (exit {rc}): "
+            + session.redact(out.strip()[-500:])))})
+    session.cluster["certificate_key"] = key
+
+
 #: what a kubeadm admin.conf user may hold: client certificate and key, inline. Anything
 #: else (an exec or auth-provider plugin, a token file, paths) would be run or read on the
 #: admin machine by the operator's next kubectl, on the control plane's say-so.
@@ -84,6 +104,17 @@ def check_admin_conf(text: str, host: str) -> None:
             raise bad(f"the server {cluster.get('server')!r} is not an https:// URL")
 
 
+def _direct(text: str, address: str) -> str:
+    """admin.conf for the admin machine when the cluster's endpoint is each node's own load
+    balancer (127.0.0.1:6443, which means nothing here): the first control plane's API server,
+    whose certificate names its address."""
+    conf = yaml.safe_load(text)
+    host = f"[{address}]" if ":" in address else address
+    for entry in conf["clusters"]:
+        entry["cluster"]["server"] = f"https://{host}:6443"
+    return yaml.safe_dump(conf, sort_keys=False)
+
+
 def write_private(dest: Path, data: str) -> None:
     """Write ``data`` to ``dest`` readable by this user only, atomically, never through a
     symlink, in a folder no one else can write to."""
@@ -123,6 +154,8 @@ def fetch_admin_conf(session: Session) -> Path | None:
         if key.endswith("-data") and value.strip():
             session.redact.add(value.strip())
     check_admin_conf(data, cp)
+    if session.cluster.get("endpoint_mode") == "local_lb":
+        data = _direct(data, session.host(cp).address)
     dest = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
     write_private(dest, data)
     return dest

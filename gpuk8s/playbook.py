@@ -12,13 +12,15 @@ from gpuk8s.errors import InventoryError
 @dataclass(frozen=True)
 class Phase:
     name: str
-    #: "all" | "first_control_plane" | "joiners" (workers and extra control planes)
+    #: "all" | "first_control_plane" | "other_control_planes" | "workers"
     #: | "package_cache" (the apt cache host, when package_cache is on)
     hosts: str
     roles: tuple[str, ...]
     title: str
     #: hand-offs this phase needs before it applies (made by the runner, kept in memory):
-    #: "join_token", a fresh short-lived kubeadm token from the first control plane
+    #: "join_token", a fresh short-lived kubeadm token from the first control plane;
+    #: "certificate_key", a fresh key with which the first control plane uploads the shared
+    #: certificates (kubeadm-certs, deleted by kubeadm after two hours)
     needs: tuple[str, ...] = ()
     #: hand-offs this phase makes once applied: "admin_conf", the cluster's admin kubeconfig
     #: saved (checked, 0600) beside the inventory
@@ -34,13 +36,18 @@ PHASES: tuple[Phase, ...] = (
     # before the node phase: the cache answers before any node's apt is pointed at it
     Phase("package-cache", "package_cache", ("package_cache",),
           "apt cache: apt-cacher-ng on the cache host, used by every node"),
-    Phase("node", "all", ("base", "container_runtime", "kubernetes", "nvidia_driver", "cuda",
-                          "nvidia_container_toolkit"),
-          "node stack: base, containerd, kubeadm/kubelet/kubectl, NVIDIA driver, CUDA, toolkit"),
+    Phase("node", "all", ("base", "container_runtime", "kubernetes", "apiserver_lb",
+                          "nvidia_driver", "cuda", "nvidia_container_toolkit"),
+          "node stack: base, containerd, kubeadm/kubelet/kubectl, API endpoint, NVIDIA driver, "
+          "CUDA, toolkit"),
     Phase("control-plane", "first_control_plane", ("control_plane", "cni"),
           "control plane: kubeadm init, admin kubeconfig, pod network",
           provides=("admin_conf",)),
-    Phase("join", "joiners", ("join",), "join: workers into the cluster",
+    # one at a time: each new etcd member must be healthy before the next changes the quorum
+    Phase("control-plane-join", "other_control_planes", ("join",),
+          "control planes: kubeadm join --control-plane, one at a time, each waited for",
+          needs=("join_token", "certificate_key"), serial=1),
+    Phase("join", "workers", ("join",), "join: workers into the cluster",
           needs=("join_token",)),
     # after the control plane phase stored the gates in kube-system/kubelet-config
     Phase("kubelets", "all", ("kubelet",),

@@ -20,7 +20,7 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, RoleWork, run_phase
 from gpuk8s.facts.gather import _file_exists, cluster_values, gather
 from gpuk8s.facts.system import System
-from gpuk8s.handoffs import fetch_admin_conf, mint_join
+from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
 from gpuk8s.ops import Op
 from gpuk8s.playbook import (
     PHASES,
@@ -69,7 +69,10 @@ def phase_hosts(session: Session, phase: Phase) -> list[str]:
     if phase.hosts == "package_cache":
         cache = package_cache_host(session.inventory)
         return [cache] if cache in session.transports else []
-    return [h for h in session.scope if h != session.first_cp]
+    cps = {h.name for h in session.inventory.control_planes}
+    if phase.hosts == "other_control_planes":
+        return [h for h in session.scope if h in cps and h != session.first_cp]
+    return [h for h in session.scope if h not in cps]
 
 
 def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
@@ -216,6 +219,8 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                 work = plan_phase(session, phase, hosts)
                 if any(op.changes for items in work.values() for rw in items for op in rw.ops):
                     mint_join(session)
+                    if "certificate_key" in phase.needs:
+                        upload_certs(session)
             work = plan_phase(session, phase, hosts)
             changes = sum(op.changes for items in work.values() for rw in items
                           for op in rw.ops)

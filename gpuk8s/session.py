@@ -19,6 +19,7 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, HostRunner
 from gpuk8s.facts import HostFacts
 from gpuk8s.inventory import Host, Inventory, load_inventory
+from gpuk8s.inventory.check import cluster_problems
 from gpuk8s.inventory.model import BASTION
 from gpuk8s.ops import Op
 from gpuk8s.playbook import (
@@ -116,10 +117,8 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     if not inv.control_planes:
         raise InventoryError("no control plane in the inventory", path=str(inv.path),
                              fix="add a host under children: control_plane: hosts:")
-    if len(inv.control_planes) > 1:
-        raise InventoryError(
-            f"{len(inv.control_planes)} control planes; gpuk8s supports one for now",
-            path=str(inv.path), fix="keep one host under control_plane")
+    for problem in cluster_problems(inv):
+        raise problem
     redact = redact or Redactor()
     reporter = reporter or Reporter(redact=redact)
     reporter.redact = redact

@@ -8,6 +8,8 @@ helper of the place it lands in, and nowhere else is such a value formatted by h
   same scalar; a newline or ``---`` stays inside the string).
 - :func:`apt_conf_string`: a quoted string in an apt.conf file (apt has no escape for ``"``,
   so a value that holds one, or any control character, is refused).
+- :func:`haproxy_server`: a server address in haproxy.cfg (no quoting there: a DNS name, an IPv4
+  address or an IPv6 address, nothing else).
 
 Each validating helper raises :class:`UnsafeValue`, a :class:`Gpuk8sError` whose message names
 the value, the sink and the fix.
@@ -15,6 +17,7 @@ the value, the sink and the fix.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 
@@ -96,3 +99,16 @@ def url_has_secret(url: str) -> bool:
     """Whether ``url`` carries a password (``http://user:pass@host``)."""
     userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
     return ":" in userinfo
+
+
+def haproxy_server(address: str, port: int) -> str:
+    """``address:port`` as a server address in haproxy.cfg, which has no quoting: a DNS name or
+    IPv4 address as it is, an IPv6 address as ``ipv6@ADDR:PORT``; anything else is refused."""
+    if APT_CONF_HOST.fullmatch(address):
+        return f"{address}:{int(port)}"
+    try:
+        return f"ipv6@{ipaddress.IPv6Address(address)}:{int(port)}"
+    except ValueError:
+        raise UnsafeValue(f"address {address!r} cannot be a server in haproxy.cfg: it is neither "
+                          "a DNS name, an IPv4 nor an IPv6 address; fix ansible_host in the "
+                          "inventory") from None

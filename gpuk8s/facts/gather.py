@@ -63,18 +63,45 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         raise PhaseFailed("facts", failed)
 
 
+#: the endpoint of control_plane_endpoint_mode local_lb: each node's own HAProxy
+LOCAL_LB_ENDPOINT = "127.0.0.1:6443"
+
+
+def endpoint_of(inventory: Any) -> tuple[str, str]:
+    """(mode, host:port) of the cluster's API endpoint: "external" (control_plane_endpoint),
+    "local_lb" (127.0.0.1:6443 on every node) or "direct" (the first control plane's
+    address:6443, with a single control plane); mode "auto" picks one of them."""
+    cps = [h for h in inventory.control_planes if not h.absent] or inventory.control_planes
+    first = cps[0]
+    mode, given = first.vars["control_plane_endpoint_mode"], first.vars["control_plane_endpoint"]
+    if mode == "auto":
+        mode = "external" if given else "local_lb" if len(cps) > 1 else "direct"
+    if mode == "local_lb":
+        return mode, LOCAL_LB_ENDPOINT
+    if mode == "external":
+        return mode, given
+    address = f"[{first.address}]" if ":" in first.address else first.address
+    return mode, f"{address}:6443"
+
+
 def cluster_values(session: Session) -> None:
     """Node names, addresses and GPU counts of the hosts in this run; the API endpoint."""
     cp = session.host(session.first_cp)
-    endpoint = cp.vars["control_plane_endpoint"] or f"{cp.address}:6443"
+    mode, endpoint = endpoint_of(session.inventory)
     nodes = {}
     for name in session.facts:
         facts = session.facts[name]
         gpus = [d for d in facts[PciDevices()] if d.is_gpu]
+        host = session.host(name)
         nodes[name] = {"name": facts[System()].hostname.lower(),
-                       "address": session.host(name).address, "gpus": len(gpus),
+                       "address": host.address, "gpus": len(gpus),
+                       # pods run there (a worker, or a control plane without the taint)
+                       "schedulable": host.schedulable,
                        "model": gpus[0].model if gpus else ""}
-    session.cluster.update(endpoint=endpoint, advertise_address=cp.address,
+    control_planes = [{"host": h.name, "address": h.address}
+                      for h in session.inventory.control_planes if not h.absent]
+    session.cluster.update(endpoint=endpoint, endpoint_mode=mode, control_planes=control_planes,
+                           advertise_address=cp.address,
                            node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
                            package_cache_url=package_cache_url(session.inventory))
 

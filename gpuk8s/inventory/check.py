@@ -1,8 +1,8 @@
 """`gpuk8s check`: everything gpuk8s reads in an inventory, in one run, contacting no host.
 
 Every problem in file order (file:line and fix), the loader's notes, each host with the role
-gpuk8s gives it, cluster-level facts that plan/bootstrap would refuse (more than one control
-plane), and every gpuk8s variable the inventory sets, with its effective value and where it
+gpuk8s gives it, cluster-level facts that plan/bootstrap would refuse (an even number of
+control planes), and every gpuk8s variable the inventory sets, with its effective value and where it
 came from.
 """
 
@@ -42,15 +42,35 @@ def role(host: Host) -> str:
 
 
 def cluster_problems(inv: Inventory) -> list[InventoryError]:
-    """What plan and bootstrap refuse about the inventory as a whole."""
+    """What plan and bootstrap refuse about the inventory as a whole: an even number of control
+    planes (etcd quorum), and an endpoint mode the control planes cannot have."""
     out = []
     cps = inv.control_planes
-    if len(cps) > 1:
+    if len(cps) % 2 == 0 and cps:
+        n = len(cps)
         out.append(InventoryError(
-            f"{len(cps)} control planes ({', '.join(h.name for h in cps)}); gpuk8s supports one "
-            "control plane for now (a highly available control plane is planned), so plan and "
-            "bootstrap refuse this inventory", path=str(inv.path),
-            fix="keep one host under control_plane (the others can be workers)"))
+            f"{n} control planes ({', '.join(h.name for h in cps)}): every control plane runs "
+            f"an etcd member, and etcd accepts writes only while a majority ({n // 2 + 1} of "
+            f"{n}) is up, so {n} control planes survive no more failures than {n - 1} "
+            f"({(n - 1) // 2}) and add one more machine whose loss can stop the cluster",
+            path=str(inv.path),
+            fix=f"use an odd number of control planes: {n - 1} or {n + 1} (the others can be "
+                "workers)"))
+    if cps:
+        first = cps[0].vars
+        mode, endpoint = first.get("control_plane_endpoint_mode"), \
+            first.get("control_plane_endpoint")
+        if mode == "external" and not endpoint:
+            out.append(InventoryError(
+                "control_plane_endpoint_mode is external but control_plane_endpoint is empty",
+                path=str(inv.path), fix='name the load balancer you run in front of the API '
+                'servers: control_plane_endpoint: "k8s-api.lab:6443"'))
+        if mode == "local_lb" and endpoint:
+            out.append(InventoryError(
+                f"control_plane_endpoint is {endpoint!r} but control_plane_endpoint_mode is "
+                "local_lb, whose endpoint is each node's own load balancer (127.0.0.1:6443)",
+                path=str(inv.path), fix="remove control_plane_endpoint, or set "
+                "control_plane_endpoint_mode: external to use your load balancer"))
     return out
 
 

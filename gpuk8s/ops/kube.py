@@ -16,6 +16,8 @@ KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF}"
 KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
 #: gpuk8s's kubeadm InitConfiguration/ClusterConfiguration on the control plane
 KUBEADM_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
+#: kubeadm's patches folder (patches.directory): per-node changes to the static Pod manifests
+KUBEADM_PATCHES = "/etc/kubernetes/gpuk8s/patches"
 #: kubeadm reset without a prompt, on containerd's CRI (the Docker runtime uses it too)
 KUBEADM_RESET = "kubeadm reset -f --cri-socket unix:///var/run/containerd/containerd.sock"
 #: what `kubeadm config images list` adds beside kube-apiserver, -controller-manager,

@@ -13,6 +13,7 @@ from gpuk8s.facts.system import Files, Packages
 from gpuk8s.ops import Op, change, files, noop, q, warn
 from gpuk8s.ops.kube import (
     KUBEADM_CONFIG,
+    KUBEADM_PATCHES,
     KUBEADM_RESET,
     KUBECTL,
     feature_gate_arg,
@@ -94,7 +95,19 @@ def kubeadm_config(ctx: HostContext) -> bytes:
         f"v{ctx.var('kubernetes_version')}.0"
     gates = feature_gates(ctx.var("feature_gates"))
     return ctx.template("kubeadm-config.yaml.j2", kubeadm_version=kubeadm_version,
-                        feature_gates=gates, feature_gate_arg=feature_gate_arg(gates))
+                        feature_gates=gates, feature_gate_arg=feature_gate_arg(gates),
+                        cert_sans=cert_sans(ctx.cluster),
+                        patches=KUBEADM_PATCHES if ctx.cluster.get("endpoint_mode") == "local_lb"
+                        else None)
+
+
+def cert_sans(cluster: Mapping[str, Any]) -> list[str]:
+    """The API servers' extra certificate names: the first control plane's address and name,
+    the endpoint's host, every control plane's address (any of them may serve the endpoint)."""
+    host = cluster["endpoint"].rpartition(":")[0].strip("[]")
+    names = [cluster["advertise_address"], cluster["node_name"], host,
+             *(cp["address"] for cp in cluster.get("control_planes", ()))]
+    return list(dict.fromkeys(n for n in names if n))
 
 
 def _without_gates(text: bytes | None) -> list[Any] | None:

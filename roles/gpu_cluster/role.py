@@ -47,7 +47,13 @@ def plan(ctx: HostContext) -> list[Op]:
                           timeout=timeout + 30))
     else:
         ops.append(noop("gpu_cluster | nodes Ready", f"= {len(nodes)} nodes Ready"))
-    gpu_nodes = {h: n for h, n in nodes.items() if n["gpus"]}
+    gpu_nodes = {h: n for h, n in nodes.items() if n["gpus"] and n.get("schedulable", True)}
+    for node in nodes.values():
+        if node["gpus"] and not node.get("schedulable", True):
+            ops.append(noop(f"gpu_cluster | {node['name']} GPUs",
+                            f"= {node['name']} is a control plane that takes no workloads: its "
+                            f"{node['gpus']} GPU(s) are not offered to pods "
+                            "(control_plane_schedulable: true offers them)"))
     for node in gpu_nodes.values():
         ops.append(labels(cluster, f"gpu_cluster | labels {node['name']}", node["name"], {
             "nvidia.com/gpu.present": "true",

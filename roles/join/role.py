@@ -1,4 +1,10 @@
-"""join: `kubeadm join` with a short-lived token minted for this run, only where not joined."""
+"""join: `kubeadm join` with a short-lived token minted for this run, only where not joined.
+
+A worker joins as a node. A control plane beyond the first joins with ``--control-plane`` and
+the certificate key the runner minted for this run (the shared certificates were just uploaded
+with it): kubeadm adds its etcd member and starts its control plane; the op then waits until the
+new API server answers /readyz on the node's own address (its etcd member healthy) before the
+next control plane starts (the phase runs one host at a time)."""
 
 from __future__ import annotations
 
@@ -6,13 +12,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuk8s.checks import Rule, check_duration
+from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.facts.system import Files
-from gpuk8s.ops import Op, change, noop, write_file
-from gpuk8s.ops.kube import KUBEADM_RESET
+from gpuk8s.ops import Op, change, noop, q, write_file
+from gpuk8s.ops.kube import KUBEADM_PATCHES, KUBEADM_RESET
 from gpuk8s.roles import HostContext
 
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
+ROOT_KUBECONFIG = "/root/.kube/config"
+#: seconds a joined control plane's API server has to answer /readyz
+CP_READY_WAIT = 180
 JOIN_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-join.yaml"
 #: what a `kubeadm join` that was interrupted before it wrote kubelet.conf leaves behind; the
 #: next join's preflight refuses them (FileAvailable--...), so they are reset first
@@ -37,15 +48,49 @@ def plan(ctx: HostContext) -> list[Op]:
     reset = [f"{KUBEADM_RESET} >/dev/null"] if left else []
     after = f" (after kubeadm reset: an interrupted join left {', '.join(left)})" if left else ""
     endpoint = ctx.cluster["endpoint"]
+    as_control_plane = any(cp["host"] == ctx.host for cp in ctx.cluster["control_planes"])
     join = ctx.cluster.get("join")
     if join is None:  # plan mode: the token is minted only when applying
-        return [change("join | kubeadm join", f"+ kubeadm join {endpoint} (token minted at "
+        kind = "kubeadm join --control-plane" if as_control_plane else "kubeadm join"
+        return [change("join | kubeadm join", f"+ {kind} {endpoint} (token minted at "
                        f"apply time){after}", "false")]
     node = ctx.cluster["nodes"][ctx.host]
+    key = ctx.cluster.get("certificate_key") if as_control_plane else None
     config = ctx.template("join-config.yaml.j2", join_endpoint=join["endpoint"],
                           join_token=join["token"], join_ca_hash=join["ca_hash"],
-                          node_name=node["name"], node_address=node["address"])
-    return [change("join | kubeadm join", f"+ kubeadm join {join['endpoint']}{after}",
-                   *reset, write_file(JOIN_CONFIG, config, "0600"),
-                   f"rc=0; kubeadm join --config {JOIN_CONFIG} || rc=$?; rm -f {JOIN_CONFIG}; "
-                   "exit $rc", secret=True, timeout=600)]
+                          node_name=node["name"], node_address=node["address"],
+                          certificate_key=key,
+                          patches=KUBEADM_PATCHES if ctx.cluster.get("endpoint_mode") == "local_lb"
+                          else None)
+    if as_control_plane and not key:
+        raise PlanError(f"{ctx.host}: a control plane joins with a certificate key, and none "
+                        "was minted for this run")
+    kind = "kubeadm join --control-plane" if as_control_plane else "kubeadm join"
+    steps = [*reset, write_file(JOIN_CONFIG, config, "0600"),
+             f"rc=0; kubeadm join --config {JOIN_CONFIG} || rc=$?; rm -f {JOIN_CONFIG}; "
+             "exit $rc"]
+    if as_control_plane:
+        steps += [_wait_ready(node["address"]),
+                  f"install -D -m 0600 {ADMIN_CONF} {ROOT_KUBECONFIG}"]
+    return [change("join | kubeadm join", f"+ {kind} {join['endpoint']}{after}", *steps,
+                   secret=True, timeout=900 if as_control_plane else 600)]
+
+
+def _wait_ready(address: str) -> str:
+    """Wait (up to CP_READY_WAIT s) for the new API server to answer /readyz on its own address,
+    which it does once its etcd member is healthy."""
+    host = f"[{address}]" if ":" in address else address
+    server = q(f"https://{host}:6443")
+    late = q(f"the API server on {host} did not become ready within {CP_READY_WAIT}s:")
+    return f"""\
+end=$(( $(date +%s) + {CP_READY_WAIT} ))
+until out=$(kubectl --kubeconfig {ADMIN_CONF} --server {server} --request-timeout=5s \
+    get --raw '/readyz?verbose' 2>&1); do
+  if [ "$(date +%s)" -ge "$end" ]; then
+    echo {late} >&2
+    printf '%s\\n' "$out" | grep -v '^\\[+\\]' | tail -n 5 >&2
+    exit 1
+  fi
+  sleep 1
+done
+"""

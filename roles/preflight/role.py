@@ -114,8 +114,10 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
                          "tokens are time-sensitive)", "enable systemd-timesyncd or chrony"))
     joined = ctx.cluster.get("joined", {}).get(ctx.host, False)
     if not joined:
-        ports = CONTROL_PLANE_PORTS if is_cp else WORKER_PORTS
-        busy = sorted(set(ports) & set(sysinfo.listening))
+        ports = set(CONTROL_PLANE_PORTS if is_cp else WORKER_PORTS)
+        if ctx.cluster.get("endpoint_mode") == "local_lb":
+            ports.discard(6443)  # the node's own HAProxy (the endpoint) may already hold it
+        busy = sorted(ports & set(sysinfo.listening))
         if busy:
             errors.append(("ports", f"port(s) {', '.join(map(str, busy))} already in use",
                            "stop what listens there (ss -tlnp) before bootstrapping"))

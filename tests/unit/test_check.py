@@ -63,7 +63,8 @@ def test_every_problem_in_one_run_in_file_order(tmp_path: Path) -> None:
     assert "3 problem(s) in the inventory (listed above)" in text
 
 
-def test_more_than_one_control_plane_is_a_problem_check_names(tmp_path: Path) -> None:
+def test_an_even_number_of_control_planes_is_refused_with_the_quorum_reason(
+        tmp_path: Path) -> None:
     inv = write(tmp_path, """\
         [control_plane]
         cp-01 ansible_host=10.0.0.10
@@ -74,8 +75,52 @@ def test_more_than_one_control_plane_is_a_problem_check_names(tmp_path: Path) ->
         """)
     result, text = run(inv)
     assert result is None
-    assert "2 control planes (cp-01, cp-02); gpuk8s supports one control plane for now" in text
+    assert "2 control planes (cp-01, cp-02): every control plane runs an etcd member" in text
+    assert "a majority (2 of 2)" in text
+    assert "use an odd number of control planes: 1 or 3" in text
     assert "cp-02   root@10.0.0.11:22" in text  # the hosts are still listed
+
+
+def test_three_control_planes_pass_check_with_the_local_load_balancer(tmp_path: Path) -> None:
+    inv = write(tmp_path, """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+        cp-02 ansible_host=10.0.0.11
+        cp-03 ansible_host=10.0.0.12
+
+        [workers]
+        gpu-01 ansible_host=10.0.0.21
+        """)
+    result, text = run(inv)
+    assert result is not None, text
+    assert [result["hosts"][h] for h in ("cp-01", "cp-02", "cp-03")] == ["control plane"] * 3
+
+
+def test_an_endpoint_mode_without_what_it_needs_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    external = write(tmp_path / "a", """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+
+        [all:vars]
+        control_plane_endpoint_mode=external
+        """)
+    result, text = run(external)
+    assert result is None
+    assert "control_plane_endpoint_mode is external but control_plane_endpoint is empty" in text
+    both = write(tmp_path / "b", """\
+        [control_plane]
+        cp-01 ansible_host=10.0.0.10
+
+        [all:vars]
+        control_plane_endpoint_mode=local_lb
+        control_plane_endpoint=lb.lab:6443
+        """)
+    result, text = run(both)
+    assert result is None
+    assert "control_plane_endpoint is 'lb.lab:6443' but control_plane_endpoint_mode is " \
+        "local_lb" in text
 
 
 def test_a_host_in_no_cluster_group_is_shown_as_such(tmp_path: Path) -> None:

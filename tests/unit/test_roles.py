@@ -29,6 +29,7 @@ def plan_all(os_key: str, gpus: int) -> dict[str, Any]:
     vars = default_vars(feature_gates={"DynamicResourceAllocation": True})
     cluster: dict[str, Any] = {
         "endpoint": "10.0.0.10:6443", "advertise_address": "10.0.0.10", "node_name": "cp-01",
+        "endpoint_mode": "direct", "control_planes": [{"host": "cp-01", "address": "10.0.0.10"}],
         "nodes": {"node": {"name": "node", "address": "10.0.0.11", "gpus": gpus,
                            "model": "NVIDIA H100 80GB HBM3"}}}
     facts = fresh_facts(os_key, gpus, "node", vars)
@@ -37,7 +38,7 @@ def plan_all(os_key: str, gpus: int) -> dict[str, Any]:
         for role_name in phase.roles:
             role = load_role(role_name)
             ctx = HostContext("node", role_name, vars, facts, cluster,
-                              ("control_plane",) if phase.hosts != "joiners" else ("workers",))
+                              ("control_plane",) if phase.hosts != "workers" else ("workers",))
             ops = role.plan(ctx)
             out[role_name] = [{"id": op.id, "change": op.symbol, "reason": op.reason,
                                "notify": list(op.notify),
@@ -189,7 +190,7 @@ def _join_plan(existing: set[str]) -> list[Any]:
     join_files = next(f for f in values if isinstance(f, Files) and
                       "/etc/kubernetes/kubelet.conf" in f.args)
     values[join_files] = {p: FileState(p, p in existing) for p in join_files.args}
-    cluster = {"endpoint": "10.0.0.10:6443",
+    cluster = {"endpoint": "10.0.0.10:6443", "control_planes": [],
                "nodes": {"w1": {"name": "w1", "address": "10.0.0.12"}},
                "join": {"endpoint": "10.0.0.10:6443", "token": "abcdef.0123456789abcdef",
                         "ca_hash": "sha256:" + "0" * 64}}
