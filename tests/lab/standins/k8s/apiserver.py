@@ -1411,7 +1411,7 @@ class ApiServer:
             if not self.store.healthy():  # etcd down, or without quorum
                 return 500, (f"[+]ping ok\n[-]etcd failed: reason withheld\n{parts[0]} check "
                              "failed\n"), text
-            if "verbose" in q:
+            if "verbose" in q or "verbose" in u.query.split("&"):  # ?verbose has no value
                 return 200, f"[+]ping ok\n[+]etcd ok\n{parts[0]} check passed\n", text
             return 200, "ok", text
         if parts == ["version"]:
