@@ -47,6 +47,9 @@ class Session:
     unreachable: dict[str, ConnectError] = field(default_factory=dict)
     #: hosts left out of the rest of the run (unreachable, lost, failed) -> the cause
     failed: dict[str, Gpuk8sError] = field(default_factory=dict)
+    #: the control plane that speaks for the cluster when it is not the first (read-only
+    #: commands with the first one unreachable)
+    lead: str | None = None
 
     def close(self) -> None:
         for transport in self.transports.values():
@@ -54,7 +57,7 @@ class Session:
 
     @property
     def first_cp(self) -> str:
-        return self.inventory.control_planes[0].name
+        return self.lead or self.inventory.control_planes[0].name
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
@@ -108,11 +111,13 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
                  command: str, reporter: Reporter | None, redact: Redactor | None = None,
                  opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
                  password_prompt: Callable[[str], str] | None = None,
-                 allow_unreachable: bool = False) -> Session:
+                 allow_unreachable: bool = False, any_control_plane: bool = False) -> Session:
     """Load the inventory, then connect to the hosts in scope plus the first control plane.
 
     An unreachable host fails the run, unless ``allow_unreachable``: then it leaves the scope
-    and is listed in ``session.unreachable`` (the first control plane must always answer)."""
+    and is listed in ``session.unreachable``. The first control plane must always answer,
+    unless ``any_control_plane`` (read-only commands): then the first one that answers speaks
+    for the cluster."""
     inv = load_inventory(inventory, overrides=list(sets))
     if not inv.control_planes:
         raise InventoryError("no control plane in the inventory", path=str(inv.path),
@@ -154,6 +159,9 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     session.transports = transports
     session.runlog.watch(lambda: {h: t.counters for h, t in session.transports.items()})
     session.runlog.mark("connect")
+    if any_control_plane and session.first_cp in errors:
+        live = [h.name for h in inv.control_planes if h.name in transports]
+        session.lead = live[0] if live else None
     if errors and (not allow_unreachable or session.first_cp in errors):
         for t in transports.values():
             t.close()

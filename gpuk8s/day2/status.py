@@ -9,6 +9,7 @@ from typing import Any
 
 from gpuk8s.day2.steps import Opener, gathered_session
 from gpuk8s.errors import Gpuk8sError
+from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
@@ -27,11 +28,13 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
     """One row per host: role, Ready, versions, GPUs, allocatable nvidia.com/gpu and drift
     (how many changes `plan` would make). Unreachable hosts are rows too."""
     session = gathered_session(inventory, None, "status", reporter=reporter, opener=opener,
-                               allow_unreachable=True)
+                               allow_unreachable=True, any_control_plane=True)
     with closing(session):
         cluster = session.facts[session.first_cp][Cluster()]
         drift: dict[str, int] = {}
         for phase in PHASES:
+            if session.lead and phase.hosts == "first_control_plane":
+                continue  # the first control plane's own work: it did not answer
             work = plan_phase(session, phase, phase_hosts(session, phase))
             for planned_host, items in work.items():
                 n = sum(op.changes for rw in items for op in rw.ops)
@@ -56,9 +59,14 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
             pkgs = facts.get(Packages(*KUBE_PACKAGES)) or {}
             nv = facts[Nvidia()]
             gpus = [d for d in facts[PciDevices()] if d.is_gpu]
+            if kube:
+                state = "Ready" if kube.ready else "NotReady"
+            elif cluster.error:  # the API did not answer: the node's state is not known
+                state = "unknown (the API does not answer)"
+            else:
+                state = "not joined"
             rows.append({
-                **row, "node": node["name"],
-                "state": "Ready" if kube and kube.ready else ("NotReady" if kube else "not joined"),
+                **row, "node": node["name"], "state": state,
                 "cordoned": bool(kube and kube.unschedulable),
                 "kubelet": pkgs["kubelet"].version.split("-")[0] if "kubelet" in pkgs else "",
                 "containerd": facts[Containerd()].version,
@@ -68,10 +76,49 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
                 "gpus": len(gpus), "gpu_model": gpus[0].model if gpus else "",
                 "allocatable_gpu": kube.gpu_allocatable if kube else None,
                 "drift": drift.get(name, 0),
+                **_control_plane(facts[ControlPlaneHealth()]),
             })
         session.runlog.write_report(status=rows)
         _print_status(session.reporter, rows, as_json)
+        if not as_json and (line := quorum(rows)):
+            session.reporter.print(line, style="green" if "NO QUORUM" not in line else "red")
         return rows
+
+
+def _control_plane(health: ControlPlaneHealthState) -> dict[str, Any]:
+    if not health.present:
+        return {}
+    return {"control_plane": health.words, "etcd_healthy": health.etcd_healthy,
+            "etcd_members": list(health.members), "api_ready": health.api_ready}
+
+
+def quorum(rows: list[dict[str, Any]]) -> str:
+    """The stacked etcd's quorum in words, from the control planes' rows ("" with none)."""
+    cps = [r for r in rows if r["role"] == "control-plane" and r["state"] != "absent"]
+    seen = [r for r in cps if "etcd_healthy" in r]
+    if not seen and not any(r["state"] == "unreachable" for r in cps):
+        return ""
+    members = max([len(r["etcd_members"]) for r in seen] + [len(cps)])
+    need = members // 2 + 1
+    up = [r["host"] for r in seen if r["etcd_healthy"] is not None]  # its etcd answers
+    healthy = [r["host"] for r in seen if r["etcd_healthy"]]
+    down = ", ".join(f"{r['host']} ({_why(r)})" for r in cps if r["host"] not in healthy)
+    if len(healthy) >= need:
+        return (f"etcd: {len(healthy)} of {members} members healthy (a majority is {need}): "
+                "the cluster accepts writes" + (f"; not healthy: {down}" if down else ""))
+    if len(up) >= need:
+        return (f"etcd: {len(up)} of {members} members are up but not healthy (electing a "
+                f"leader?): {down}. Run status again in a minute.")
+    return (f"etcd has NO QUORUM: {len(up)} of {members} members are up "
+            f"({', '.join(up) or 'none'}) and etcd needs {need} to elect a leader: the API "
+            f"servers refuse writes until {need - len(up)} more control plane(s) are back; "
+            f"not healthy: {down}. Start those hosts: their etcd members rejoin by themselves.")
+
+
+def _why(row: dict[str, Any]) -> str:
+    if row["state"] == "unreachable":
+        return "unreachable"
+    return "etcd unhealthy" if row.get("etcd_healthy") is False else "etcd not answering"
 
 
 def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -82,7 +129,7 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
 
     table = Table(title="cluster status", title_justify="left")
     cols = ("host", "role", "state", "kubelet", "containerd", "driver", "cuda", "gpus",
-            "alloc gpu", "drift")
+            "alloc gpu", "etcd / API", "drift")
     for col in cols:
         table.add_column(col)
     for r in rows:
@@ -94,7 +141,7 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
                       rep.cell(r.get("kubelet", "")), rep.cell(r.get("containerd", "")),
                       rep.cell(r.get("driver", "")), rep.cell(r.get("cuda", "")),
                       rep.cell(gpus), "" if alloc is None else str(alloc),
-                      str(r.get("drift", "")))
+                      rep.cell(r.get("control_plane", "")), str(r.get("drift", "")))
     rep.console.print(table)
 
 

@@ -88,12 +88,13 @@ def uncordon(session: Session, node: str) -> None:
 
 def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
                      sets: Sequence[str] = (), reporter: Reporter | None = None,
-                     opener: Opener = open_transport, allow_unreachable: bool = False
-                     ) -> Session:
+                     opener: Opener = open_transport, allow_unreachable: bool = False,
+                     any_control_plane: bool = False) -> Session:
     """A session on ``limit`` (None: every host) with facts gathered and cluster values set."""
     session = open_session(inventory, limit=limit, sets=sets, command=command,
                                reporter=reporter, opener=opener,
-                               allow_unreachable=allow_unreachable)
+                               allow_unreachable=allow_unreachable,
+                               any_control_plane=any_control_plane)
     gather(session, list(session.transports))
     cluster_values(session)
     return session

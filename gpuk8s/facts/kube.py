@@ -120,17 +120,25 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
     return nodes
 
 
+#: seconds the cluster read may take before it counts as "the API does not answer"
+CLUSTER_WAIT = 15
+
+
 class Cluster(Fact[ClusterState]):
     """Nodes and gpuk8s-managed objects, read with kubectl and admin.conf (the two reads run
     side by side: on a no-op run this fact is most of the control plane's probe)."""
 
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
-k="kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+# kubectl retries a refused or cut connection (discovery included) well past its request
+# timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
+k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+late="the API server did not answer within {CLUSTER_WAIT}s"
 d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
 $k get nodes -o json >"$d/n" 2>"$d/ne" & n=$!
 $k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json >"$d/m" 2>"$d/me" & m=$!
 wait $n; a=$?; wait $m; b=$?
+[ $a -eq 124 ] && echo "$late" >>"$d/ne"; [ $b -eq 124 ] && echo "$late" >>"$d/me"
 [ $a -eq 0 ] || {{ tail -n 3 "$d/ne"; exit 3; }}
 [ $b -eq 0 ] || {{ tail -n 3 "$d/me"; exit 4; }}
 cat "$d/n"; echo '## managed'; cat "$d/m"

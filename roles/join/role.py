@@ -14,6 +14,7 @@ from typing import Any
 from gpuk8s.checks import Rule, check_duration
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
+from gpuk8s.facts.controlplane import ControlPlaneHealth
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, q, write_file
@@ -37,7 +38,8 @@ RULES: dict[str, Rule] = {
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [Files(KUBELET_CONF, *LEFTOVERS)]
+    # a control plane's etcd member and API server (for status; nothing on other nodes)
+    return [Files(KUBELET_CONF, *LEFTOVERS), ControlPlaneHealth()]
 
 
 def plan(ctx: HostContext) -> list[Op]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.controlplane import ControlPlaneHealthState
 from gpuk8s.facts.gather import fact_requests
 from gpuk8s.facts.kube import ClusterState, ContainerdState, GateState
 from gpuk8s.facts.nvidia import NvidiaState, Topology
@@ -70,6 +71,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return ()
     if kind == "RegistryAnswers":
         return {url: (200, "") for url in fact.args}
+    if kind == "ControlPlaneHealth":
+        return ControlPlaneHealthState()
     raise AssertionError(f"no scenario value for fact {kind}")
 
 

@@ -127,3 +127,67 @@ def test_the_first_control_planes_certificates_name_every_control_plane() -> Non
 
     assert cert_sans(cluster()) == ["10.0.0.10", "cp-01", "127.0.0.1", "10.0.0.11",
                                     "10.0.0.12"]
+
+
+# etcd 3.5's own answers (captured from the lab's real etcd-server), and the API server's
+# /readyz?verbose lines
+MEMBERS = ('{"header":{"cluster_id":"2637371641948146374"}, "members":[{"ID":"2192175851495927271",'
+           ' "name":"gpu-02", "peerURLs":["https://10.88.0.13:2380"]}, {"ID":"7039377769585566550",'
+           ' "name":"cp-01", "peerURLs":["https://10.88.0.11:2380"]}, {"ID":"9281363292963324186",'
+           ' "name":"cpu-01", "peerURLs":["https://10.88.0.14:2380"]}]}')
+
+
+def test_a_control_planes_health_is_read_from_etcd_and_readyz() -> None:
+    from gpuk8s.facts.controlplane import ControlPlaneHealth
+
+    fact = ControlPlaneHealth()
+    good = fact.parse("## health\n{\"health\":\"true\",\"reason\":\"\"}\n## members\n"
+                      f"{MEMBERS}\n## readyz\n[+]ping ok\n[+]etcd ok\nreadyz check passed\n", 0)
+    assert (good.etcd_healthy, good.members, good.api_ready) == (
+        True, ("cp-01", "cpu-01", "gpu-02"), True)
+    assert good.words == "etcd ok, API ok"
+    lost = fact.parse("## health\n{\"health\":\"false\",\"reason\":\"RAFT NO LEADER\"}\n"
+                      "## members\n\n## readyz\n[+]ping ok\n[-]etcd failed: reason withheld\n"
+                      "readyz check failed\n", 0)
+    assert lost.words == ("etcd unhealthy: RAFT NO LEADER, API not ready: etcd failed: reason "
+                          "withheld")
+    silent = fact.parse("## health\n\n## members\n\n## readyz\nno answer\n", 0)
+    assert silent.words == "etcd not answering, API not ready: no answer"
+    assert not fact.parse("", 0).present  # not a control plane: nothing to say
+
+
+def row(host: str, state: str = "Ready", healthy: bool | None = True) -> dict[str, Any]:
+    r: dict[str, Any] = {"host": host, "role": "control-plane", "state": state}
+    if state != "unreachable":
+        r.update(etcd_healthy=healthy, etcd_members=["cp-01", "cp-02", "cp-03"])
+    return r
+
+
+def test_quorum_in_words() -> None:
+    from gpuk8s.day2.status import quorum
+
+    assert quorum([row("cp-01"), row("cp-02"), row("cp-03", "unreachable")]) == (
+        "etcd: 2 of 3 members healthy (a majority is 2): the cluster accepts writes; "
+        "not healthy: cp-03 (unreachable)")
+    text = quorum([row("cp-01", healthy=False), row("cp-02", "unreachable"),
+                   row("cp-03", "unreachable")])
+    assert text.startswith("etcd has NO QUORUM: 1 of 3 members are up (cp-01) and etcd needs 2")
+    assert "refuse writes until 1 more control plane(s) are back" in text
+    assert quorum([{"host": "w1", "role": "worker", "state": "Ready"}]) == ""
+
+
+def test_plan_refuses_two_control_planes_before_contacting_any_host(tmp_path: Path) -> None:
+    from gpuk8s import api
+    from gpuk8s.errors import InventoryError
+
+    contacted: list[str] = []
+
+    def opener(spec: Any, redact: Any) -> Any:
+        contacted.append(spec.name)
+        raise AssertionError("no host may be contacted")
+
+    path = inventory(tmp_path, 2).path
+    with pytest.raises(InventoryError, match=r"2 control planes \(cp-01, cp-02\)") as exc:
+        api.plan(path, opener=opener)
+    assert "use an odd number of control planes: 1 or 3" in str(exc.value)
+    assert contacted == []

@@ -1,0 +1,88 @@
+"""A control plane's own health, seen on the node itself: its stacked etcd member (etcd's
+/health and member list, with the health-check client certificate kubeadm makes for exactly
+this) and its API server (/readyz on the node's advertise address). Read-only; nothing is
+printed when the node runs no control plane."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from gpuk8s.facts import Fact
+
+ETCD_MANIFEST = "/etc/kubernetes/manifests/etcd.yaml"
+APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+ETCD_PKI = "/etc/kubernetes/pki/etcd"
+
+
+@dataclass(frozen=True)
+class ControlPlaneHealthState:
+    #: this node runs a stacked etcd member (kubeadm's etcd.yaml exists)
+    present: bool = False
+    #: etcd's own word: True (healthy, has a leader), False (with reason), None (no answer)
+    etcd_healthy: bool | None = None
+    etcd_reason: str = ""
+    #: member names as this member knows them (empty when it did not answer)
+    members: tuple[str, ...] = ()
+    api_ready: bool = False
+    #: the API server's failing checks ("[-]etcd failed: ...") or why it did not answer
+    api_problem: str = ""
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def words(self) -> str:
+        """The member and its API server in a few words ("etcd ok, API ok")."""
+        if not self.present:
+            return ""
+        etcd = ("ok" if self.etcd_healthy else
+                f"unhealthy: {self.etcd_reason or 'no reason given'}"
+                if self.etcd_healthy is False else "not answering")
+        api = "ok" if self.api_ready else f"not ready: {self.api_problem}"
+        return f"etcd {etcd}, API {api}"
+
+
+class ControlPlaneHealth(Fact[ControlPlaneHealthState]):
+    """etcd /health and member list on 127.0.0.1:2379, API server /readyz?verbose."""
+
+    def command(self) -> str:
+        cert = (f"--cacert {ETCD_PKI}/ca.crt --cert {ETCD_PKI}/healthcheck-client.crt "
+                f"--key {ETCD_PKI}/healthcheck-client.key")
+        return f"""[ -f {ETCD_MANIFEST} ] && command -v curl >/dev/null 2>&1 || exit 0
+a=$(grep -o -- '--advertise-address=[^" ]*' {APISERVER_MANIFEST} 2>/dev/null | head -n 1)
+a=${{a#--advertise-address=}}; case "$a" in *:*) a="[$a]";; esac
+echo '## health'; curl -s --max-time 3 {cert} https://127.0.0.1:2379/health; echo
+echo '## members'; curl -s --max-time 3 {cert} -X POST -d '{{}}' \\
+  https://127.0.0.1:2379/v3/cluster/member/list; echo
+echo '## readyz'; [ -n "$a" ] && curl -sk --max-time 3 "https://$a:6443/readyz?verbose" \\
+  || echo "no answer"
+true"""
+
+    def parse(self, output: str, exit_code: int) -> ControlPlaneHealthState:
+        if "## health" not in output:
+            return ControlPlaneHealthState()
+        parts: dict[str, str] = {}
+        for chunk in output.split("## ")[1:]:
+            name, _, body = chunk.partition("\n")
+            parts[name.strip()] = body.strip()
+        healthy: bool | None = None
+        reason = ""
+        try:
+            health = json.loads(parts.get("health", ""))
+            healthy = str(health.get("health")).lower() == "true"
+            reason = str(health.get("reason", ""))
+        except (ValueError, AttributeError):
+            pass
+        members: tuple[str, ...] = ()
+        try:
+            listed = json.loads(parts.get("members", "")).get("members", [])
+            members = tuple(sorted(str(m.get("name") or m.get("ID", "?")) for m in listed))
+        except (ValueError, AttributeError):
+            pass
+        readyz = parts.get("readyz", "")
+        checks = {line[3:].split(" ")[0]: line.startswith("[+]")
+                  for line in readyz.splitlines() if line.startswith(("[+]", "[-]"))}
+        ready = readyz.splitlines()[-1:] in (["readyz check passed"], ["ok"])
+        failed = [line[3:] for line in readyz.splitlines() if line.startswith("[-]")]
+        problem = "" if ready else ", ".join(failed) or (readyz.splitlines() or ["no answer"])[-1]
+        return ControlPlaneHealthState(True, healthy, reason, members, ready, problem[:200],
+                                       checks)
