@@ -315,6 +315,21 @@ class Lab:
         finally:
             flag.unlink(missing_ok=True)
 
+    def power_off(self, *names: str) -> None:
+        """LAB FAULT HOOK: stop nodes as a box losing power would (its disk kept; no clean
+        leave from the cluster, etcd or anything else)."""
+        self._stop_nodes(names)
+
+    def power_on(self, *names: str, timeout: float = 60.0) -> None:
+        """Boot powered-off nodes again from their disks; wait for their sshd."""
+        topo = self.topology()
+        if topo is None:
+            raise LabError("the lab is not up")
+        specs = [topo.node(n) for n in names]
+        for spec in specs:
+            node.start(spec)
+        self.wait_ssh(specs, timeout=timeout)
+
     def _stop_nodes(self, names: Sequence[str], timeout: float = 90.0) -> None:
         pids = [(n, node.signal_stop(n)) for n in names]
         _parallel(lambda np: node.wait_stopped(np[0], np[1], timeout), pids, workers=64)
