@@ -403,8 +403,9 @@ class _Builder(_YamlReader, _IniReader, _VarsReader, _OtherTools):
                 self.notes.append(f"host {name!r}: {w}")
         warnings = self._foreign_variables(
             any(h.vars.get("strict_variables") is True for h in hosts.values()))
+        etcd = tuple(h for h, raw in self.hosts.items() if "etcd" in raw.groups and h in hosts)
         return Inventory(self.path, hosts, groups, tuple(dict.fromkeys(self.notes)),
-                         warnings=tuple(warnings))
+                         warnings=tuple(warnings), etcd_group=etcd)
 
     def _foreign_variables(self, strict: bool) -> list[str]:
         """Variables gpuk8s does not use: one warning per file (ignored), or with

@@ -51,11 +51,9 @@ def cluster_problems(inv: Inventory) -> list[InventoryError]:
         out.append(InventoryError(
             f"{n} control planes ({', '.join(h.name for h in cps)}): every control plane runs "
             f"an etcd member, and etcd accepts writes only while a majority ({n // 2 + 1} of "
-            f"{n}) is up, so {n} control planes survive no more failures than {n - 1} "
-            f"({(n - 1) // 2}) and add one more machine whose loss can stop the cluster",
-            path=str(inv.path),
-            fix=f"use an odd number of control planes: {n - 1} or {n + 1} (the others can be "
-                "workers)"))
+            f"{n}) is up, so {n} control planes survive as many failures as {n - 1} do "
+            f"({(n - 1) // 2}) while adding one more machine that can fail",
+            path=str(inv.path), fix=_odd_fix(inv, n)))
     if cps:
         first = cps[0].vars
         mode, endpoint = first.get("control_plane_endpoint_mode"), \
@@ -72,6 +70,17 @@ def cluster_problems(inv: Inventory) -> list[InventoryError]:
                 path=str(inv.path), fix="remove control_plane_endpoint, or set "
                 "control_plane_endpoint_mode: external to use your load balancer"))
     return out
+
+
+def _odd_fix(inv: Inventory, n: int) -> str:
+    fix = f"use an odd number of control planes: {n - 1} or {n + 1} (the others can be workers)"
+    etcd = inv.etcd_group
+    if len(etcd) % 2 and set(etcd) != {h.name for h in inv.control_planes}:
+        fix += (f". This inventory's etcd group ({', '.join(etcd)}) is where kubespray runs "
+                "etcd apart from its control planes; gpuk8s runs one etcd member on each "
+                f"control plane (kubeadm's stacked etcd): list {', '.join(etcd)} under "
+                "control_plane to keep that etcd cluster's size")
+    return fix
 
 
 def changed_variables(inv: Inventory) -> list[tuple[str, str, str, list[str]]]:

@@ -173,6 +173,9 @@ class Inventory:
     notes: tuple[str, ...] = field(default=(), compare=False)
     #: what every run prints: the variables gpuk8s ignores, one line per file
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    #: the hosts of an ``etcd`` group (kubespray runs etcd there, apart from the control
+    #: planes); unused, but named when the control planes are an even number
+    etcd_group: tuple[str, ...] = field(default=(), compare=False)
 
     def __repr__(self) -> str:
         return f"Inventory({str(self.path)!r}, hosts={list(self.hosts)!r})"

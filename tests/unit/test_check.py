@@ -605,3 +605,30 @@ def test_other_ansible_login_settings_are_refused(tmp_path: Path, line: str,
     inv = write(tmp_path, f"[control_plane]\ncp ansible_host=10.0.0.10 {line}\n")
     result, text = run(inv)
     assert result is None and needle in text, text
+
+
+def test_kubesprays_separate_etcd_group_is_named_in_the_fix(tmp_path: Path) -> None:
+    # kubespray's documented layout: two control planes, etcd on three hosts of its own group
+    inv = write(tmp_path, """\
+        node1 ansible_host=10.0.0.1
+        node2 ansible_host=10.0.0.2
+        node3 ansible_host=10.0.0.3
+
+        [kube_control_plane]
+        node1
+        node2
+
+        [etcd]
+        node1
+        node2
+        node3
+
+        [kube_node]
+        node2
+        node3
+        """)
+    result, text = run(inv)
+    assert result is None
+    assert "survive as many failures as 1 do (0)" in text
+    assert "This inventory's etcd group (node1, node2, node3) is where kubespray runs etcd" in text
+    assert "list node1, node2, node3 under control_plane" in text
