@@ -1435,7 +1435,7 @@ class Kubeadm:
             if text is None:
                 raise Fail(f"error execution phase control-plane: couldn't upgrade control plane: "
                            f"the static Pod manifest {path} is missing")
-                pod = yaml_load_all(text)[0]
+            pod = yaml_load_all(text)[0]
             out(f'[upgrade/staticpods] Preparing for "{comp}" upgrade')
             write(f"{backup}/{comp}.yaml", text, 0o600)
             pod["spec"]["containers"][0]["image"] = f"registry.k8s.io/{comp}:{target}"
