@@ -262,18 +262,27 @@ class Store:
         """Run ``request`` if the key is still at the revision the change was based on (the
         object's resourceVersion, else the newest this server saw; absent: it must not
         exist); raise Conflict if another API server changed it in between."""
-        seen = self.revs.get(ekey)
-        if seen is not None and str(based_on or "").isdigit():
-            seen = int(based_on)
-        compare = {"target": "MOD", "key": _b64(ekey), "mod_revision": str(seen),
-                   "result": "EQUAL"} if seen is not None else \
-            {"target": "CREATE", "key": _b64(ekey), "create_revision": "0", "result": "EQUAL"}
-        out = self.etcd.call("/v3/kv/txn", {"compare": [compare], "success": [request]})
-        if not out.get("succeeded"):
-            raise Conflict(f"{ekey} was changed by another API server")
-        rev = int(out["header"]["revision"])
-        self._caught_up(rev)
-        return rev
+        conditional = str(based_on or "").isdigit()
+        seen = int(based_on) if conditional and ekey in self.revs else self.revs.get(ekey)
+        for _ in range(5):
+            compare = {"target": "MOD", "key": _b64(ekey), "mod_revision": str(seen),
+                       "result": "EQUAL"} if seen is not None else \
+                {"target": "CREATE", "key": _b64(ekey), "create_revision": "0",
+                 "result": "EQUAL"}
+            out = self.etcd.call("/v3/kv/txn", {
+                "compare": [compare], "success": [request],
+                "failure": [{"request_range": {"key": _b64(ekey)}}]})
+            if out.get("succeeded"):
+                rev = int(out["header"]["revision"])
+                self._caught_up(rev)
+                return rev
+            if conditional:  # the client's resourceVersion is stale: its conflict
+                break
+            # no precondition from the client: like the real API server's GuaranteedUpdate,
+            # try again against the key's revision in etcd (this server's cache lagged behind)
+            kvs = ((out.get("responses") or [{}])[0].get("response_range") or {}).get("kvs")
+            seen = int(kvs[0]["mod_revision"]) if kvs else None
+        raise Conflict(f"{ekey} was changed by another API server")
 
     def put(self, key: Key, obj: Obj) -> Obj:
         md = obj["metadata"]
