@@ -1,7 +1,8 @@
 """Kubernetes patch upgrades with kubeadm (``invoke upgrade --kubernetes 1.36.2``).
 
-The order is the one kubeadm documents: the control plane first (kubeadm package, ``kubeadm
-upgrade apply``, drain, kubelet and kubectl packages, kubelet restart, uncordon), then the
+The order is the one kubeadm documents: the first control plane (kubeadm package, ``kubeadm
+upgrade apply``, drain, kubelet and kubectl packages, kubelet restart, uncordon), the other
+control planes one at a time (``kubeadm upgrade node`` upgrades their static pods), then the
 workers ``serial`` at a time (kubeadm package, ``kubeadm upgrade node``, drain, kubelet and
 kubectl, restart, uncordon). Every node is verified before the next one starts: Ready, its
 kubelet reporting the new version, and on GPU nodes allocatable nvidia.com/gpu back at the GPU
@@ -139,7 +140,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         wanted = set(session.scope)
         nodes = session.facts[cp][Cluster()].nodes
         todo: list[str] = []
-        rep.phase(f"upgrade Kubernetes to v{target}: the control plane, then {serial} "
+        rep.phase(f"upgrade Kubernetes to v{target}: the control planes, then {serial} "
                   "worker(s) at a time")
         for h in dict.fromkeys([cp, *session.scope]):
             name = session.cluster["nodes"][h]["name"]
@@ -155,7 +156,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
             if behind and h in wanted:
                 todo.append(h)
             mark = "+" if h in todo else ("-" if behind else "=")
-            role = "control plane" if h == cp else "worker"
+            role = "control plane" if session.host(h).is_control_plane else "worker"
             extra = "" if h in todo or not behind else " (left out by --limit)"
             rep.print(f"  {mark} {h} ({role}): {running} -> v{target}{extra}")
         if cp not in todo and server != f"v{target}":
@@ -168,8 +169,11 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
         ask_confirmation(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes,
                          confirm)
 
-        batches = ([[cp]] if cp in todo else []) + chunks([h for h in todo if h != cp],
-                                                           serial)
+        # the first control plane (upgrade apply), the others one at a time (upgrade node:
+        # each restarts its API server while the rest serve the endpoint), then the workers
+        others = [h for h in todo if h != cp and session.host(h).is_control_plane]
+        batches = ([[cp]] if cp in todo else []) + [[h] for h in others] + chunks(
+            [h for h in todo if h != cp and h not in others], serial)
 
         def one_batch(batch: Sequence[str]) -> Reporter:
             _upgrade_batch(session, batch, target, cp, drain_timeout, verify_timeout)
@@ -210,7 +214,9 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
                  + "systemctl daemon-reload\nsystemctl restart kubelet\n",
                  f"{h}: kubelet {target}", timeout=1800)
     for h in batch:
-        gpus = int(session.cluster["nodes"][h]["gpus"] or 0)
+        node = session.cluster["nodes"][h]
+        # a tainted control plane's GPUs are not offered (no device plugin there)
+        gpus = int(node["gpus"] or 0) if node.get("schedulable", True) else 0
         _wait_node(session, names[h], target, gpus, verify_timeout)
         uncordon(session, names[h])
         rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus

@@ -1,4 +1,4 @@
-"""Reprovision one worker, add or remove one, reset the whole cluster."""
+"""Reprovision one worker or control plane, add or remove one, reset the whole cluster."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s import api
+from gpuk8s.day2.control_planes import remove_control_plane
 from gpuk8s.day2.steps import (
     CLEANUP,
     Opener,
@@ -41,6 +42,8 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                 confirm: Callable[[str], bool] | None = None,
                 opener: Opener = open_transport) -> dict[str, Any]:
     """Drain, delete, reset and rejoin one worker; only it and the control plane are contacted.
+    A control plane (not the first) leaves the cluster and etcd as remove-node does, then joins
+    again as add-node does; only the control planes are contacted.
 
     Args:
         inventory: the inventory the cluster was bootstrapped with.
@@ -54,7 +57,15 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         confirm: asks the user (tests).
         opener: transports (tests).
     """
-    check_one_host(inventory, host)
+    if check_one_host(inventory, host):  # a control plane: leave etcd, then join again
+        if reinstall_driver or full:
+            raise Gpuk8sError("--reinstall-driver and --full are for workers; a control plane "
+                              "is reprovisioned by leaving the cluster and joining again")
+        removed = remove_control_plane(inventory, host, drain_timeout=drain_timeout, yes=yes,
+                                       reporter=reporter, confirm=confirm, opener=opener)
+        result = api.bootstrap(inventory, limit=host, yes=True, sets=sets, reporter=reporter,
+                               opener=opener)
+        return {**result, "removed": removed}
     session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
                                opener=opener)
     with closing(session):
@@ -125,8 +136,11 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
                 confirm: Callable[[str], bool] | None = None,
                 opener: Opener = open_transport) -> dict[str, Any]:
     """Drain and delete a worker's Node object, then reset the box. A dead box (unreachable)
-    only loses its Node object, with a note."""
-    check_one_host(inventory, host)
+    only loses its Node object, with a note. A control plane leaves etcd too (see
+    gpuk8s.day2.control_planes), only if etcd keeps its quorum."""
+    if check_one_host(inventory, host):
+        return remove_control_plane(inventory, host, drain_timeout=drain_timeout, yes=yes,
+                                    reporter=reporter, confirm=confirm, opener=opener)
     session = gathered_session(inventory, host, "remove-node", reporter=reporter, opener=opener,
                                allow_unreachable=True)
     with closing(session):
@@ -176,15 +190,19 @@ def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None
             rep.print(f"  ! {host} unreachable, skipped: {err}", style="magenta")
         ask_confirmation(f"this destroys the cluster; type the control plane's name ({cp}) to "
                          "go on: ", yes, confirm, expected=cp)
-        workers = [h for h in session.scope if h != cp]
+        cps = [h.name for h in session.inventory.control_planes if h.name in session.scope]
+        workers = [h for h in session.scope if h not in cps]
         results = in_parallel(workers, lambda h: run_step(session, h, CLEANUP, "reset"))
         failed = {h: HostResult(h, error=e if isinstance(e, Gpuk8sError) else
                                 Gpuk8sError(f"{h}: {e!r}"))
                   for h, e in results.items() if isinstance(e, Exception)}
-        try:
-            run_step(session, cp, CLEANUP, "reset")
-        except Gpuk8sError as exc:
-            failed[cp] = HostResult(cp, error=exc)
+        # control planes one at a time, the first last: each kubeadm reset takes its etcd
+        # member out of a cluster that still has a quorum
+        for host in [h for h in cps if h != cp] + [cp]:
+            try:
+                run_step(session, host, CLEANUP, "reset")
+            except Gpuk8sError as exc:
+                failed[host] = HostResult(host, error=exc)
         artifacts = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
         artifacts.unlink(missing_ok=True)
         session.runlog.write_report(reset=sorted(session.scope))

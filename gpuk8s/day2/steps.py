@@ -100,16 +100,22 @@ def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
     return session
 
 
-def check_one_host(inventory: str | Path, host: str) -> None:
+def check_one_host(inventory: str | Path, host: str) -> bool:
+    """Whether ``host`` is a control plane (not the first); refuse unknown hosts and the first
+    control plane, which speaks for the cluster."""
     from gpuk8s.inventory import load_inventory
 
     inv = load_inventory(inventory)
     if host not in inv.hosts:
         raise InventoryError(f"unknown host {host!r}", path=str(inv.path),
                              fix=f"known hosts: {', '.join(inv.hosts)}")
-    if inv.hosts[host].is_control_plane:
-        raise InventoryError(f"{host} is the control plane; this command works on workers",
-                             path=str(inv.path), fix="use `invoke reset` for the whole cluster")
+    if host == inv.control_planes[0].name:
+        raise InventoryError(
+            f"{host} is the first control plane (the one that ran kubeadm init and speaks for "
+            "the cluster); this command works on workers and the other control planes",
+            path=str(inv.path), fix="use `invoke reset` for the whole cluster, or list another "
+            f"control plane first under control_plane and bootstrap before touching {host}")
+    return inv.hosts[host].is_control_plane
 
 
 def ask_confirmation(question: str, yes: bool, confirm: Callable[[str], bool] | None,
