@@ -7,14 +7,17 @@ worker. etcd is the REAL etcd 3.5 (one member per control plane, started by the 
 stand-in from the etcd.yaml kubeadm writes) and etcdctl the real client; HAProxy is Debian's.
 Nodes are powered off as a box losing power would be (no clean leave), then on again.
 
-The tests run in order on one bootstrap from the "fresh" snapshot; every node is powered on
-again before the module ends (the next module restores its own snapshot).
+The tests run in order on one bootstrap (at Kubernetes 1.36.1, upgraded to 1.36.2 last) from the
+"fresh" snapshot; every node is powered on again before the module ends (the next module
+restores its own snapshot).
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -36,6 +39,7 @@ CONTROL_PLANES = ("cp-01", "cpu-01", "gpu-02")
 WORKER = "gpu-01"
 ADDRESS = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
            "cpu-01": "10.88.0.14"}
+OLD, NEW = "1.36.1", "1.36.2"
 ADMIN = "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=10s"
 ETCDCTL = ("/usr/lib/gpuk8s-lab/etcd/etcdctl --endpoints https://127.0.0.1:2379 "
            "--cacert /etc/kubernetes/pki/etcd/ca.crt "
@@ -51,6 +55,7 @@ def inventory(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
     hosts = {**groups["control_plane"]["hosts"], **groups["workers"]["hosts"]}
     groups["control_plane"]["hosts"] = {h: hosts[h] for h in CONTROL_PLANES}
     groups["workers"]["hosts"] = {WORKER: hosts[WORKER]}
+    inv["all"]["vars"]["kubernetes_package_version"] = f"{OLD}-1.1"  # upgraded at the end
     path = tmp_path_factory.mktemp("ha") / "inventory.yaml"
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
     return path
@@ -214,3 +219,77 @@ def test_two_down_no_quorum_writes_refused_and_status_says_so(cluster: Lab, inve
     took = wait_for("quorum back", lambda: cluster.ssh(
         "gpu-02", f"{ADMIN} create configmap ha-quorum-back --from-literal=a=b")[0] == 0)
     print(f"writes accepted again {took:.1f}s after power on")
+    wait_for("all 3 members healthy again", lambda: healthy_endpoints(
+        cluster, "gpu-02") == {f"https://{ADDRESS[n]}:2379": True for n in CONTROL_PLANES})
+
+
+def test_remove_then_add_a_control_plane_touches_only_the_control_planes(
+        cluster: Lab, inventory: Path) -> None:
+    removed = day2.remove_node(inventory, "gpu-02", yes=True)
+    assert removed["etcd_members"] == ["cp-01", "cpu-01"]
+    assert set(removed["contacted"]) <= set(CONTROL_PLANES), removed["contacted"]
+    assert sorted(m["name"] for m in members(cluster, "cpu-01")) == ["cp-01", "cpu-01"]
+    _, out, _ = cluster.ssh("gpu-02", "ls /etc/kubernetes/manifests /var/lib/etcd")
+    assert out.split() == ["/etc/kubernetes/manifests:", "/var/lib/etcd:"], out  # reset
+    added = day2.add_node(inventory, "gpu-02", yes=True)
+    assert set(added["totals"]) <= set(CONTROL_PLANES), added["totals"]
+    assert sorted(m["name"] for m in members(cluster, "cp-01")) == sorted(CONTROL_PLANES)
+    assert healthy_endpoints(cluster, "gpu-02") == {
+        f"https://{ADDRESS[n]}:2379": True for n in CONTROL_PLANES}
+
+
+def test_removing_a_control_plane_below_quorum_is_refused(cluster: Lab, inventory: Path
+                                                          ) -> None:
+    cluster.power_off("cpu-01")
+    try:
+        with pytest.raises(Exception, match=r"removing gpu-02 would leave 1 healthy etcd "
+                           r"member\(s\) of 2, and etcd needs 2"):
+            day2.remove_node(inventory, "gpu-02", yes=True)
+    finally:
+        cluster.power_on("cpu-01")
+    assert len(members(cluster, "cp-01")) == 3  # nothing was removed
+    wait_for("cpu-01's member healthy again", lambda: all(
+        healthy_endpoints(cluster, "cp-01").values()))
+
+
+#: on the worker, through its own HAProxy: its own Node object with the kubelet's client
+#: certificate (an authenticated read that goes to etcd), every 0.25 s
+POLLER = (f"while :; do t=$(date +%s.%N); if curl -s -o /dev/null --max-time 2 -w '%{{http_code}}' "
+          "--cacert /etc/kubernetes/pki/ca.crt "
+          "--cert /var/lib/kubelet/pki/kubelet-client-current.pem "
+          "--key /var/lib/kubelet/pki/kubelet-client-current.pem "
+          f"https://127.0.0.1:6443/api/v1/nodes/{WORKER} | grep -q 200; then echo \"$t ok\"; "
+          "else echo \"$t fail\"; fi; sleep 0.25; done")
+
+
+def test_upgrade_moves_every_control_plane_with_the_api_answering_throughout(
+        cluster: Lab, inventory: Path) -> None:
+    data = yaml.safe_load(inventory.read_text())
+    data["all"]["vars"]["kubernetes_package_version"] = ""
+    unpinned = inventory.with_name("unpinned.yaml")
+    unpinned.write_text(yaml.safe_dump(data, sort_keys=False))
+    ssh_ok(cluster, WORKER, f"nohup sh -c {shlex.quote(POLLER)} >/tmp/poll.log 2>&1 & "
+           "echo $! >/tmp/poll.pid")
+    try:
+        t0 = time.monotonic()
+        result = day2.upgrade(unpinned, kubernetes=NEW, yes=True)
+        took = time.monotonic() - t0
+    finally:
+        ssh_ok(cluster, WORKER, "kill $(cat /tmp/poll.pid)")
+    assert result["upgraded"][:3] == list(CONTROL_PLANES), result  # control planes first
+    samples = [line.split() for line in ssh_ok(cluster, WORKER, "cat /tmp/poll.log").splitlines()
+               if line.endswith((" ok", " fail"))]
+    oks = [float(t) for t, state in samples if state == "ok"]
+    assert len(samples) > 40, samples
+    gaps = [b - a for a, b in itertools.pairwise(oks)]
+    worst = max(gaps)
+    fails = sum(1 for _, state in samples if state == "fail")
+    print(f"upgrade of 4 nodes: {took:.1f}s; {len(samples)} API reads from {WORKER}, "
+          f"{fails} failed, longest gap between answers {worst:.2f}s")
+    assert worst < 5.0, f"the API did not answer for {worst:.1f}s during the upgrade"
+    nodes = json.loads(ssh_ok(cluster, "cp-01", f"{ADMIN} get nodes -o json"))["items"]
+    assert {n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {f"v{NEW}"}
+    for node in CONTROL_PLANES:
+        image = ssh_ok(cluster, node, "grep -h 'image:' "
+                       "/etc/kubernetes/manifests/kube-apiserver.yaml").split()[-1]
+        assert image == f"registry.k8s.io/kube-apiserver:v{NEW}", (node, image)
