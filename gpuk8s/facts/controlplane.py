@@ -86,3 +86,26 @@ true"""
         problem = "" if ready else ", ".join(failed) or (readyz.splitlines() or ["no answer"])[-1]
         return ControlPlaneHealthState(True, healthy, reason, members, ready, problem[:200],
                                        checks)
+
+
+class Reaches(Fact[dict[str, str]]):
+    """Whether this node resolves and reaches each ``host:port`` over TCP (3 s each):
+    "host:port" -> "ok", "unresolved" (a name DNS and /etc/hosts do not know) or "no answer"."""
+
+    def command(self) -> str:
+        from gpuk8s.sinks import shell
+
+        lines = []
+        for target in self.args:
+            host, _, port = target.rpartition(":")
+            host = host.strip("[]")
+            lines.append(
+                f"h={shell(host)}; p={shell(port)}; "
+                'if ! getent ahosts "$h" >/dev/null 2>&1; then echo "R unresolved"; '
+                "elif timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1' \"$h\" \"$p\" 2>/dev/null; "
+                'then echo "R ok"; else echo "R no answer"; fi')
+        return "\n".join(lines) or "true"
+
+    def parse(self, output: str, exit_code: int) -> dict[str, str]:
+        said = [line[2:] for line in output.splitlines() if line.startswith("R ")]
+        return {t: (said[i] if i < len(said) else "no answer") for i, t in enumerate(self.args)}

@@ -72,10 +72,26 @@ def plan(ctx: HostContext) -> list[Op]:
              f"rc=0; kubeadm join --config {JOIN_CONFIG} || rc=$?; rm -f {JOIN_CONFIG}; "
              "exit $rc"]
     if as_control_plane:
+        steps.insert(len(reset), _ports_of(ctx.cluster["control_planes"][0]["address"]))
         steps += [_wait_ready(node["address"]),
                   f"install -D -m 0600 {ADMIN_CONF} {ROOT_KUBECONFIG}"]
     return [change("join | kubeadm join", f"+ {kind} {join['endpoint']}{after}", *steps,
                    secret=True, timeout=900 if as_control_plane else 600)]
+
+
+#: what a joining control plane must reach on the first one: etcd's client and peer ports and
+#: the API server
+CONTROL_PLANE_PORTS = (2379, 2380, 6443)
+
+
+def _ports_of(address: str) -> str:
+    """Fail early, in words, when a firewall keeps the control planes apart."""
+    host = q(address)
+    ports = " ".join(map(str, CONTROL_PLANE_PORTS))
+    return (f"for p in {ports}; do timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1' {host} \"$p\" "
+            f"2>/dev/null || {{ echo \"this node cannot reach \"{host}\":$p (etcd client 2379, "
+            "etcd peer 2380, API server 6443): open TCP 2379-2380 and 6443 between the control "
+            "planes\" >&2; exit 1; }; done")
 
 
 def _wait_ready(address: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuk8s.checks import Rule, check_str_list
 from gpuk8s.facts import Fact
+from gpuk8s.facts.controlplane import Reaches
 from gpuk8s.facts.kube import Containerd, RegistryAnswers
 from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
 from gpuk8s.ops import Op
@@ -41,7 +42,35 @@ def _mirror_urls(vars: Mapping[str, Any]) -> dict[str, list[str]]:
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"), Containerd(),
-            RegistryAnswers(*_mirror_urls(vars))]
+            RegistryAnswers(*_mirror_urls(vars)), *_endpoint_facts(vars)]
+
+
+def _endpoint_facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    """The admin's own endpoint (control_plane_endpoint), checked from every node."""
+    endpoint = vars.get("control_plane_endpoint")
+    if not endpoint or vars.get("control_plane_endpoint_mode") == "local_lb":
+        return []
+    return [Reaches(str(endpoint))]
+
+
+def _endpoint_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+    """control_plane_endpoint must resolve on every node; a load balancer that does not answer
+    yet is only a warning (its backends are the control planes this run builds)."""
+    facts = _endpoint_facts(ctx.vars)
+    if not facts:
+        return [], []
+    endpoint = str(ctx.var("control_plane_endpoint"))
+    state = ctx.facts[facts[0]].get(endpoint, "no answer")
+    host = endpoint.rpartition(":")[0].strip("[]")
+    if state == "unresolved":
+        return [("endpoint", f"control_plane_endpoint {endpoint}: {host!r} does not resolve on "
+                 "this node", f"add {host} to DNS or to /etc/hosts on every node, or give its "
+                 "address")], []
+    if state != "ok" and not ctx.cluster.get("joined", {}).get(ctx.host):
+        return [], [("endpoint", f"control_plane_endpoint {endpoint} does not answer on TCP "
+                     "yet", "fine if your load balancer's backends are the control planes "
+                     "this run builds; otherwise check it forwards TCP 6443")]
+    return [], []
 
 
 def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
@@ -141,9 +170,9 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
-    mirror_errors, mirror_warnings = _mirror_problems(ctx)
-    errors += mirror_errors
-    warnings += mirror_warnings
+    for more_errors, more_warnings in (_mirror_problems(ctx), _endpoint_problems(ctx)):
+        errors += more_errors
+        warnings += more_warnings
     ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
     warnings += [p for p in errors if p[0] in ignore]
     errors = [p for p in errors if p[0] not in ignore]

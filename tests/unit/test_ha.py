@@ -191,3 +191,32 @@ def test_plan_refuses_two_control_planes_before_contacting_any_host(tmp_path: Pa
         api.plan(path, opener=opener)
     assert "use an odd number of control planes: 1 or 3" in str(exc.value)
     assert contacted == []
+
+
+def test_a_joining_control_plane_checks_the_first_ones_ports_before_kubeadm_join() -> None:
+    [op] = plan("join", "cp-02")
+    check = next(i for i, c in enumerate(op.commands) if "/dev/tcp" in c)
+    join = next(i for i, c in enumerate(op.commands) if "kubeadm join --config" in c)
+    assert check < join
+    assert "for p in 2379 2380 6443" in op.commands[check] and "10.0.0.10" in op.commands[check]
+
+
+def test_an_external_endpoint_must_resolve_on_every_node() -> None:
+    from gpuk8s.facts.controlplane import Reaches
+    from roles.preflight.role import _endpoint_problems
+
+    fact = Reaches("lb.lab:6443")
+    assert "getent ahosts" in fact.command() and "'lb.lab'" not in fact.command()
+    assert fact.parse("R unresolved\n", 0) == {"lb.lab:6443": "unresolved"}
+    v = default_vars(control_plane_endpoint="lb.lab:6443")
+    facts = dict(fresh_facts("ubuntu2404", 0, "w1", v).items())
+    for state, errors, warnings in (("unresolved", 1, 0), ("no answer", 0, 1), ("ok", 0, 0)):
+        facts[fact] = {"lb.lab:6443": state}
+        ctx = HostContext("w1", "preflight", v, HostFacts("w1", facts), {"joined": {}})
+        got = _endpoint_problems(ctx)
+        assert (len(got[0]), len(got[1])) == (errors, warnings), (state, got)
+    assert "'lb.lab' does not resolve on this node" in str(_endpoint_problems(HostContext(
+        "w1", "preflight", v, HostFacts("w1", {**facts, fact: {"lb.lab:6443": "unresolved"}}),
+        {}))[0])
+    hostile = Reaches("a;rm -rf /:6443").command()
+    assert "h='a;rm -rf /'" in hostile  # one shell word
