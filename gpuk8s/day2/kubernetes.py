@@ -36,11 +36,15 @@ from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import DEFAULT_APT, RESOLVE_HELPERS, Apt
-from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBECTL
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBEADM_PATCHES, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session
 from gpuk8s.sinks import node_arg, shell
 from gpuk8s.transport import open_transport
+
+#: kubeadm regenerates the static pod manifests on upgrade: this node's patches (the API
+#: server's bind address beside the local load balancer) must be given again, or they are lost
+WITH_PATCHES = f'p=""; if [ -d {KUBEADM_PATCHES} ]; then p="--patches {KUBEADM_PATCHES}"; fi; '
 
 
 def parse_target(version: str) -> str:
@@ -196,7 +200,7 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
                  f"{h}: kubeadm {target}", timeout=1800)
         if h == cp:
             rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
-            run_step(session, h, f"kubeadm upgrade apply v{target} --yes",
+            run_step(session, h, f"{WITH_PATCHES}kubeadm upgrade apply v{target} --yes $p",
                      f"kubeadm upgrade apply v{target}", timeout=900)
             # keep gpuk8s's copy of the kubeadm config in step with the cluster
             cfg = KUBEADM_CONFIG
@@ -204,7 +208,8 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
                      f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
         else:
             rep.print(f"  [{h}] kubeadm upgrade node")
-            run_step(session, h, "kubeadm upgrade node", "kubeadm upgrade node", timeout=900)
+            run_step(session, h, f"{WITH_PATCHES}kubeadm upgrade node $p",
+                     "kubeadm upgrade node", timeout=900)
     for h in batch:
         drain(session, names[h], drain_timeout)
     for h in batch:
