@@ -28,6 +28,7 @@ from tests.lab import debs, repos
 ASSUMED_INSTALLED = {
     "python3": "3.11.2-1+b1",
     "python3-yaml": "6.0-3+b2",
+    "python3-cryptography": "38.0.4-3+deb12u1",  # the lab kubeadm (kubeadm-certs, AES-GCM)
     "openssl": "3.0.17-1~deb12u2",
     "libc6": "2.36-9+deb12u10",
     "libseccomp2": "2.5.4-1+deb12u1",
