@@ -1715,7 +1715,16 @@ class ApiServer:
                 merge.track_update(old, obj, mgr, sch, res.api_version, sub)
                 return 200, self.update(res, obj, status_only=(sub == "status"), dry=dry), js
             if method == "PATCH":
-                return 200, self.patch(res, ns, name, sub, q, body, h, mgr, dry), js
+                # a patch without a resourceVersion is applied again to the newest object when
+                # another API server wrote it first (the real GuaranteedUpdate); this server's
+                # cache catches up through its etcd watch
+                for attempt in range(10):
+                    try:
+                        return 200, self.patch(res, ns, name, sub, q, body, h, mgr, dry), js
+                    except Conflict:
+                        if attempt == 9 or b'"resourceVersion"' in body:
+                            raise
+                        time.sleep(0.2)
             if method == "DELETE":
                 if not name:
                     gone = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
