@@ -293,3 +293,15 @@ def test_upgrade_moves_every_control_plane_with_the_api_answering_throughout(
         image = ssh_ok(cluster, node, "grep -h 'image:' "
                        "/etc/kubernetes/manifests/kube-apiserver.yaml").split()[-1]
         assert image == f"registry.k8s.io/kube-apiserver:v{NEW}", (node, image)
+
+
+def test_reset_takes_every_control_plane_and_its_member_down(cluster: Lab, inventory: Path
+                                                             ) -> None:
+    """Last in the module: the cluster is gone afterwards."""
+    out = io.StringIO()
+    result = day2.reset(inventory, yes=True, reporter=Reporter(out))
+    assert sorted(result["reset"]) == sorted(ADDRESS), out.getvalue()
+    for node in CONTROL_PLANES:
+        left = ssh_ok(cluster, node, "ls -A /etc/kubernetes/manifests /var/lib/etcd; "
+                      "ss -Hltn '( sport = :2379 or sport = :2380 )'")
+        assert left.split() == ["/etc/kubernetes/manifests:", "/var/lib/etcd:"], (node, left)
