@@ -3,9 +3,9 @@ or --patches), lab stand-in.
 
 Files are named ``target[suffix][+patchtype].(json|yaml)`` and applied in name order to the
 manifest of ``target`` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler). The
-stand-in implements the "json" (RFC 6902: add, replace, remove) and "merge" (RFC 7386) patch
-types; "strategic", kubeadm's default, is refused with a message saying so, rather than
-half-applied.
+stand-in implements the "json" (RFC 6902) and "merge" (RFC 7386) patch
+types (with the API server stand-in's own code for them); "strategic", kubeadm's default, is
+refused with a message saying so, rather than half-applied.
 """
 
 from __future__ import annotations
@@ -13,63 +13,21 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
 
+from . import merge
 from .common import P, yaml_dump, yaml_load_all
 
 
 class PatchError(Exception):
     """A patch file kubeadm would refuse (the message is kubeadm's error text)."""
 
+
+
 _NAME = re.compile(r"^(etcd|kube-apiserver|kube-controller-manager|kube-scheduler|"
                    r"kubeletconfiguration|corednsdeployment)[^+.]*(?:\+(strategic|merge|json))?"
                    r"\.(json|yaml|yml)$")
 _TYPES = {"json": "application/json-patch+json", "merge": "application/merge-patch+json",
           "strategic": "application/strategic-merge-patch+json"}
-
-
-def _pointer(doc: Any, path: str) -> tuple[Any, str]:
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
-    if not parts:
-        raise PatchError(f"json patch path {path!r} is empty")
-    for part in parts[:-1]:
-        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
-    return doc, parts[-1]
-
-
-def _json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
-    for op in ops:
-        parent, key = _pointer(doc, op["path"])
-        kind = op.get("op")
-        if isinstance(parent, list):
-            index = len(parent) if key == "-" else int(key)
-            if kind == "add":
-                parent.insert(index, op["value"])
-            elif kind == "replace":
-                parent[index] = op["value"]
-            elif kind == "remove":
-                del parent[index]
-            else:
-                raise PatchError(f"json patch op {kind!r} is not implemented by the lab stand-in")
-        elif kind in ("add", "replace"):
-            parent[key] = op["value"]
-        elif kind == "remove":
-            del parent[key]
-        else:
-            raise PatchError(f"json patch op {kind!r} is not implemented by the lab stand-in")
-    return doc
-
-
-def _merge(doc: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return patch
-    doc = dict(doc) if isinstance(doc, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            doc.pop(k, None)
-        else:
-            doc[k] = _merge(doc.get(k), v)
-    return doc
 
 
 def apply(directory: str | None, target: str, text: str) -> tuple[str, list[str]]:
@@ -95,6 +53,9 @@ def apply(directory: str | None, target: str, text: str) -> tuple[str, list[str]
             raise PatchError(f"patch {directory}/{name}: strategic merge patches are not "
                              "implemented by the lab stand-in kubeadm; use +json or +merge")
         patch = json.loads(body) if m[3] == "json" else yaml_load_all(body)[0]
-        doc = _json_patch(doc, patch) if kind == "json" else _merge(doc, patch)
+        try:  # the API server's own RFC 6902 / RFC 7386 code
+            doc = merge.json_patch(doc, patch) if kind == "json" else merge.json_merge(doc, patch)
+        except merge.PatchError as e:
+            raise PatchError(f"patch {directory}/{name}: {e.message}") from e
         said.append(f'[patches] Applied patch of type "{_TYPES[kind]}" to target "{target}"')
     return (yaml_dump(doc) if said else text), said
