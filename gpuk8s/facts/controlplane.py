@@ -13,6 +13,8 @@ from gpuk8s.facts import Fact
 ETCD_MANIFEST = "/etc/kubernetes/manifests/etcd.yaml"
 APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 ETCD_PKI = "/etc/kubernetes/pki/etcd"
+#: ``TCP_OPEN HOST PORT`` exits 0 when HOST:PORT accepts a TCP connection within 3 s
+TCP_OPEN = "timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1'"
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Reaches(Fact[dict[str, str]]):
             lines.append(
                 f"h={shell(host)}; p={shell(port)}; "
                 'if ! getent ahosts "$h" >/dev/null 2>&1; then echo "R unresolved"; '
-                "elif timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1' \"$h\" \"$p\" 2>/dev/null; "
+                f'elif {TCP_OPEN} "$h" "$p" 2>/dev/null; '
                 'then echo "R ok"; else echo "R no answer"; fi')
         return "\n".join(lines) or "true"
 

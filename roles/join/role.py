@@ -14,7 +14,7 @@ from typing import Any
 from gpuk8s.checks import Rule, check_duration
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
-from gpuk8s.facts.controlplane import ControlPlaneHealth
+from gpuk8s.facts.controlplane import TCP_OPEN, ControlPlaneHealth
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, q, write_file
@@ -88,7 +88,7 @@ def _ports_of(address: str) -> str:
     """Fail early, in words, when a firewall keeps the control planes apart."""
     host = q(address)
     ports = " ".join(map(str, CONTROL_PLANE_PORTS))
-    return (f"for p in {ports}; do timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1' {host} \"$p\" "
+    return (f"for p in {ports}; do {TCP_OPEN} {host} \"$p\" "
             f"2>/dev/null || {{ echo \"this node cannot reach \"{host}\":$p (etcd client 2379, "
             "etcd peer 2380, API server 6443): open TCP 2379-2380 and 6443 between the control "
             "planes\" >&2; exit 1; }; done")
