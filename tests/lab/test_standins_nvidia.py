@@ -20,9 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.lab import debs
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/nvidia")
+#: real captures from H200 hosts, kept in the repository
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
 DUAL = FIXTURES / "2xh200-ubuntu2404"
 SINGLE = FIXTURES / "h200-ubuntu2404"
 NEW, OLD = "580.159.04-1", "580.105.08-1"

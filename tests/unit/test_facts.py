@@ -1,4 +1,5 @@
-"""Fact parsers against real command outputs (shared fixtures from real H200 hosts)."""
+"""Fact parsers against real command outputs (captures from real H200 hosts, in
+tests/fixtures/nvidia/)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from gpuk8s.facts.kube import Containerd, parse_config_dump
 from gpuk8s.facts.nvidia import Nvidia, parse_proc_version, parse_query_csv
 from gpuk8s.facts.system import Files, OsRelease, Packages, PciDevices, System
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia"
-if not SHARED.exists():  # CI clones main beside a copy of shared/
-    SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "nvidia"
+#: real captures, kept in the repository (tests/fixtures/nvidia/README.md says where from)
+SHARED = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
 
 
 def fixture(name: str) -> str:
     path = SHARED / name
-    assert path.exists(), f"shared fixture missing: {path}"
+    assert path.exists(), f"fixture missing: {path}"
     return path.read_text()
 
 
