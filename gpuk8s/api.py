@@ -60,6 +60,14 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
                         max_fail=max_fail)
 
 
+def report(run: str | Path | None = None) -> Path:
+    """Write a finished run's page, RUN_DIR/report.html (default: the latest run folder), and
+    print its path; needs no inventory and makes no run folder of its own."""
+    from gpuk8s import htmlreport
+
+    return htmlreport.report(run)
+
+
 def _prompt() -> Callable[[str], str]:
     import getpass
 
@@ -110,6 +118,20 @@ def summary(facts: HostFacts) -> dict[str, str]:
            "cpus / memory": f"{sysinfo.cpus} / {sysinfo.memory_mb} MiB",
            "cgroup": "v2" if sysinfo.cgroup == "cgroup2fs" else f"v1 ({sysinfo.cgroup})",
            "secure boot": sysinfo.secure_boot,
+           "init": sysinfo.init if sysinfo.systemd else f"{sysinfo.init} (not systemd)",
+           "virt": sysinfo.virt if sysinfo.virt_source == "systemd-detect-virt" else
+           f"{sysinfo.virt} (guessed: no systemd-detect-virt)",
+           "time synced": sysinfo.time_synced,
+           "listening": "unknown (no ss, no /proc/net/tcp)" if sysinfo.listening is None else
+           " ".join(map(str, sysinfo.listening)) or "nothing",
+           "kernel headers": "installed" if sysinfo.headers else
+           "unknown (apt's lists are older than its sources)"
+           if sysinfo.headers_candidate == "unknown" else
+           f"not installed, apt has {sysinfo.headers_candidate}" if sysinfo.headers_candidate
+           else "not installed, and no package source has them",
+           "kernel modules": "loadable" if sysinfo.modprobe and sysinfo.modules_dir else
+           "built-in or loaded only (" + ("no modprobe" if not sysinfo.modprobe else
+                                          f"no /lib/modules/{sysinfo.kernel}") + ")",
            "pci gpus": ", ".join(f"{d.address} {d.model} [10de:{d.device[2:]}]" for d in pci)
            or "none"}
     switches = [d for d in facts[PciDevices()] if d.is_nvswitch]
@@ -149,4 +171,4 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["ConnectError", "bootstrap", "facts", "plan"]
+__all__ = ["ConnectError", "bootstrap", "facts", "plan", "report"]

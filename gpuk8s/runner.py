@@ -191,9 +191,9 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         try:
             preflight(session)
         except PreflightError as exc:
-            unnamed = any(p[0] == "hostname" for ps in exc.problems.values() for p in ps)
-            if not check or unnamed:
-                raise  # a host that cannot be named cannot be planned for either
+            unplannable = load_role(PREFLIGHT).module.UNPLANNABLE
+            if not check or any(p[0] in unplannable for ps in exc.problems.values() for p in ps):
+                raise  # a host that cannot be named, or has no systemd, has no plan either
             blocked = exc  # plan anyway: show what a fixed host would get
         planned_total = 0
         if not check and not yes:

@@ -83,8 +83,33 @@ class SystemInfo:
     swap_active: tuple[str, ...]
     swap_fstab: tuple[str, ...]
     headers: bool
-    listening: tuple[int, ...]
+    #: ports something listens on (TCP); None when neither ss nor /proc/net/tcp could be read
+    listening: tuple[int, ...] | None
     reboot_required: bool
+    #: PID 1's command name ("systemd" on a host gpuk8s can manage)
+    init: str = "systemd"
+    #: systemd is PID 1 and running (/run/systemd/system exists, as sd_booted(3) checks)
+    systemd: bool = True
+    #: modprobe is installed, and /lib/modules/<kernel> exists for it to load from
+    modprobe: bool = True
+    modules_dir: bool = True
+    #: how ``virt`` was found: "systemd-detect-virt", or "guessed" from /proc and marker files
+    #: when that tool is missing ("unknown" then means nothing gave it away)
+    virt_source: str = "systemd-detect-virt"
+    #: the apt candidate of linux-headers-<kernel> when those headers are not installed
+    #: ("" = no package source has them; "unknown" = no apt-cache, or apt's lists are older
+    #: than its sources, so apt cannot tell yet)
+    headers_candidate: str = "unknown"
+
+    @property
+    def in_container(self) -> bool:
+        """Whether the host is a container (its kernel, and so its modules, are another's)."""
+        return self.virt in CONTAINERS
+
+
+#: systemd-detect-virt's container names, and the ones guessed without it
+CONTAINERS = frozenset({"systemd-nspawn", "lxc", "lxc-libvirt", "docker", "podman", "openvz",
+                        "container-other", "rkt", "wsl", "proot", "pouch", "container"})
 
 
 class System(Fact[SystemInfo]):
@@ -98,7 +123,22 @@ echo "cgroup=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)"
 echo "product_uuid=$(cat /sys/class/dmi/id/product_uuid 2>/dev/null)"
 echo "machine_id=$(cat /etc/machine-id 2>/dev/null)"
 echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
-echo "virt=$(systemd-detect-virt 2>/dev/null || true)"
+echo "init=$(cat /proc/1/comm 2>/dev/null)"
+[ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0
+command -v modprobe >/dev/null 2>&1 && echo modprobe=1 || echo modprobe=0
+[ -d "/lib/modules/$(uname -r)" ] && echo modules_dir=1 || echo modules_dir=0
+if command -v systemd-detect-virt >/dev/null 2>&1; then
+  echo "virt=$(systemd-detect-virt 2>/dev/null || true)"
+else
+  # without the tool: the marker files and flags it reads itself, else "unknown"
+  if grep -qi microsoft /proc/sys/kernel/osrelease 2>/dev/null; then v=wsl
+  elif [ -e /run/.containerenv ]; then v=podman
+  elif [ -e /.dockerenv ]; then v=docker
+  elif tr '\0' '\n' < /proc/1/environ 2>/dev/null | grep -q '^container='; then v=container
+  elif grep -qw hypervisor /proc/cpuinfo 2>/dev/null; then v=vm
+  else v=unknown; fi
+  echo "virt=$v"; echo virt_source=guessed
+fi
 if command -v mokutil >/dev/null 2>&1; then sb=$(mokutil --sb-state 2>&1 | head -n1)
 elif [ -d /sys/firmware/efi ]; then
   f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n1)
@@ -111,8 +151,22 @@ echo "time_synced=$(timedatectl show -p NTPSynchronized --value 2>/dev/null || e
 echo "swap=$(tail -n +2 /proc/swaps | awk '{print $1}' | tr '\n' ' ')"
 echo "swap_fstab=$(awk '!/^[[:space:]]*#/ && $3 == "swap" {print $1}' /etc/fstab 2>/dev/null | tr '\n' ' ')"
 if [ -e "/lib/modules/$(uname -r)/build" ] || [ -d "/usr/src/linux-headers-$(uname -r)" ]; then
-  echo headers=1; else echo headers=0; fi
-echo "listen=$(ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print a[n]}' | sort -un | tr '\n' ' ')"
+  echo headers=1; else echo headers=0
+  if command -v apt-cache >/dev/null 2>&1; then
+    c=$(apt-cache policy "linux-headers-$(uname -r)" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" {print $2}')
+    if [ -z "$c" ]; then  # no candidate is only an answer when apt's lists are newer than its sources
+      n=$(ls -t /var/lib/apt/lists/*_Packages* 2>/dev/null | head -n1)
+      if [ -z "$n" ] || [ -n "$(find /etc/apt/sources.list /etc/apt/sources.list.d -type f -newer "$n" 2>/dev/null | head -n1)" ]; then c=unknown; fi
+    fi
+    echo "headers_candidate=$c"
+  else echo headers_candidate=unknown; fi
+fi
+if command -v ss >/dev/null 2>&1; then
+  echo "listen=$(ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print a[n]}' | sort -un | tr '\n' ' ')"
+elif [ -r /proc/net/tcp ]; then
+  # state 0A is LISTEN; the local port is the hex after the colon
+  echo "listen=$(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {split($2, a, ":"); print a[2]}' | sort -u | while read -r h; do printf '%d ' "0x$h"; done)"
+else echo listen=unknown; fi
 [ -e /var/run/reboot-required ] && echo reboot_required=1 || echo reboot_required=0
 """
 
@@ -124,14 +178,20 @@ echo "listen=$(ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print a[n]}' | so
             memory_mb=int(kv.get("mem_kb") or 0) // 1024, cgroup=kv.get("cgroup", ""),
             product_uuid=kv.get("product_uuid", "").strip().lower(),
             machine_id=kv.get("machine_id", "").strip(), boot_id=kv.get("boot_id", "").strip(),
-            virt=kv.get("virt", "").strip() or "none",
+            # systemd-detect-virt prints "none" on bare metal; an empty answer is not one
+            virt=kv.get("virt", "").strip() or "unknown",
             secure_boot=kv.get("secure_boot", "unknown").strip(),
             time_synced=kv.get("time_synced", "unknown").strip(),
             swap_active=tuple(kv.get("swap", "").split()),
             swap_fstab=tuple(kv.get("swap_fstab", "").split()),
             headers=kv.get("headers") == "1",
-            listening=tuple(int(p) for p in kv.get("listen", "").split() if p.isdigit()),
+            listening=None if kv.get("listen", "").strip() == "unknown" else
+            tuple(int(p) for p in kv.get("listen", "").split() if p.isdigit()),
             reboot_required=kv.get("reboot_required") == "1",
+            init=kv.get("init", "").strip() or "unknown", systemd=kv.get("systemd") == "1",
+            modprobe=kv.get("modprobe") == "1", modules_dir=kv.get("modules_dir") == "1",
+            virt_source=kv.get("virt_source", "systemd-detect-virt").strip(),
+            headers_candidate=kv.get("headers_candidate", "unknown").strip(),
         )
 
 
@@ -174,12 +234,25 @@ done; true"""
         return tuple(sorted(devices, key=lambda d: d.address))
 
 
+#: what shows a module's code is in the running kernel when /sys/module lacks it (a built-in
+#: module without parameters has no /sys/module entry, and /lib/modules may be absent)
+_MODULE_EVIDENCE = {"br_netfilter": "[ -d /proc/sys/net/bridge ]",
+                    "overlay": "grep -qw overlay /proc/filesystems"}
+
+
 class KernelModules(Fact[dict[str, bool]]):
-    """Whether each named kernel module is present (loaded or built in)."""
+    """Whether each named kernel module is present: loaded (/sys/module), built into the
+    kernel (modules.builtin), or shown by what it provides (/proc/sys/net/bridge for
+    br_netfilter, /proc/filesystems for overlay)."""
 
     def command(self) -> str:
-        return "for m in " + " ".join(self.args) + \
-            '; do if [ -d "/sys/module/$m" ]; then echo "$m 1"; else echo "$m 0"; fi; done'
+        lines = ['b="/lib/modules/$(uname -r)/modules.builtin"']
+        for m in self.args:
+            test = f'[ -d /sys/module/{m} ] || grep -q "/{m}.ko" "$b" 2>/dev/null'
+            if m in _MODULE_EVIDENCE:
+                test += f" || {_MODULE_EVIDENCE[m]}"
+            lines.append(f'if {test}; then echo "{m} 1"; else echo "{m} 0"; fi')
+        return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, bool]:
         return {p[0]: p[1] == "1" for p in (line.split() for line in output.splitlines())

@@ -87,8 +87,7 @@ def plan(ctx: HostContext) -> list[Op]:
                              ("\n".join(MODULES) + "\n").encode()))
     present = f[KernelModules(*MODULES)]
     missing = [m for m in MODULES if not present.get(m)]
-    in_container = sysinfo.virt in ("systemd-nspawn", "lxc", "lxc-libvirt", "docker", "podman",
-                                    "openvz", "container-other")
+    in_container = sysinfo.in_container
     if not missing:
         ops.append(noop("base | kernel modules loaded", f"= {', '.join(MODULES)} present"))
     elif in_container:

@@ -23,8 +23,15 @@ def _package(vars: Mapping[str, Any]) -> str:
     return "cuda-toolkit-" + str(vars["cuda_version"]).replace(".", "-")
 
 
+def _nvcc_package(vars: Mapping[str, Any]) -> str:
+    """NVIDIA's package of nvcc alone, which CUDA images and hand installs often carry
+    without the toolkit metapackage."""
+    return "cuda-nvcc-" + str(vars["cuda_version"]).replace(".", "-")
+
+
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [PciDevices(), OsRelease(), CudaToolkits(), Packages(_package(vars))]
+    return [PciDevices(), OsRelease(), CudaToolkits(), Packages(_package(vars)),
+            Packages(_nvcc_package(vars))]
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -40,8 +47,12 @@ def plan(ctx: HostContext) -> list[Op]:
     version = str(ctx.var("cuda_version"))
     present = ctx.facts[CudaToolkits()]
     if version in present and name not in ctx.facts[Packages(name)]:
-        return [noop("cuda | toolkit", f"= CUDA {present[version]} is present (not installed "
-                     "with apt): left as it is")]
+        nvcc = _nvcc_package(ctx.vars)
+        pkg = ctx.facts[Packages(nvcc)].get(nvcc)
+        how = f"{nvcc} {pkg.version} from apt, without the {name} metapackage" if pkg else \
+            "not installed with apt"
+        return [noop("cuda | toolkit", f"= CUDA {present[version]} is present ({how}): left "
+                     "as it is")]
     ops.append(packages(ctx.facts[Packages(name)], "cuda | toolkit",
                         {name: f"{ctx.var('cuda_version')}."}, apt=ctx.apt))
     return ops

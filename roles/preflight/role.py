@@ -9,7 +9,15 @@ from gpuk8s.checks import Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.controlplane import Reaches
 from gpuk8s.facts.kube import Containerd, RegistryAnswers
-from gpuk8s.facts.system import OS_RELEASE_IDS, KernelModules, OsRelease, PciDevices, System
+from gpuk8s.facts.nvidia import Nvidia
+from gpuk8s.facts.system import (
+    OS_RELEASE_IDS,
+    KernelModules,
+    OsRelease,
+    PciDevices,
+    System,
+    SystemInfo,
+)
 from gpuk8s.ops import Op
 from gpuk8s.ops import registry as reg
 from gpuk8s.roles import HostContext
@@ -20,7 +28,13 @@ CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 
 #: checks whose failure makes a run unsafe, not just unwise: preflight_ignore cannot lift them
-NEVER_IGNORED = {"hostname"}
+NEVER_IGNORED = {"hostname", "init"}
+#: checks whose failure leaves nothing to plan for the host: `plan` stops at them too, instead
+#: of listing steps (enable kubelet, modprobe ...) that cannot run there
+UNPLANNABLE = frozenset({"hostname", "init"})
+#: kernel modules the node needs (the base role persists and loads them)
+NEEDED_MODULES = ("overlay", "br_netfilter")
+_LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
 
@@ -41,7 +55,8 @@ def _mirror_urls(vars: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"), Containerd(),
+    return [OsRelease(), System(), PciDevices(), KernelModules("nouveau"),
+            KernelModules(*NEEDED_MODULES), Nvidia(), Containerd(),
             RegistryAnswers(*_mirror_urls(vars)), *_endpoint_facts(vars)]
 
 
@@ -94,6 +109,66 @@ def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     return errors, warnings
 
 
+def _init_problems(sysinfo: SystemInfo) -> list[Problem]:
+    """The kubelet and containerd run as systemd services: a host whose PID 1 is not systemd
+    (a container, a microVM or sandbox started without an init, WSL without systemd) is
+    refused, with what it appears to be."""
+    if sysinfo.systemd:
+        return []
+    what = {"wsl": "WSL without systemd", "vm": "a VM started without an init system"}.get(
+        sysinfo.virt, f"a {sysinfo.virt} container" if sysinfo.in_container else "")
+    seen = f"; this looks like {what}" if what else ""
+    return [("init", f"no systemd (PID 1 is {sysinfo.init}): gpuk8s needs a systemd host"
+             f"{seen}", "run gpuk8s against a machine or VM booted with systemd (the kubelet "
+             "and containerd run as its services); `invoke facts` and `invoke verify --local` "
+             "still work here")]
+
+
+def _module_problems(sysinfo: SystemInfo, present: Mapping[str, bool]) -> list[Problem]:
+    """Each needed module is in the kernel already, or modprobe can load it."""
+    missing = [m for m in NEEDED_MODULES if not present.get(m)]
+    if not missing or sysinfo.in_container:
+        return []  # a container's modules are its host's to load (the base role warns)
+    names = ", ".join(missing)
+    if not sysinfo.modprobe:
+        return [("modules", f"{names} not loaded or built in, and modprobe is not installed",
+                 "install kmod (apt-get install kmod), or use a kernel with them built in")]
+    if not sysinfo.modules_dir:
+        return [("modules", f"{names} not loaded or built in, and /lib/modules/"
+                 f"{sysinfo.kernel} is missing, so modprobe has nothing to load",
+                 f"install the modules of the running kernel (linux-modules-{sysinfo.kernel} "
+                 "on Ubuntu), or boot a kernel that has them")]
+    return []
+
+
+def _headers_problems(ctx: HostContext, sysinfo: SystemInfo) -> list[Problem]:
+    """A driver built by DKMS needs the running kernel's headers from some package source,
+    unless a driver is already loaded (then gpuk8s leaves it as it is)."""
+    nv = ctx.facts.get(Nvidia())
+    if sysinfo.headers or sysinfo.headers_candidate or (nv is not None and nv.loaded_version):
+        return []
+    return [("kernel_headers", f"no package source has linux-headers-{sysinfo.kernel} (the "
+             "running kernel's headers, which the NVIDIA driver's DKMS build needs)",
+             "boot your distribution's kernel, install those headers by hand, or install the "
+             "NVIDIA driver yourself before bootstrapping (a loaded driver is left as it is)")]
+
+
+def _endpoint_address_problems(ctx: HostContext) -> list[Problem]:
+    """With one control plane the API endpoint is its inventory address: a loopback one (a
+    local connection to `localhost`) is an endpoint no other node reaches."""
+    first = (ctx.cluster.get("control_planes") or [{}])[0].get("host")
+    if ctx.host != first or ctx.cluster.get("endpoint_mode") != "direct":
+        return []
+    address = str(ctx.cluster.get("advertise_address", ""))
+    if address.lower() not in _LOOPBACK and not address.startswith("127."):
+        return []
+    return [("endpoint", f"the control plane's address is {address}, so the API endpoint "
+             f"would be {address}:6443: loopback, which no other node reaches and the API "
+             "server cannot advertise",
+             f"give {ctx.host} its LAN address as ansible_host (with ansible_connection: local "
+             "gpuk8s still runs its commands locally), or set control_plane_endpoint")]
+
+
 def plan(ctx: HostContext) -> list[Op]:
     return []
 
@@ -104,7 +179,9 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     os_ = f[OsRelease()]
     sysinfo = f[System()]
     gpus = [d for d in f[PciDevices()] if d.is_gpu]
-    errors: list[Problem] = []
+    errors: list[Problem] = _init_problems(sysinfo)
+    errors += _module_problems(sysinfo, f[KernelModules(*NEEDED_MODULES)])
+    errors += _endpoint_address_problems(ctx)
     warnings: list[Problem] = []
     os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
     invalid = [k for k in OS_RELEASE_IDS if f"{k}_AS_FOUND" in os_]
@@ -146,7 +223,12 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         ports = set(CONTROL_PLANE_PORTS if is_cp else WORKER_PORTS)
         if ctx.cluster.get("endpoint_mode") == "local_lb":
             ports.discard(6443)  # the node's own HAProxy (the endpoint) may already hold it
-        busy = sorted(ports & set(sysinfo.listening))
+        busy = sorted(ports & set(sysinfo.listening or ()))
+        if sysinfo.listening is None:
+            warnings.append(("ports", "could not read which ports are in use (no ss, no "
+                             "/proc/net/tcp); ports " + ", ".join(map(str, sorted(ports)))
+                             + " are not checked", "install iproute2, or check by hand that "
+                             "nothing listens there"))
         if busy:
             errors.append(("ports", f"port(s) {', '.join(map(str, busy))} already in use",
                            "stop what listens there (ss -tlnp) before bootstrapping"))
@@ -160,6 +242,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
                            "DKMS from NVIDIA's repo, unsigned",
                            "use nvidia_driver_source: ubuntu (signed modules), enroll a MOK "
                            "key, or turn Secure Boot off"))
+        errors += _headers_problems(ctx, sysinfo)
         if f[KernelModules("nouveau")].get("nouveau"):
             warnings.append(("nouveau", "nouveau is loaded; gpuk8s blacklists it and reboots",
                              "nothing to do"))
