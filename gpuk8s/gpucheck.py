@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextlib import closing
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,82 +14,76 @@ from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.gather import gather
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import PciDevices
+from gpuk8s.gpucheck_script import REMOTE_PYTHONS, check_script, local_pythons
 from gpuk8s.ops import Op
 from gpuk8s.report import Reporter
 from gpuk8s.session import open_session
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
-TORCH_CHECK = """\
-import torch
-for i in range(torch.cuda.device_count()):
-    n = 1 << 24
-    a = (torch.arange(n, dtype=torch.float32) % 1024).to(f"cuda:{i}")
-    b = (2 * (torch.arange(n, dtype=torch.float32) % 2048)).to(f"cuda:{i}")
-    c = (a + b).cpu()
-    bad = int((c != a.cpu() + b.cpu()).sum())
-    name = torch.cuda.get_device_name(i)
-    print(("FAIL" if bad else "OK") + f" GPU {i} {name}: vecadd of {n} floats: {bad} wrong")
-"""
-
-
-def check_script() -> str:
-    """Compile and run the CUDA vector add on every GPU with nvcc; without a compiler, run the
-    same computation with PyTorch; without either, say so (exit 3)."""
-    source = resources.files("gpuk8s").joinpath("data/vecadd.cu").read_text()
-    return f"""exec 2>&1
-d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
-n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-echo "SMI-GPUS $n"
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null \\
-  | head -n1)
-if [ -n "$nvcc" ]; then
-  cat > "$d/vecadd.cu" <<'GPUK8S_EOF'
-{source}GPUK8S_EOF
-  echo "RUNNER nvcc $("$nvcc" --version | sed -n 's/.*release \\([0-9.]*\\),.*/\\1/p')"
-  "$nvcc" -O2 -o "$d/vecadd" "$d/vecadd.cu" || exit 4
-  i=0; rc=0
-  while [ "$i" -lt "$n" ]; do "$d/vecadd" "$i" || rc=1; i=$((i + 1)); done
-  exit $rc
-elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  echo "RUNNER torch $(python3 -c 'import torch; print(torch.__version__)')"
-  python3 - <<'GPUK8S_EOF'
-{TORCH_CHECK}GPUK8S_EOF
-else
-  echo "no CUDA compiler (nvcc) and no PyTorch with CUDA: cannot run a computation"; exit 3
-fi
-"""
-
-
 #: the check's "SMI-GPUS <count>" line (gpuk8s's own echo; a node may print anything)
 _SMI_GPUS = re.compile(r"SMI-GPUS (\d{1,6})\s*")
+_RESULT = re.compile(r"(OK|FAIL) GPU (\d{1,4}) ")
+_MS = r"(\d{1,9}(?:\.\d{1,6})?)"
+#: the program's "TIMING GPU <i> kernel_ms=<ms> first_launch_ms=<ms>" line
+_TIMING = re.compile(rf"TIMING GPU (\d{{1,4}}) kernel_ms={_MS} first_launch_ms={_MS}\s*")
+_COMPILE = re.compile(rf"COMPILE-MS {_MS}\s*")
+_CUDA = re.compile(r"(\d{1,3})\.(\d{1,3})")
+NO_COMPUTE = "no CUDA compiler (nvcc) and no PyTorch with CUDA"
 
 
-def parse_check(output: str, exit_code: int, pci_gpus: int) -> dict[str, Any]:
-    """Judge the check's output: every PCI GPU seen by nvidia-smi and computed right on.
+def _first(lines: list[str], prefix: str) -> str:
+    return next((x[len(prefix):] for x in lines if x.startswith(prefix)), "")
+
+
+def nvcc_package(cuda_version: str) -> str:
+    """The apt package of nvcc for the driver's CUDA version ("13.0" -> cuda-nvcc-13-0)."""
+    m = _CUDA.fullmatch(cuda_version.strip())
+    return f"cuda-nvcc-{m.group(1)}-{m.group(2)}" if m else "cuda-nvcc-<major>-<minor>"
+
+
+def parse_check(output: str, exit_code: int, pci_gpus: int, *, cuda_version: str = ""
+                ) -> dict[str, Any]:
+    """Judge the check's output: every PCI GPU seen by nvidia-smi and computed right on; also
+    read nvcc's flags and build time, each GPU's kernel and first-launch times, and the
+    interpreters asked for PyTorch. ``cuda_version`` (the driver's) names the nvcc package in
+    the fix when nothing could compute.
 
     The output comes from the node, so it is not trusted to be well formed: a malformed
-    ``SMI-GPUS`` line fails the host's check with an error naming the line, never raises."""
+    ``SMI-GPUS`` line fails the host's check with an error naming the line, never raises; a
+    malformed timing line is left out."""
     lines = output.splitlines()
     smi_line = next((x for x in lines if x.startswith("SMI-GPUS")), None)
     count = _SMI_GPUS.fullmatch(smi_line) if smi_line is not None else None
     smi = int(count.group(1)) if count else 0
-    runner = next((x.split(" ", 1)[1] for x in lines if x.startswith("RUNNER ")), "")
-    gpus = [x for x in lines if re.match(r"(OK|FAIL) GPU \d+ ", x)]
+    gpus = [x for x in lines if _RESULT.match(x)]
+    compile_ms = next((float(m.group(1)) for x in lines if (m := _COMPILE.fullmatch(x))), None)
+    timings = [{"gpu": int(m.group(1)), "kernel_ms": float(m.group(2)),
+                "first_launch_ms": float(m.group(3))}
+               for x in lines if (m := _TIMING.fullmatch(x))]
+    pythons = [{"path": path, "status": status} for path, _, status in
+               (x[len("PYTHON "):].partition(": ") for x in lines if x.startswith("PYTHON "))]
     ok = (exit_code == 0 and smi == pci_gpus and len(gpus) == pci_gpus
           and all(x.startswith("OK") for x in gpus))
     error = "" if ok else "\n".join(lines[-5:])
+    if exit_code == 3 and any(x.startswith(NO_COMPUTE) for x in lines):
+        tried = "; ".join(f"{p['path']}: {p['status']}" for p in pythons) or "none"
+        error = (f"{NO_COMPUTE}. Python interpreters tried: {tried}. Fix: install nvcc "
+                 f"(apt-get install {nvcc_package(cuda_version)}, from NVIDIA's CUDA "
+                 "repository), or PyTorch with CUDA for one of these interpreters")
     if smi_line is not None and count is None:
         ok = False
         error = f"malformed nvidia-smi count line from the check: {smi_line[:200]!r}"
-    return {"pci_gpus": pci_gpus, "nvidia_smi_gpus": smi, "runner": runner, "results": gpus,
-            "ok": ok, "error": error}
+    return {"pci_gpus": pci_gpus, "nvidia_smi_gpus": smi, "runner": _first(lines, "RUNNER "),
+            "arch": _first(lines, "ARCH "), "compile_ms": compile_ms, "pythons": pythons,
+            "results": gpus, "timings": timings, "ok": ok, "error": error}
 
 
 def verify_local(inventory: str | Path, *, limit: str | None = None,
                  reporter: Reporter | None = None,
-                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
-                 ) -> list[dict[str, Any]]:
-    """Run the node GPU check on every GPU host in scope; return one row per host."""
+                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+                 nvcc: bool = True) -> list[dict[str, Any]]:
+    """Run the node GPU check on every GPU host in scope; return one row per host.
+    ``nvcc=False`` leaves the compiler out, to exercise the PyTorch fallback."""
     session = open_session(inventory, limit=limit, sets=(), command="verify-local",
                                reporter=reporter, opener=opener)
     with closing(session):
@@ -100,11 +93,16 @@ def verify_local(inventory: str | Path, *, limit: str | None = None,
             pci = [d for d in session.facts[host][PciDevices()] if d.is_gpu]
             if not pci:
                 continue
-            op = Op("verify-local | GPU check", ("set +e", check_script()),
+            state = session.facts[host][Nvidia()]
+            # this machine: the interpreter running gpuk8s first; over SSH, the node's own
+            pythons = local_pythons() if session.host(host).connection == "local" \
+                else REMOTE_PYTHONS
+            script = check_script([g.compute_cap for g in state.gpus], pythons, nvcc=nvcc)
+            op = Op("verify-local | GPU check", ("set +e", script),
                     "+ nvidia-smi and a CUDA vecadd on every GPU", timeout=600)
             rc, out = session.runner(host).run_now([op], keep_going=True)[0]
-            rows.append({"host": host, "driver": session.facts[host][Nvidia()].loaded_version,
-                         **parse_check(out, rc, len(pci))})
+            rows.append({"host": host, "driver": state.loaded_version,
+                         **parse_check(out, rc, len(pci), cuda_version=state.cuda_version)})
         _print(session.reporter, rows)
         session.runlog.write_report(verify_local=rows)
         if not rows:
@@ -113,6 +111,29 @@ def verify_local(inventory: str | Path, *, limit: str | None = None,
         if failed:
             raise Gpuk8sError(f"GPU check failed on {', '.join(failed)}")
         return rows
+
+
+def computation(row: dict[str, Any]) -> str:
+    """The "computation" cell: how the check computed (nvcc's flags and build time, or which
+    interpreter's PyTorch, after which others), then each GPU's line and its times."""
+    head = [row["runner"]]
+    if row.get("arch"):
+        head.append(row["arch"])
+    if row.get("compile_ms") is not None:
+        head.append(f"compile {row['compile_ms']:g} ms")
+    lines = [", ".join(x for x in head if x)]
+    pythons = row.get("pythons") or []
+    lines += [f"tried {p['path']}: {p['status']}" for p in pythons
+              if row["runner"].startswith("torch") and not row["runner"].endswith(p["path"])]
+    times = {t["gpu"]: t for t in row.get("timings") or []}
+    for result in row["results"]:
+        lines.append(result)
+        m = _RESULT.match(result)
+        t = times.get(int(m.group(2))) if m else None
+        if t:
+            lines.append(f"  kernel {t['kernel_ms']:.3f} ms, first launch "
+                         f"{t['first_launch_ms']:.3f} ms")
+    return "\n".join(lines)
 
 
 def _print(rep: Reporter, rows: list[dict[str, Any]]) -> None:
@@ -128,6 +149,31 @@ def _print(rep: Reporter, rows: list[dict[str, Any]]) -> None:
         result = Text("ok", style="green") if r["ok"] else \
             Text.assemble(("FAILED", "red"), "\n", rep.cell(r["error"]))
         table.add_row(rep.cell(r["host"]), str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]),
-                      rep.cell(r["driver"]),
-                      rep.cell(r["runner"] + "\n" + "\n".join(r["results"])), result)
+                      rep.cell(r["driver"]), rep.cell(computation(r)), result)
     rep.console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpuk8s.gpucheck [-i inventories/local.yaml] [--without-nvcc]``: the node
+    GPU check without invoke (``invoke verify --local`` runs the same)."""
+    import argparse
+    import sys
+
+    from gpuk8s.report import untrusted
+
+    parser = argparse.ArgumentParser(prog="python -m gpuk8s.gpucheck", description=__doc__)
+    parser.add_argument("--inventory", "-i", default="inventories/local.yaml")
+    parser.add_argument("--limit", "-l")
+    parser.add_argument("--without-nvcc", action="store_true",
+                        help="leave nvcc out: run the PyTorch fallback")
+    args = parser.parse_args(argv)
+    try:
+        verify_local(args.inventory, limit=args.limit, nvcc=not args.without_nvcc)
+    except Gpuk8sError as exc:
+        print(f"error: {untrusted(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
