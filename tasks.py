@@ -21,13 +21,14 @@ def _done(code: int) -> None:
             "diff": "show file diffs", "set": "key=value override (repeatable)",
             "ask_become_pass": "prompt for the sudo password",
             "max_fail": "hosts that may fail (count like 1, or percent like 25%) while the "
-                        "others go on; default 0"},
+                        "others go on; default 0",
+            "quiet": "no plan or progress lines: problems, failures and the final table"},
       iterable=["set"])
 def bootstrap(c, inventory=INVENTORY, limit=None, yes=False, check=False, diff=False, set=None,
-              ask_become_pass=False, max_fail="0"):
+              ask_become_pass=False, max_fail="0", quiet=False):
     """Bring every host to a Ready Kubernetes GPU cluster node; a re-run changes nothing."""
     _done(run("bootstrap", inventory=inventory, limit=limit, yes=yes, check=check, diff=diff,
-              sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail))
+              sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail, quiet=quiet))
 
 
 @task(help={"inventory": "inventory file", "set": "key=value override (repeatable)"},
@@ -157,12 +158,41 @@ def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=Non
         _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
 
 
+@task(help={"output": "folder the bundle goes in (default dist)",
+            "python_version": "the admin machine's Python, e.g. 3.12 (default: this one)",
+            "platform": "the admin machine's pip platform tag, e.g. manylinux_2_28_x86_64 "
+                        "(repeatable; older manylinux tags are added; default: this machine's)",
+            "tarball": "one gpuk8s-bundle-*.tar.gz instead of a folder",
+            "find_links": "a folder of wheels for pip to take from (repeatable)",
+            "no_index": "no package index: only the --find-links folders"},
+      iterable=["platform", "find_links"])
+def bundle(c, output="dist", python_version=None, platform=None, tarball=False, find_links=None,
+           no_index=False):
+    """gpuk8s, its checkout and every dependency as wheels, for an admin machine without a
+    package index: run it where PyPI answers, carry the result over (INSTALL.txt says how)."""
+    _done(run("bundle", output=output, python_version=python_version, platforms=platform or [],
+              tarball=tarball, find_links=find_links or [], no_index=no_index))
+
+
+@task(help={"run": "run folder (default: the latest under runs/)"})
+def report(c, run=None):
+    """A finished run (default: the latest) as one self-contained HTML page, report.html.
+
+    Per-host timeline, what changed, failures with log tails, the cluster's nodes; prints the
+    page's path. Needs no inventory."""
+    from gpuk8s import cli  # `run` here is the flag, not gpuk8s.cli.run
+
+    _done(cli.run("report", run=run))
+
+
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 upgrade, kubeconfig)
 ns.add_task(deploy)
 ns.add_task(undeploy)
 ns.add_task(verify)
 ns.add_task(images)
+ns.add_task(report)
+ns.add_task(bundle)
 try:  # the lab lives in the checkout's tests/; it is not part of the gpuk8s package
     from tests.lab.tasks import lab as _lab
 

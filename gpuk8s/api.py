@@ -27,7 +27,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
               opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
-              ask_become_pass: bool = False, max_fail: int | str = 0) -> dict[str, Any]:
+              ask_become_pass: bool = False, max_fail: int | str = 0,
+              quiet: bool = False) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.
 
     Args:
@@ -45,6 +46,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
             at the start or lost on the way, while the others go on; those hosts are left
             out of later phases and the run still ends in an error naming them. 0: any
             failed host stops the run at the end of its phase.
+        quiet: no plan listing and no progress while applying; problems, failures and the
+            final table still print.
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
@@ -52,7 +55,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
     command = "plan" if check else "bootstrap"
     fail_budget(max_fail, 0)  # a bad --max-fail fails before any host is contacted
     session = open_session(inventory, limit=limit, sets=sets, command=command,
-                           reporter=reporter, opener=opener,
+                           reporter=reporter or (Reporter(quiet=True) if quiet else None),
+                           opener=opener,
                            password_prompt=_prompt() if ask_become_pass else None,
                            allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
     with closing(session):

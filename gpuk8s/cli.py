@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from gpuk8s import api, day2, gpucheck, images
+from gpuk8s import api, bundle, day2, gpucheck, images
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 from gpuk8s.inventory.check import check
@@ -19,6 +19,8 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
     "verify_local": gpucheck.verify_local, "images": images.print_images, "check": check,
+    "report": api.report,
+    "bundle": bundle.bundle,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -71,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--max-fail", default="0", dest="max_fail",
                            help="hosts that may fail (count like 1, or percent like 25%%) "
                            "while the others go on; default 0: any failure stops the run")
+            p.add_argument("--quiet", "-q", action="store_true",
+                           help="no plan or progress lines; problems, failures and the final "
+                           "table only")
     p = sub.add_parser("check", help="every problem, the hosts' roles and the variables an "
                        "inventory sets, in one run; contacts no host")
     p.add_argument("--inventory", "-i", required=True)
@@ -121,6 +126,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--timeout", type=float, default=600)
             p.add_argument("--render", action="store_true", dest="render_only",
                            help="print the manifests deploy would apply; contact no host")
+    p = sub.add_parser("bundle", help="gpuk8s, its checkout and every dependency as wheels, "
+                       "for an admin machine without a package index (run where PyPI answers)")
+    p.add_argument("--output", "-o", default="dist")
+    p.add_argument("--python-version", help="the admin machine's Python, e.g. 3.12")
+    p.add_argument("--platform", action="append", default=[], dest="platforms",
+                   help="its pip platform tag, e.g. manylinux_2_28_x86_64 (repeatable)")
+    p.add_argument("--tarball", action="store_true")
+    p.add_argument("--find-links", action="append", default=[])
+    p.add_argument("--no-index", action="store_true")
+    p = sub.add_parser("report", help="a finished run as one self-contained HTML page "
+                       "(RUN_DIR/report.html); needs no inventory")
+    p.add_argument("run", nargs="?", metavar="RUN_DIR",
+                   help="run folder (default: the latest under runs/)")
     args = vars(parser.parse_args(argv))
     command = args.pop("command").replace("-", "_")
     return run(command, **args)

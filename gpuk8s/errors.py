@@ -121,3 +121,23 @@ class HostsFailed(PhaseFailed):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class BundleError(Gpuk8sError):
+    """``invoke bundle`` could not build the offline bundle (pip could not reach the index, no
+    wheel of a dependency for the target...); says what and the fix."""
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message}\n  fix: {fix}" if fix else message)
+
+
+class RunFolderError(Gpuk8sError):
+    """A run folder (runs/<time>-<command>/) is missing, or its report.json is absent or not
+    valid JSON (``invoke report``); says which, and the fix."""
+
+    def __init__(self, message: str, *, fix: str) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message}\n  fix: {fix}")
