@@ -35,6 +35,8 @@ class OpResult:
     status: str  # "changed" | "ok" | "failed" | "warning"
     elapsed: float = 0.0
     output: str = ""
+    #: when the op started (time.monotonic() on this machine; 0.0 = it ran nothing)
+    started: float = 0.0
 
 
 @dataclass
@@ -43,6 +45,8 @@ class HostResult:
     results: list[OpResult] = field(default_factory=list)
     error: Gpuk8sError | None = None
     elapsed: float = 0.0
+    #: when the host's work in the phase started (time.monotonic(); 0.0 = it had none)
+    started: float = 0.0
 
     @property
     def changed(self) -> int:
@@ -57,20 +61,64 @@ class HostResult:
         return sum(r.status == "failed" for r in self.results)
 
 
-#: callback(host, event, text): "op" / "handler" / "reboot" / "fail" / "done"
+#: callback(host, event, text): "op" (an op starts; its id) / "handler" / "reboot" (its id) /
+#: "back" (up again after a reboot; the seconds it took) / "fail" / "done"
 Listener = Callable[[str, str, str], None]
 
 
 def build_script(ops: Sequence[Op], marker: str, *, keep_going: bool = False) -> str:
     """One script running the ops in order, each delimited, stopping at the first failure
-    (with ``keep_going``, every op runs whatever the others' exit codes)."""
+    (with ``keep_going``, every op runs whatever the others' exit codes). Each marker line
+    ends with the node's clock (``date +%s.%N``), so every op's own time is known."""
     parts = [PREAMBLE]
     stop = "" if keep_going else " [ $rc -eq 0 ] || exit $rc;"
     for i, op in enumerate(ops):
         body = "\n".join(op.commands)
-        parts.append(f"echo '{marker} B {i}'\n( set -e\n{body}\n)\n"
-                     f"rc=$?; echo \"\n{marker} E {i} $rc\";{stop}\n")
+        parts.append(f"echo \"{marker} B {i} $(date +%s.%N)\"\n( set -e\n{body}\n)\n"
+                     f"rc=$?; echo \"\n{marker} E {i} $rc $(date +%s.%N)\";{stop}\n")
     return "".join(parts)
+
+
+def section_times(output: str, marker: str) -> dict[int, tuple[float, float | None]]:
+    """``{index: (start, end)}`` on the node's clock, from build_script's marker lines (end
+    None when the op never finished); ops whose markers carry no time are left out."""
+    times: dict[int, tuple[float, float | None]] = {}
+    prefix = marker + " "
+    for line in output.split("\n"):
+        if not line.startswith(prefix):
+            continue
+        word = line.split()
+        try:
+            if word[1] == "B" and len(word) > 3:
+                times[int(word[2])] = (float(word[3]), None)
+            elif word[1] == "E" and len(word) > 4 and int(word[2]) in times:
+                times[int(word[2])] = (times[int(word[2])][0], float(word[4]))
+        except ValueError:
+            continue
+    return times
+
+
+class _OpStarts:
+    """Feeds the listener an "op" event as each op's begin marker streams in (transports that
+    stream output call it per chunk); returns nothing, keeps no output."""
+
+    def __init__(self, host: str, ops: Sequence[Op], marker: str, listener: Listener) -> None:
+        self.host, self.ops, self.listener = host, ops, listener
+        self.pattern = (marker + " B ").encode()
+        self.tail = b""
+
+    def __call__(self, chunk: bytes) -> None:
+        data = self.tail + chunk
+        start = 0
+        while (i := data.find(self.pattern, start)) >= 0:
+            end = data.find(b" ", i + len(self.pattern))
+            if end < 0:
+                break
+            index = data[i + len(self.pattern):end]
+            if index.isdigit() and int(index) < len(self.ops):
+                self.listener(self.host, "op", self.ops[int(index)].id)
+            start = end
+        self.tail = data[max(start, len(data) - len(self.pattern) - 8):]
 
 
 def _tail(text: str, lines: int = 20) -> str:
@@ -107,11 +155,17 @@ class HostRunner:
                                                "warning" if op.warning else "ok"))
         if not todo:
             return []
-        for op in todo:
-            self.listener(self.host, "op", op.id)
         started = time.monotonic()
-        res, sections = self._send(todo)
+        res, sections, times = self._send(todo, events=True)
         elapsed = time.monotonic() - started
+        first = min((t[0] for t in times.values()), default=0.0)
+
+        def took(i: int) -> tuple[float, float]:
+            """(start on this machine's clock, seconds) of op i; spread evenly without times"""
+            if i in times and times[i][1] is not None:
+                begin, end = times[i]
+                return started + (begin - first), max(0.0, (end or begin) - begin)
+            return started + elapsed * i / len(todo), elapsed / len(todo)
         if res.exit_code == -1 and any(code is None for _, code in sections.values()):
             # the channel closed with no exit status: the host went away under the script
             current = todo[max(sections)].id if sections else todo[0].id
@@ -124,9 +178,9 @@ class HostRunner:
             text = self.redact(text)
             if text:
                 self.log(text)
+            at, seconds = took(i)
             if code == 0:
-                result.results.append(OpResult(self.host, op, "changed", elapsed / len(todo),
-                                               text))
+                result.results.append(OpResult(self.host, op, "changed", seconds, text, at))
                 changed.append(op)
                 continue
             if code is None and i not in sections:
@@ -135,7 +189,7 @@ class HostRunner:
             joined = "; ".join(op.commands)
             shown = "" if op.secret or len(joined) > 160 or "\n" in joined else \
                 self.redact(joined)
-            result.results.append(OpResult(self.host, op, "failed", elapsed, text))
+            result.results.append(OpResult(self.host, op, "failed", seconds, text, at))
             raise CommandFailed(self.host, op.id, shown, exit_code,
                                 _tail(text or self.redact(res.stdout)))
         if res.exit_code != 0 and len(changed) == len(todo):
@@ -143,15 +197,25 @@ class HostRunner:
                                 _tail(self.redact(res.stdout)))
         return changed
 
-    def _send(self, ops: Sequence[Op], *, keep_going: bool = False
-              ) -> tuple[CommandResult, dict[int, tuple[str, int | None]]]:
-        """Log the ops, run them as one script, return the result and its sections; a
+    def _send(self, ops: Sequence[Op], *, keep_going: bool = False, events: bool = False
+              ) -> tuple[CommandResult, dict[int, tuple[str, int | None]],
+                         dict[int, tuple[float, float | None]]]:
+        """Log the ops, run them as one script, return the result, its sections and each op's
+        (start, end) on the node's clock; with ``events``, tell the listener as each op
+        starts (as the output streams in, where the transport streams; else all at once). A
         connection that drops under the script is a ConnectError naming the first op."""
         marker = "@@GPUK8S-OP-" + secrets.token_hex(6)
         for op in ops:
             self.log(f"--> {op.id}: {op.reason}")
             if not op.secret:
                 self.log(self.redact("\n".join(op.commands)))
+        streams = events and hasattr(self.transport, "on_output")
+        if streams:
+            self.transport.on_output = _OpStarts(  # type: ignore[attr-defined]
+                self.host, ops, marker, self.listener)
+        elif events:
+            for op in ops:
+                self.listener(self.host, "op", op.id)
         started = time.monotonic()
         try:
             res = self.transport.run(build_script(ops, marker, keep_going=keep_going),
@@ -160,7 +224,10 @@ class HostRunner:
             raise ConnectError(self.host, f"connection lost while running [{ops[0].id}] "
                                f"(after {time.monotonic() - started:.0f}s): the host went "
                                f"down or off the network ({exc.cause})") from None
-        return res, split_sections(res.stdout, marker)
+        finally:
+            if streams:
+                self.transport.on_output = None  # type: ignore[attr-defined]
+        return res, split_sections(res.stdout, marker), section_times(res.stdout, marker)
 
     def run_now(self, ops: Sequence[Op], *, keep_going: bool = False
                 ) -> list[tuple[int, str]]:
@@ -172,7 +239,7 @@ class HostRunner:
         never ran reads as exit code -1. Without ``keep_going`` the first failure raises
         CommandFailed naming the op, as in a phase."""
         started = time.monotonic()
-        res, sections = self._send(ops, keep_going=keep_going)
+        res, sections, _times = self._send(ops, keep_going=keep_going)
         took = time.monotonic() - started
         out: list[tuple[int, str]] = []
         for i, op in enumerate(ops):
@@ -203,12 +270,14 @@ class HostRunner:
                                "systemctl reboot >/dev/null 2>&1 || (sleep 1; systemctl reboot) "
                                ">/dev/null 2>&1 &")
         new = self.transport.wait_reboot(boot, self.reboot_timeout)
-        self.log(f"back after {time.monotonic() - started:.1f}s (boot id {new})")
-        result.results.append(OpResult(self.host, op, "changed", time.monotonic() - started))
+        took = time.monotonic() - started
+        self.log(f"back after {took:.1f}s (boot id {new})")
+        self.listener(self.host, "back", f"{took:.0f}")
+        result.results.append(OpResult(self.host, op, "changed", took, started=started))
 
     def apply(self, work: Sequence[RoleWork]) -> HostResult:
-        result = HostResult(self.host)
         started = time.monotonic()
+        result = HostResult(self.host, started=started)
         try:
             for role in work:
                 changed = self.run_ops(role.ops, result)

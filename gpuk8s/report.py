@@ -8,6 +8,7 @@ characters shown escaped) and reaches Rich only as plain text (:func:`untrusted_
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import resource
@@ -15,18 +16,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from gpuk8s.executor import HostResult
 from gpuk8s.ops import Op
+from gpuk8s.progress import Progress
 from gpuk8s.transport import Redactor
 
 #: C0 and C1 control characters (and DEL) except \n and \t; Unicode line/paragraph separators
@@ -84,6 +84,11 @@ class RunLog:
         self.redact = redact
         self.command = command
         self.started = time.time()
+        #: time.monotonic() at the start: report.json's "started" offsets count from here
+        self.t0 = time.monotonic()
+        #: each host's fact probes: [{"started": s, "elapsed": s}] (report.json "facts")
+        self.probes: dict[str, list[dict[str, float]]] = {}
+        self._library_log = _LibraryLog(self.path / "library.log", redact)
         self.phases: list[dict[str, Any]] = []
         #: ops run outside the playbook's phases (day-2 steps, workload applies, hand-offs)
         self.steps: list[dict[str, Any]] = []
@@ -112,6 +117,20 @@ class RunLog:
                                  "hosts": hosts})
         self._marked = now
 
+    def offset(self, monotonic: float) -> float:
+        """Seconds from the start of the run to ``monotonic`` (a time.monotonic() value)."""
+        return round(max(0.0, monotonic - self.t0), 3)
+
+    def add_probe(self, host: str, started: float, elapsed: float) -> None:
+        """One fact probe of ``host`` (started: time.monotonic())."""
+        with self._lock:
+            self.probes.setdefault(host, []).append(
+                {"started": self.offset(started), "elapsed": round(elapsed, 3)})
+
+    def close(self) -> None:
+        """Stop copying library logging (paramiko) into this run's library.log."""
+        self._library_log.close()
+
     def host_logger(self, host: str) -> Any:
         path = self.path / f"{host}.log"
 
@@ -124,32 +143,44 @@ class RunLog:
 
     def add_phase(self, name: str, results: Mapping[str, HostResult], elapsed: float,
                   planned: Mapping[str, Sequence[Op]] | None = None) -> None:
+        """One phase, just finished, that took ``elapsed`` seconds (planning included). Every
+        "started" is seconds from the start of the run: the phase's, each host's (when it
+        ran something) and each op's that ran (ops that were already satisfied took no time
+        and carry the host's)."""
+        began = time.monotonic() - elapsed
         hosts: dict[str, Any] = {}
         for host, res in results.items():
+            host_start = self.offset(res.started) if res.started else self.offset(began)
             hosts[host] = {
+                "started": host_start,
                 "elapsed": round(res.elapsed, 3),
                 "error": self.redact(str(res.error)) if res.error else None,
                 "ops": [{"id": r.op.id, "status": r.status, "reason": self.redact(r.op.reason),
+                         "started": self.offset(r.started) if r.started else host_start,
                          "elapsed": round(r.elapsed, 3)} for r in res.results],
             }
         for host, ops in (planned or {}).items():
-            hosts.setdefault(host, {"elapsed": 0, "error": None, "ops": [
-                {"id": op.id, "status": "planned" if op.changes else "ok",
-                 "reason": self.redact(op.reason)} for op in ops]})
-        self.phases.append({"phase": name, "elapsed": round(elapsed, 3), "hosts": hosts})
+            hosts.setdefault(host, {"started": self.offset(began), "elapsed": 0, "error": None,
+                                    "ops": [{"id": op.id, "reason": self.redact(op.reason),
+                                             "status": "planned" if op.changes else "ok"}
+                                            for op in ops]})
+        self.phases.append({"phase": name, "started": self.offset(began),
+                            "elapsed": round(elapsed, 3), "hosts": hosts})
         self.mark(name)
 
     def add_step(self, host: str, op: Op, exit_code: int, elapsed: float) -> None:
         """One op run outside a phase, as report.json lists it: host, op, exit code, time."""
         with self._lock:
             self.steps.append({"host": host, "id": op.id, "exit": exit_code,
+                               "started": self.offset(time.monotonic() - elapsed),
                                "status": "ok" if exit_code == 0 else "failed",
                                "reason": self.redact(op.reason), "elapsed": round(elapsed, 3)})
 
     def write_report(self, **extra: Any) -> Path:
         report = {"command": self.command, "started": datetime.fromtimestamp(
             self.started, UTC).isoformat(), "elapsed": round(time.time() - self.started, 3),
-            "phases": self.phases, "steps": self.steps, "round_trips": self.round_trips,
+            "facts": self.probes, "phases": self.phases, "steps": self.steps,
+            "round_trips": self.round_trips,
             "peak_rss_kb": peak_rss_kb(), **extra}
         path = self.path / "report.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -158,12 +189,31 @@ class RunLog:
         return path
 
 
-@dataclass
-class _HostLine:
-    status: str = "waiting"
-    current: str = ""
-    changed: int = 0
-    started: float = field(default_factory=time.monotonic)
+class _LibraryLog(logging.Handler):
+    """paramiko's log, redacted, in the run folder's library.log instead of the terminal
+    (where a reboot's refused handshakes would print tracebacks)."""
+
+    def __init__(self, path: Path, redact: Redactor) -> None:
+        super().__init__(logging.INFO)
+        self.path, self.redact = path, redact
+        self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        self.logger = logging.getLogger("paramiko")
+        self.logger.addHandler(self)
+        if self.logger.level == logging.NOTSET or self.logger.level > logging.INFO:
+            self.logger.setLevel(logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = untrusted(self.redact(self.format(record)))
+            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a",
+                      encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except Exception:  # logging must never break a run
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        super().close()
 
 
 class Reporter:
@@ -175,15 +225,16 @@ class Reporter:
     as markup."""
 
     def __init__(self, stream: TextIO | None = None, *, redact: Redactor | None = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, quiet: bool = False) -> None:
         # emoji=False: ":name:" in a node's text stays text even where markup is off
         self.console = Console(file=stream or sys.stdout, highlight=False, soft_wrap=True,
                                emoji=False)
         self.redact = redact or Redactor()
         self.verbose = verbose
-        self._live: Live | None = None
-        self._hosts: dict[str, _HostLine] = {}
-        self._lock = threading.Lock()
+        #: --quiet: no plan listing or per-op lines while applying; problems, failures and
+        #: the final table still show
+        self.quiet = quiet
+        self.progress = Progress(self.console, live=self.console.is_terminal, quiet=quiet)
 
     @property
     def tty(self) -> bool:
@@ -202,15 +253,20 @@ class Reporter:
         self.console.print(self.safe(text), style=style, markup=False)
 
     def phase(self, title: str) -> None:
+        if self.quiet:
+            return
         self.console.print(Text.assemble("\n", (f"== {self.safe(title)}", "bold")))
 
     def plan(self, ops_by_host: Mapping[str, Sequence[Op]], *, show_all: bool,
              diff: bool) -> int:
-        """Print the plan; return the number of changes."""
+        """Print the plan (not with --quiet, unless it is all there is: ``show_all``); return
+        the number of changes."""
         total = 0
         for host, ops in ops_by_host.items():
             changes = [op for op in ops if op.changes]
             total += len(changes)
+            if self.quiet and not show_all:
+                continue
             shown = [op for op in ops if show_all or op.changes or op.warning]
             if not shown:
                 continue
@@ -229,45 +285,17 @@ class Reporter:
         return total
 
     # -- live progress (executor listener) --------------------------------------------------
+    def begin_phase(self, name: str, hosts: Sequence[str]) -> None:
+        self.progress.begin_phase(name, hosts)
+
     def start(self, hosts: Sequence[str]) -> None:
-        self._hosts = {h: _HostLine() for h in hosts}
-        if self.tty:
-            self._live = Live(self._table(), console=self.console, refresh_per_second=8,
-                              transient=True)
-            self._live.start()
+        self.progress.start(hosts)
 
     def stop(self) -> None:
-        if self._live:
-            self._live.stop()
-            self._live = None
+        self.progress.stop()
 
     def event(self, host: str, kind: str, text: str) -> None:
-        text = self.safe(text)
-        with self._lock:
-            line = self._hosts.setdefault(host, _HostLine())
-            if kind in ("op", "handler", "reboot"):
-                line.status, line.current = ("rebooting" if kind == "reboot" else "running"), text
-                line.changed += 1
-            elif kind == "fail":
-                line.status, line.current = "failed", (text.splitlines() or [""])[0]
-            elif kind == "done" and line.status != "failed":
-                line.status, line.current = "done", ""
-            if self._live:
-                self._live.update(self._table())
-            elif kind in ("op", "handler", "reboot", "fail"):
-                label = {"op": "->", "handler": "=>", "reboot": "reboot", "fail": "FAILED"}[kind]
-                self.console.print(f"  [{self.safe(host)}] {label} "
-                                   f"{(text.splitlines() or [''])[0]}", markup=False,
-                                   highlight=False)
-
-    def _table(self) -> Table:
-        table = Table(box=None, show_header=False, pad_edge=False)
-        for host, line in self._hosts.items():
-            style = {"failed": "red", "done": "green", "rebooting": "magenta"}.get(
-                line.status, "yellow")
-            table.add_row(self.cell(host), Text(line.status, style=style),
-                          f"{time.monotonic() - line.started:5.1f}s", Text(line.current))
-        return table
+        self.progress.event(self.safe(host), kind, self.safe(text))
 
     # -- tables ------------------------------------------------------------------------------
     def problems(self, title: str, problems: Mapping[str, Sequence[tuple[str, str, str]]],

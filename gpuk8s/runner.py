@@ -18,7 +18,7 @@ from gpuk8s.errors import (
     PreflightError,
 )
 from gpuk8s.executor import HostResult, RoleWork, run_phase
-from gpuk8s.facts.gather import _file_exists, cluster_values, gather
+from gpuk8s.facts.gather import _file_exists, cluster_summary, cluster_values, gather
 from gpuk8s.facts.system import System
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
 from gpuk8s.ops import Op
@@ -155,7 +155,9 @@ def _leave_out(session: Session, stage: str, errors: Mapping[str, Gpuk8sError],
     the first control plane failed or more hosts failed than ``budget`` allows."""
     for host, err in errors.items():
         session.failed[host] = err
-        session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 1, "time": 0.0})
+        totals = session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0,
+                                                  "time": 0.0})
+        totals["failed"] = max(1, totals["failed"])
     if session.first_cp in errors or len(session.failed) > budget:
         raise PhaseFailed(stage, results)
     for host in errors:
@@ -215,6 +217,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                 dirty -= regather
                 if session.first_cp in regather:
                     cluster_moved = False
+            phase_began = time.monotonic()
             if "join_token" in phase.needs and not check:
                 work = plan_phase(session, phase, hosts)
                 if any(op.changes for items in work.values() for rw in items for op in rw.ops):
@@ -229,16 +232,18 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                 n = rep.plan(_ops(work), show_all=check, diff=diff)
                 planned_total += n if check else 0
             if check:
-                session.runlog.add_phase(phase.name, {}, 0.0, _ops(work))
+                session.runlog.add_phase(phase.name, {}, time.monotonic() - phase_began,
+                                         _ops(work))
                 continue
             if not changes:
-                session.runlog.add_phase(phase.name, {h: HostResult(h) for h in work}, 0.0,
-                                         _ops(work))
+                session.runlog.add_phase(phase.name, {h: HostResult(h) for h in work},
+                                         time.monotonic() - phase_began, _ops(work))
                 _tally(session, {h: _ok_result(h, work[h]) for h in work})
                 continue
-            t0 = time.monotonic()
+            rep.begin_phase(phase.name, [h for h, items in work.items()
+                                         if any(op.changes for rw in items for op in rw.ops)])
             results = apply_phase(session, phase, work)
-            session.runlog.add_phase(phase.name, results, time.monotonic() - t0)
+            session.runlog.add_phase(phase.name, results, time.monotonic() - phase_began)
             _tally(session, results)
             applied_total += sum(r.changed for r in results.values())
             errors = {h: r.error for h, r in results.items() if r.error}
@@ -251,10 +256,12 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                 path = fetch_admin_conf(session)
                 if path:
                     rep.print(f"admin kubeconfig: {path} (0600)")
+        cluster = {} if check else cluster_summary(session, fresh=applied_total > 0)
         elapsed = time.monotonic() - started
         failed = {h: session.redact(str(e)) for h, e in session.failed.items()}
         report = session.runlog.write_report(wall_time=round(elapsed, 3), check=check,
-                                             failed_hosts=_failed_rows(session))
+                                             failed_hosts=_failed_rows(session),
+                                             cluster=cluster)
         if check:
             rep.print(f"\nplan: {planned_total} change(s); nothing was changed "
                       f"({elapsed:.2f}s)")

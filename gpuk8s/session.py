@@ -52,8 +52,11 @@ class Session:
     lead: str | None = None
 
     def close(self) -> None:
-        for transport in self.transports.values():
-            transport.close()
+        try:
+            for transport in self.transports.values():
+                transport.close()
+        finally:
+            self.runlog.close()
 
     @property
     def first_cp(self) -> str:

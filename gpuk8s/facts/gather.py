@@ -4,6 +4,8 @@ API endpoint)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,8 +43,17 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
     def one(name: str) -> HostFacts:
         requests = fact_requests(role_vars(session.host(name)))
         script, marker = build_probe(requests)
+        started = time.monotonic()
         result = session.transports[name].run(script, timeout=120)
+        took = time.monotonic() - started
+        session.runlog.add_probe(name, started, took)
+        with lock:  # the final table's time per host counts its probes too
+            totals = session.totals.setdefault(name, {"changed": 0, "ok": 0, "failed": 0,
+                                                      "time": 0.0})
+            totals["time"] += took
         return parse_probe(name, result.stdout, requests, marker)
+
+    lock = threading.Lock()
 
     results = in_parallel(list(hosts), one)
     session.runlog.mark("facts")
@@ -112,3 +123,28 @@ def _file_exists(facts: HostFacts, path: str) -> bool:
         if isinstance(fact, Files) and path in value:
             return bool(value[path].exists)
     return False
+
+
+def cluster_summary(session: Session, *, fresh: bool) -> dict[str, Any]:
+    """The cluster's nodes and GPUs as report.json keeps them, read through the first control
+    plane: again when ``fresh`` (the run changed something since its facts), else from the
+    facts already gathered. Empty when the API cannot be read."""
+    from gpuk8s.facts.kube import Cluster
+
+    cp = session.first_cp
+    if cp not in session.transports or cp not in session.facts:
+        return {}
+    state = session.facts[cp].get(Cluster())
+    if fresh or state is None:
+        script, marker = build_probe([Cluster()])
+        try:
+            output = session.transports[cp].run(script, timeout=60).stdout
+            state = parse_probe(cp, output, [Cluster()], marker)[Cluster()]
+        except Gpuk8sError:
+            return {}
+    if state is None or not state.reachable:
+        return {}
+    return {"nodes": [{"name": n.name, "ready": n.ready, "version": n.kubelet_version,
+                       "roles": sorted(k.rpartition("/")[2] for k in n.labels
+                                       if k.startswith("node-role.kubernetes.io/")),
+                       "gpus": n.gpu_allocatable or 0} for n in state.nodes.values()]}

@@ -4,8 +4,10 @@ policy, scripts on stdin to ``sh -s``, reconnect after a reboot."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpuk8s.errors import ConnectError, ConnectionLost
@@ -24,6 +26,11 @@ from gpuk8s.transport.base import (
     _wrap,
 )
 from gpuk8s.transport.known_hosts import KnownHosts, _HostKeyPolicy, _known_name, _Refused
+
+# paramiko logs an SSH handshake that fails (a host rebooting: "Error reading SSH protocol
+# banner") with a traceback; without a handler Python would print it on the terminal. gpuk8s
+# reports connection failures itself, and a run's folder keeps paramiko's log (RunLog).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class _HopDown(Exception):
@@ -64,6 +71,8 @@ class SSHTransport:
         self._hops: list[Any] = []  # opened bastion connections, first hop first
         self._nopasswd: bool | None = None  # sudo needs no password here (probed once)
         self._lock = threading.Lock()
+        #: called with each chunk of a command's output as it arrives (live progress)
+        self.on_output: Callable[[bytes], None] | None = None
 
     # -- connection -------------------------------------------------------------------------
     def _open(self) -> Any:
@@ -245,6 +254,8 @@ class SSHTransport:
                         "and failed this host (a node printing this much is broken or hostile; "
                         "the limit is gpuk8s.transport.MAX_OUTPUT_BYTES)"))
                 chunks.append(data)
+                if self.on_output is not None:
+                    self.on_output(data)
             code = chan.recv_exit_status()
         except TimeoutError:
             return None

@@ -8,7 +8,7 @@ from typing import Any
 from gpuk8s.executor import HostRunner
 from gpuk8s.transport import CommandResult, Redactor
 
-_BEGIN = re.compile(r"^echo '(@@GPUK8S-OP-[0-9a-f]+) B (\d+)'$", re.M)
+_BEGIN = re.compile(r'^echo "(@@GPUK8S-OP-[0-9a-f]+) B (\d+) \$\(date \+%s\.%N\)"$', re.M)
 
 
 def op_bodies(script: str) -> list[str]:
@@ -20,7 +20,8 @@ def sectioned(script: str, output: str, rc: int = 0) -> CommandResult:
     """What a host running the executor's ``script`` prints when every op prints ``output``
     and exits ``rc``."""
     ops = _BEGIN.findall(script)
-    text = "".join(f"{marker} B {i}\n{output}\n{marker} E {i} {rc}\n" for marker, i in ops)
+    text = "".join(f"{marker} B {i} 100.{i}\n{output}\n{marker} E {i} {rc} 100.{i}5\n"
+                   for marker, i in ops)
     return CommandResult(rc, text)
 
 

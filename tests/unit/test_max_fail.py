@@ -79,7 +79,8 @@ def fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     for name, fn in {"gather": gather, "plan_phase": plan_phase, "apply_phase": apply_phase,
                      "cluster_values": lambda s: None, "preflight": lambda s: None,
-                     "mint_join": lambda s: None, "fetch_admin_conf": lambda s: None}.items():
+                     "mint_join": lambda s: None, "fetch_admin_conf": lambda s: None,
+                     "cluster_summary": lambda s, fresh: {}}.items():
         monkeypatch.setattr(runner, name, fn)
     state["run"] = lambda **kw: api.bootstrap(inv, yes=True, opener=opener,
                                               reporter=Reporter(state.setdefault(

@@ -84,7 +84,7 @@ def test_summary_progress_and_print_escape_node_text() -> None:
     rep.event(HOST, "op", f"driver {DRIVER}")
     rep.event(HOST, "fail", f"nvidia-smi: {OSC}[/x] failed\nmore")
     rep.stop()
-    rep.console.print(rep._table())            # what the live view shows on a TTY
+    rep.console.print(rep.progress)            # what the live view shows on a TTY
     rep.summary({HOST: {"changed": 1, "ok": 0, "failed": 1, "time": 1.0}}, 1.0,
                 failed={HOST: {"status": "failed", "cause": f"{CLEAR}[/x] boom"}})
     rep.phase(f"node: {HOST}")
