@@ -123,8 +123,9 @@ def summary(facts: HostFacts) -> dict[str, str]:
            "cgroup": "v2" if sysinfo.cgroup == "cgroup2fs" else f"v1 ({sysinfo.cgroup})",
            "secure boot": sysinfo.secure_boot,
            "init": sysinfo.init if sysinfo.systemd else f"{sysinfo.init} (not systemd)",
-           "virt": sysinfo.virt if sysinfo.virt_source == "systemd-detect-virt" else
-           f"{sysinfo.virt} (guessed: no systemd-detect-virt)",
+           "virt": (sysinfo.virt if sysinfo.virt_source == "systemd-detect-virt" else
+                    f"{sysinfo.virt} (guessed: no systemd-detect-virt)")
+           + (", hypervisor CPU flag" if sysinfo.hypervisor else ""),
            "time synced": sysinfo.time_synced,
            "listening": "unknown (no ss, no /proc/net/tcp)" if sysinfo.listening is None else
            " ".join(map(str, sysinfo.listening)) or "nothing",

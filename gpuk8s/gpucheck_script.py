@@ -15,6 +15,7 @@ facts) reaches the script through :func:`gpuk8s.sinks.shell`."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -36,14 +37,20 @@ _CAP = re.compile(r"\d{1,2}\.\d{1,2}")
 _EOF = "GPUK8S_EOF"
 
 
-def local_pythons(executable: str | None = None, base_prefix: str | None = None
-                  ) -> tuple[str, ...]:
+def local_pythons(executable: str | None = None, base_prefix: str | None = None,
+                  path: str | None = None) -> tuple[str, ...]:
     """Interpreters tried on this machine (``ansible_connection: local``), in order: the one
     running gpuk8s (a venv's python cannot import the system site-packages, where a system
-    PyTorch lives), the system ones, then python3 of the installation the venv was made from."""
+    PyTorch lives), every other python3 on the user's PATH (a PyTorch venv such as
+    /opt/torch/.venv; the check's own script runs with a fixed PATH, so they are resolved
+    here), the system ones, then python3 of the installation the venv was made from."""
     executable = sys.executable if executable is None else executable
     base = str(Path(sys.base_prefix if base_prefix is None else base_prefix) / "bin" / "python3")
-    return tuple(dict.fromkeys(p for p in (executable, *SYSTEM_PYTHONS, base) if p))
+    on_path = [str(Path(d) / "python3") for d in
+               (os.environ.get("PATH", "") if path is None else path).split(os.pathsep)
+               if d and os.access(Path(d) / "python3", os.X_OK)
+               and Path(d) != Path(executable).parent]  # the running venv's python3 again
+    return tuple(dict.fromkeys(p for p in (executable, *on_path, *SYSTEM_PYTHONS, base) if p))
 
 
 def arch_caps(caps: Sequence[str]) -> tuple[str, ...]:

@@ -100,6 +100,8 @@ class SystemInfo:
     #: ("" = no package source has them; "unknown" = no apt-cache, or apt's lists are older
     #: than its sources, so apt cannot tell yet)
     headers_candidate: str = "unknown"
+    #: the CPU reports a hypervisor (/proc/cpuinfo's "hypervisor" flag): a VM, whatever else
+    hypervisor: bool = False
 
     @property
     def in_container(self) -> bool:
@@ -127,6 +129,7 @@ echo "init=$(cat /proc/1/comm 2>/dev/null)"
 [ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0
 command -v modprobe >/dev/null 2>&1 && echo modprobe=1 || echo modprobe=0
 [ -d "/lib/modules/$(uname -r)" ] && echo modules_dir=1 || echo modules_dir=0
+grep -qw hypervisor /proc/cpuinfo 2>/dev/null && echo hypervisor=1
 if command -v systemd-detect-virt >/dev/null 2>&1; then
   echo "virt=$(systemd-detect-virt 2>/dev/null || true)"
 else
@@ -192,6 +195,7 @@ else echo listen=unknown; fi
             modprobe=kv.get("modprobe") == "1", modules_dir=kv.get("modules_dir") == "1",
             virt_source=kv.get("virt_source", "systemd-detect-virt").strip(),
             headers_candidate=kv.get("headers_candidate", "unknown").strip(),
+            hypervisor=kv.get("hypervisor") == "1",
         )
 
 

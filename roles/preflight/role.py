@@ -117,6 +117,8 @@ def _init_problems(sysinfo: SystemInfo) -> list[Problem]:
         return []
     what = {"wsl": "WSL without systemd", "vm": "a VM started without an init system"}.get(
         sysinfo.virt, f"a {sysinfo.virt} container" if sysinfo.in_container else "")
+    if sysinfo.in_container and sysinfo.hypervisor:
+        what += " or a VM booted from a container image (the CPU reports a hypervisor)"
     seen = f"; this looks like {what}" if what else ""
     return [("init", f"no systemd (PID 1 is {sysinfo.init}): gpuk8s needs a systemd host"
              f"{seen}", "run gpuk8s against a machine or VM booted with systemd (the kubelet "

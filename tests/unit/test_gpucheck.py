@@ -301,12 +301,21 @@ def test_an_interpreter_path_is_one_shell_word(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
 
 
-def test_local_interpreters_current_first_then_system_then_base() -> None:
-    assert local_pythons("/srv/gpuk8s/.venv/bin/python", "/usr") == (
+def test_local_interpreters_current_first_then_path_then_system_then_base(
+        tmp_path: Path) -> None:
+    assert local_pythons("/srv/gpuk8s/.venv/bin/python", "/usr", "") == (
         "/srv/gpuk8s/.venv/bin/python", "/usr/bin/python3", "/usr/local/bin/python3")
-    assert local_pythons("/srv/.venv/bin/python", "/opt/py3.12") == (
+    assert local_pythons("/srv/.venv/bin/python", "/opt/py3.12", "") == (
         "/srv/.venv/bin/python", "/usr/bin/python3", "/usr/local/bin/python3",
         "/opt/py3.12/bin/python3")
+    # the real H200 host: PyTorch with CUDA lives in /opt/torch/.venv, first on PATH
+    torch_bin = tmp_path / "opt/torch/.venv/bin"
+    torch_bin.mkdir(parents=True)
+    (torch_bin / "python3").write_text("#!/bin/sh\n")
+    (torch_bin / "python3").chmod(0o755)
+    assert local_pythons("/srv/.venv/bin/python", "/usr", f"{torch_bin}:/nowhere") == (
+        "/srv/.venv/bin/python", f"{torch_bin}/python3", "/usr/bin/python3",
+        "/usr/local/bin/python3")
     assert local_pythons()[0] == sys.executable
 
 

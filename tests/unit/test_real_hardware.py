@@ -59,3 +59,46 @@ def test_verify_output_judged_ok_and_a_missing_gpu_fails() -> None:
     assert not parse_check(out, 0, 2)["ok"]  # a PCI GPU nvidia-smi did not list
     bad = out.replace("OK GPU 0", "FAIL GPU 0").replace("0 wrong", "12 wrong")
     assert not parse_check(bad, 1, 1)["ok"]
+
+
+def _cells(table: str) -> dict[str, list[str]]:
+    """check -> [problem, fix] from a Rich table as printed (each cell wrapped over rows)."""
+    rows: dict[str, list[str]] = {}
+    current = ""
+    for line in table.splitlines():
+        cols = [c.strip() for c in line.split("│")]
+        if len(cols) != 5:
+            continue
+        current = cols[1] or current
+        cells = rows.setdefault(current, ["", ""])
+        rows[current] = [f"{cells[0]} {cols[2]}".strip(), f"{cells[1]} {cols[3]}".strip()]
+    return rows
+
+
+def test_preflight_today_refuses_the_recorded_host_as_it_did_there() -> None:
+    """The 2026-11-27 session: preflight, fed the System fact recorded on the host, gives the
+    message and the fix the host printed (the table wraps them; the words are the same)."""
+    from dataclasses import fields
+
+    from gpuk8s.facts.system import SystemInfo
+    from roles.preflight.role import check
+    from tests.unit.test_truthful_preflight import context
+
+    recorded = json.loads(read("facts-2026-11-27.json"))["localhost"]["System"]
+    names = {f.name for f in fields(SystemInfo)}
+    system = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()
+              if k in names}
+    assert (system["init"], system["systemd"], system["virt"]) == \
+        ("process_api", False, "docker")
+    errors, _ = check(context("localhost", **system))
+    found = {name: [message, fix] for name, message, fix in errors}
+    session = read("session-2026-11-27.txt")
+    printed = _cells(session[session.index("preflight problems"):
+                             session.index("error: preflight found")])
+    assert found["init"][0].startswith("no systemd (PID 1 is process_api): gpuk8s needs a "
+                                       "systemd host")
+    assert printed["init"] == found["init"]
+    assert "(exit code 3)" in session and "+ enable kubelet" not in session
+    # the PyTorch fallback found the system PyTorch from gpuk8s's venv (the cell wraps)
+    assert "torch 2.11.0+cu130 (CUDA 13.0) with" in session
+    assert "/opt/torch/.venv/bin/python3" in session

@@ -207,3 +207,12 @@ def test_cuda_from_nvidias_nvcc_package_is_not_called_a_hand_install() -> None:
     [op] = load_role("cuda").plan(ctx)
     assert op.reason == ("= CUDA 13.0.88 is present (cuda-nvcc-13-0 13.0.88-1 from apt, "
                          "without the cuda-toolkit-13-0 metapackage): left as it is")
+
+
+def test_a_container_image_on_a_vm_is_named_as_either() -> None:
+    """The real H200 sandbox: /.dockerenv (its root file system came from a container image)
+    and the CPU's hypervisor flag (a Firecracker VM)."""
+    found = problems(context(**{**SANDBOX, "virt": "docker", "hypervisor": True}))
+    assert found["init"] == ("no systemd (PID 1 is process_api): gpuk8s needs a systemd host; "
+                             "this looks like a docker container or a VM booted from a "
+                             "container image (the CPU reports a hypervisor)")
