@@ -32,6 +32,7 @@ class _Host:
     #: when the current op (or reboot) started, and when the host's work in the phase did
     since: float = field(default_factory=time.monotonic)
     began: float = field(default_factory=time.monotonic)
+    ended: float | None = None
     spinner: Spinner = field(default_factory=lambda: Spinner("dots", style="yellow"))
 
 
@@ -92,6 +93,8 @@ class Progress:
         first = (text.splitlines() or [""])[0]
         say: tuple[str, str, bool] | None = None  # (label, text, shown above a live panel)
         with self._lock:
+            if host not in self.hosts and kind == "done":
+                return  # a host of the phase with nothing to change: not on the bar
             line = self.hosts.setdefault(host, _Host())
             now = time.monotonic()
             if kind in ("op", "handler"):
@@ -108,13 +111,17 @@ class Progress:
                 say = ("FAILED", first, True)
             elif kind == "done" and line.state != "failed":
                 line.state, line.op, line.since = "done", "", now
-            live = self._live is not None
+            if kind in ("done", "fail"):
+                line.ended = now
+            live = self._live
+        if live is not None:
+            live.refresh()  # every state is drawn, however short (outside our lock)
         if say is None:
             return
         label, shown, calm = say
         # a live panel shows ops itself; reboots and failures also get a line above it;
         # --quiet keeps only failures
-        if (live and not calm) or (self.quiet and label != "FAILED"):
+        if (live is not None and not calm) or (self.quiet and label != "FAILED"):
             return
         self.console.print(f"  [{host}] {label}" + (f" {shown}" if shown else ""),
                            markup=False, highlight=False,
@@ -138,5 +145,5 @@ class Progress:
                 took = "" if s.state in ("waiting", "done") else f"{now - s.since:5.1f}s"
                 rows.add_row(icon, Text(host, style="bold"), Text(s.state, style=style),
                              Text(s.op), Text(took, style="dim"),
-                             Text(f"(host {now - s.began:5.1f}s)", style="dim"))
+                             Text(f"(host {(s.ended or now) - s.began:5.1f}s)", style="dim"))
             return Group(bar, rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -18,12 +19,13 @@ from typing import Any
 
 import pytest
 
-from gpuk8s import api
+from gpuk8s import api, htmlreport
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
+from tests.browser import render, timeline_problems
 from tests.lab.lab import Lab
 from tests.lab.repos import real_kubectl
-from tests.lab.runs import restore_fresh
+from tests.lab.runs import PYTHON, restore_fresh
 
 pytestmark = pytest.mark.lab
 
@@ -76,11 +78,22 @@ def test_plan_on_fresh_nodes_lists_changes_and_changes_nothing(fresh: Lab) -> No
     assert node_state(fresh) == before, "invoke plan changed a node"
 
 
+#: the first bootstrap's run folder, for the run-page test below
+FIRST_RUN: dict[str, Path] = {}
+
+
 def test_bootstrap_as_sudo_user_with_password(fresh: Lab, monkeypatch: pytest.MonkeyPatch,
-                                              ) -> None:
+                                              capfd: pytest.CaptureFixture[str]) -> None:
     password = fresh.labadmin_password
     monkeypatch.setenv("GPUK8S_BECOME_PASSWORD", password)
     result, text = run_api(api.bootstrap, fresh.become_inventory_path, sets=[GATES], yes=True)
+    FIRST_RUN["bootstrap"] = Path(result["run_dir"])
+    # the GPU nodes rebooted for their driver: one calm line each, and no library traceback
+    # (paramiko's refused handshakes go to the run's library.log) on stdout or stderr
+    terminal = text + "".join(capfd.readouterr())
+    for gpu_node in ("gpu-01", "gpu-02"):
+        assert re.search(rf"\[{gpu_node}\] rebooting \.\.\. back after \d+ s", text), text
+    assert "Traceback" not in terminal and "Exception (client)" not in terminal, terminal
     assert result["changed"] > 20
     assert all(t["failed"] == 0 for t in result["totals"].values())
     run_dir = Path(result["run_dir"])
@@ -145,6 +158,81 @@ def test_second_run_as_root_changes_nothing(fresh: Lab) -> None:
     assert "no changes" in text and "wall time" in text
     print(f"\nno-op re-run wall time: {result['wall_time']:.2f}s")
     assert node_state(fresh) == before
+
+
+def test_the_run_page_of_the_bootstrap_shows_every_host_in_chromium(fresh: Lab) -> None:
+    """`invoke report` of the first bootstrap, rendered and screenshotted by headless
+    Chromium: the four hosts' timelines are drawn, and the cluster table lists them Ready."""
+    run = FIRST_RUN.get("bootstrap")
+    assert run is not None, "test_bootstrap_as_sudo_user_with_password did not run first"
+    page = htmlreport.write(run)
+    rendered = render(page)
+    ids = [f"host-{h}" for h in NODES]
+    assert timeline_problems(rendered, ids) == {}, f"{run}: hosts not drawn"
+    assert all(rendered.hosts[i].bars >= 2 for i in ids)
+    assert rendered.scripts == 1 and rendered.handlers == 0  # only the measuring script
+    for node in NODES:
+        assert f"<td>{node}</td><td>Ready</td>" in rendered.dom
+
+
+def _drift(lab: Lab) -> None:
+    """A small change for a run to put back: cpu-01's sysctl file removed."""
+    rc, _, err = lab.ssh("cpu-01", "rm -f /etc/sysctl.d/99-kubernetes.conf")
+    assert rc == 0, err
+
+
+def test_on_a_terminal_the_run_shows_the_live_panel(fresh: Lab, tmp_path: Path) -> None:
+    """bootstrap under a pseudo-terminal: the live panel (phase bar, hosts done of total, a
+    spinner on the host at work), drawn with cursor movements; the final table after it."""
+    _drift(fresh)
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "gpuk8s.cli", "bootstrap", "-i", str(fresh.inventory_path), "--yes",
+         "--set", GATES], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "140",
+             "GPUK8S_RUNS_DIR": str(tmp_path)})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    assert "\x1b[?25l" in screen and "\x1b[1A" in screen  # a live region, redrawn in place
+    assert re.search(r"node .*━.* [01]/1 hosts", plain), plain[-3000:]
+    assert re.search(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] cpu-01 running base \| sysctls", plain), plain[-3000:]
+    assert "✓ cpu-01 done" in plain and "node: 1/1 host(s) done in" in plain
+    assert "result" in plain and "Traceback" not in plain
+    # the node's own times: the final table's time column is not 0.0s for any host
+    assert not re.search(r"│ \S+ +│ +\d+ │ +\d+ │ +\d+ │ +0\.0s │", plain), plain[-2000:]
+
+
+def test_piped_the_run_prints_plain_lines(fresh: Lab, tmp_path: Path) -> None:
+    """The same run with stdout a pipe (CI logs): no escape sequences, one line per op as it
+    starts; with --quiet, only the final table."""
+    _drift(fresh)
+    argv = [PYTHON, "-m", "gpuk8s.cli", "bootstrap", "-i", str(fresh.inventory_path),
+            "--yes", "--set", GATES]
+    env = {**os.environ, "GPUK8S_RUNS_DIR": str(tmp_path)}
+    piped = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    assert "\x1b" not in piped.stdout + piped.stderr
+    assert "  [cpu-01] -> base | sysctls persisted" in piped.stdout
+    assert "node: 1/1 host(s) done in" in piped.stdout
+    _drift(fresh)
+    quiet = subprocess.run([*argv, "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "[cpu-01] ->" not in quiet.stdout and "== node" not in quiet.stdout
+    assert re.search(r"│ cpu-01 +│ +[12] │", quiet.stdout), quiet.stdout
 
 
 def wait_cluster_ready(lab: Lab, timeout: int = 180) -> None:
