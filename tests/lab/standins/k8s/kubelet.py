@@ -41,7 +41,7 @@ Obj = dict[str, Any]
 #: etcd flags that name files or folders of the node
 PATH_FLAGS = {"--data-dir", "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file",
               "--peer-key-file", "--peer-trusted-ca-file", "--wal-dir"}
-STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "5"))
+STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "2"))
 APISERVER_UNIT = "kube-apiserver-standin"
 ETCD_UNIT = "etcd-static-pod"
 #: the REAL etcd (Debian's etcd-server 3.5), carried by the lab's kubelet package: the kubelet
