@@ -103,7 +103,9 @@ def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str
                 session.reporter.print(f"\n{host}")
                 for key, value in summary(session.facts[host]).items():
                     session.reporter.print(f"  {key:<18} {value}")
-        session.runlog.write_report(facts=json.loads(json.dumps(data, default=_jsonable)))
+        # file contents among the facts (an apt proxy URL with its password) go redacted
+        session.runlog.write_report(facts=json.loads(session.redact(
+            json.dumps(data, default=_jsonable))))
         return data
 
 

@@ -182,8 +182,10 @@ def _check_version(version: str | None, requires: str) -> str | None:
 
 
 def source_files(root: Path, skip: Path) -> tuple[list[str], list[str]]:
-    """The checkout's files (what git tracks, plus the untracked files it does not ignore) and
-    which of them are not committed; without git, every file outside build/cache folders."""
+    """The checkout's files to copy (what git tracks) and the untracked files git does not
+    ignore, which are left out (an inventory with passwords or a key dropped in the checkout
+    must not travel in a bundle unasked; commit what the bundle needs); without git, every
+    file outside build/cache folders."""
     def git(*args: str) -> list[str]:
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args],
                              capture_output=True, check=True).stdout
@@ -191,7 +193,7 @@ def source_files(root: Path, skip: Path) -> tuple[list[str], list[str]]:
 
     try:
         untracked = git("--others", "--exclude-standard")
-        names = git() + untracked
+        names = git()
     except (OSError, subprocess.CalledProcessError):
         untracked = []
         names = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if not (
@@ -202,7 +204,7 @@ def source_files(root: Path, skip: Path) -> tuple[list[str], list[str]]:
             if ((root / n).is_file() or (root / n).is_symlink())
             and not any(part.startswith("gpuk8s-bundle-") for part in Path(n).parts)
             and not (skip_dir and (root / n).absolute().is_relative_to(skip_dir.absolute()))]
-    return keep, [n for n in untracked if n in set(keep)]
+    return keep, untracked
 
 
 def install_text(version: str, target: Target, name: str, wheels: int) -> tuple[str, str]:
@@ -280,7 +282,7 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
              f"  gpuk8s-{meta['version']}/: the checkout, {len(files)} files"]
     if untracked:
         shown = ", ".join(untracked[:5]) + (", ..." if len(untracked) > 5 else "")
-        lines.append(f"    {len(untracked)} of them not committed: {shown}")
+        lines.append(f"    left out, not committed: {len(untracked)} file(s): {shown}")
     lines += [f"install on the admin machine (python3 {target.version}, no index needed):",
               *([f"  tar xzf {path.name}"] if tarball else []),
               f"  cd {name}/gpuk8s-{meta['version']}", f"  {INSTALL}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import threading
 import time
@@ -89,13 +90,20 @@ def section_times(output: str, marker: str) -> dict[int, tuple[float, float | No
             continue
         word = line.split()
         try:
-            if word[1] == "B" and len(word) > 3:
-                times[int(word[2])] = (float(word[3]), None)
-            elif word[1] == "E" and len(word) > 4 and int(word[2]) in times:
-                times[int(word[2])] = (times[int(word[2])][0], float(word[4]))
-        except ValueError:
+            if len(word) > 3 and word[1] == "B":
+                times[int(word[2])] = (_finite(word[3]), None)
+            elif len(word) > 4 and word[1] == "E" and int(word[2]) in times:
+                times[int(word[2])] = (times[int(word[2])][0], _finite(word[4]))
+        except ValueError:  # not a number, or nan/inf: that op's time stays unknown
             continue
     return times
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
 
 
 class _OpStarts:
@@ -164,7 +172,9 @@ class HostRunner:
             """(start on this machine's clock, seconds) of op i; spread evenly without times"""
             if i in times and times[i][1] is not None:
                 begin, end = times[i]
-                return started + (begin - first), max(0.0, (end or begin) - begin)
+                # the node's clock may step (NTP, a reboot): keep each op inside the script
+                offset = min(max(0.0, begin - first), elapsed)
+                return started + offset, min(max(0.0, (end or begin) - begin), elapsed - offset)
             return started + elapsed * i / len(todo), elapsed / len(todo)
         if res.exit_code == -1 and any(code is None for _, code in sections.values()):
             # the channel closed with no exit status: the host went away under the script

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpuk8s.errors import RunFolderError
 from gpuk8s.report import untrusted
+from gpuk8s.transport import Redactor
 
 #: bar colour per op status (executor.OpResult.status, and "planned" for a check run); the
 #: browser test looks for these colours' pixels inside each host's row
@@ -346,7 +347,8 @@ def render(run_dir: Path) -> str:
             ("failed hosts", esc(", ".join(sorted(failed)) or "none"))]
     other = {k: v for k, v in report.items() if k not in SHOWN}
     extra = (f"<details><summary>other fields of report.json ({esc(', '.join(other))})"
-             f"</summary><pre>{esc(json.dumps(other, indent=2, default=str))}</pre></details>"
+             f"</summary><pre>{esc(Redactor()(json.dumps(other, indent=2, default=str)))}"
+             "</pre></details>"
              if other else "")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

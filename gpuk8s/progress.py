@@ -60,14 +60,16 @@ class Progress:
 
     def start(self, hosts: Sequence[str]) -> None:
         """A batch of the phase starts (every host at once, or ``serial`` at a time)."""
+        live = None
         with self._lock:
             for h in hosts:
                 self.hosts.setdefault(h, _Host())
                 self.hosts[h].began = self.hosts[h].since = time.monotonic()
             if self.live_wanted and hosts and self._live is None:
-                self._live = Live(self, console=self.console, refresh_per_second=10,
-                                  transient=True)
-                self._live.start()
+                live = self._live = Live(self, console=self.console, refresh_per_second=10,
+                                         transient=True)
+        if live is not None:
+            live.start()  # outside our lock, like stop(): it takes the console's
 
     def stop(self) -> None:
         """The batch is over: the panel goes, and a line per phase says how it went.

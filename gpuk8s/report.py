@@ -286,10 +286,10 @@ class Reporter:
 
     # -- live progress (executor listener) --------------------------------------------------
     def begin_phase(self, name: str, hosts: Sequence[str]) -> None:
-        self.progress.begin_phase(name, hosts)
+        self.progress.begin_phase(name, [self.safe(h) for h in hosts])
 
     def start(self, hosts: Sequence[str]) -> None:
-        self.progress.start(hosts)
+        self.progress.start([self.safe(h) for h in hosts])
 
     def stop(self) -> None:
         self.progress.stop()

@@ -168,6 +168,7 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     if errors and (not allow_unreachable or session.first_cp in errors):
         for t in transports.values():
             t.close()
+        session.runlog.close()
         raise PhaseFailed("connect", {h: HostResult(h, error=e) for h, e in errors.items()})
     session.unreachable = dict(errors)
     session.scope = [h for h in session.scope if h not in errors]

@@ -137,7 +137,7 @@ else
   if grep -qi microsoft /proc/sys/kernel/osrelease 2>/dev/null; then v=wsl
   elif [ -e /run/.containerenv ]; then v=podman
   elif [ -e /.dockerenv ]; then v=docker
-  elif tr '\0' '\n' < /proc/1/environ 2>/dev/null | grep -q '^container='; then v=container
+  elif tr '\0' '\n' 2>/dev/null </proc/1/environ | grep -q '^container='; then v=container
   elif grep -qw hypervisor /proc/cpuinfo 2>/dev/null; then v=vm
   else v=unknown; fi
   echo "virt=$v"; echo virt_source=guessed

@@ -255,7 +255,10 @@ class SSHTransport:
                         "the limit is gpuk8s.transport.MAX_OUTPUT_BYTES)"))
                 chunks.append(data)
                 if self.on_output is not None:
-                    self.on_output(data)
+                    try:  # the display must never look like a lost connection
+                        self.on_output(data)
+                    except Exception:
+                        self.on_output = None
             code = chan.recv_exit_status()
         except TimeoutError:
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
@@ -162,13 +163,22 @@ def _endpoint_address_problems(ctx: HostContext) -> list[Problem]:
     if ctx.host != first or ctx.cluster.get("endpoint_mode") != "direct":
         return []
     address = str(ctx.cluster.get("advertise_address", ""))
-    if address.lower() not in _LOOPBACK and not address.startswith("127."):
+    if not _is_loopback(address):
         return []
     return [("endpoint", f"the control plane's address is {address}, so the API endpoint "
              f"would be {address}:6443: loopback, which no other node reaches and the API "
              "server cannot advertise",
              f"give {ctx.host} its LAN address as ansible_host (with ansible_connection: local "
              "gpuk8s still runs its commands locally), or set control_plane_endpoint")]
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address.lower().rstrip(".") in _LOOPBACK
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def plan(ctx: HostContext) -> list[Op]:

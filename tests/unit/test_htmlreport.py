@@ -263,3 +263,13 @@ def test_clear_errors_for_a_bad_run_folder(tmp_path: Path,
         htmlreport.render(tmp_path / "nope")
     with pytest.raises(RunFolderError, match="no run folder under"):
         htmlreport.latest_run(tmp_path / "nothing-here")
+
+
+def test_a_password_in_a_field_the_page_does_not_know_is_redacted(tmp_path: Path) -> None:
+    """`invoke facts` keeps file contents in report.json (an apt proxy URL with its
+    password); the page's "other fields" must not show the password."""
+    report = four_host_report()
+    report["facts"] = {"cp-01": {"Files": {"/etc/apt/apt.conf.d/90gpuk8s-proxy": {
+        "content": 'Acquire::http::Proxy "http://labuser:S3cretPw@proxy:3128";'}}}}
+    page = htmlreport.render(make_run(tmp_path, report))
+    assert "S3cretPw" not in page and "proxy:3128" in page

@@ -34,7 +34,8 @@ SANDBOX = {"init": "process_api", "systemd": False, "virt": "vm", "virt_source":
 
 def run_here(fact: Fact[Any], path: str | None = None) -> Any:
     env = dict(os.environ, PATH=path or os.environ["PATH"])
-    out = subprocess.run(["/bin/bash", "-c", fact.command()], capture_output=True, text=True,
+    # /bin/sh (dash on Debian and Ubuntu), as the probes run on the nodes
+    out = subprocess.run(["/bin/sh", "-c", fact.command()], capture_output=True, text=True,
                          env=env, timeout=60)
     return fact.parse(out.stdout, out.returncode)
 
@@ -216,3 +217,14 @@ def test_a_container_image_on_a_vm_is_named_as_either() -> None:
     assert found["init"] == ("no systemd (PID 1 is process_api): gpuk8s needs a systemd host; "
                              "this looks like a docker container or a VM booted from a "
                              "container image (the CPU reports a hypervisor)")
+
+
+def test_every_spelling_of_loopback_is_refused() -> None:
+    for address in ("localhost", "LOCALHOST.", "127.0.1.1", "::1", "[::1]",
+                    "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"):
+        ctx = context("cp-01", gpus=0)
+        ctx.cluster.update(advertise_address=address)
+        assert "loopback" in problems(ctx).get("endpoint", ""), address
+    ctx = context("cp-01", gpus=0)
+    ctx.cluster.update(advertise_address="10.0.0.1")
+    assert "endpoint" not in problems(ctx)
