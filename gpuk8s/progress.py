@@ -1,7 +1,7 @@
 """What a run shows while it works. On a terminal: a live panel, one bar for the phase (hosts
 done of those it changes), then one line per host with a spinner while its command runs, its
 phase, the op it is on and how long that has taken. Elsewhere (CI logs, pipes): plain lines,
-one per op as it starts, one when a host reboots and one when it is back.
+one per op as it starts and one per reboot once the host is back.
 
 Text reaching this module is already redacted and made safe by the Reporter (report.py); it
 is shown only as ``Text`` or with ``markup=False``."""
@@ -102,9 +102,8 @@ class Progress:
             if kind in ("op", "handler"):
                 line.state, line.op, line.since = "running", first, now
                 say = ("->" if kind == "op" else "=>", first, False)
-            elif kind == "reboot":
+            elif kind == "reboot":  # said once it is back: one calm line per reboot
                 line.state, line.op, line.since = "rebooting", first, now
-                say = ("rebooting ...", "", False)
             elif kind == "back":
                 line.state, line.op, line.since = "running", f"back after {first} s", now
                 say = (f"rebooting ... back after {first} s", "", True)

@@ -93,6 +93,7 @@ def test_bootstrap_as_sudo_user_with_password(fresh: Lab, monkeypatch: pytest.Mo
     terminal = text + "".join(capfd.readouterr())
     for gpu_node in ("gpu-01", "gpu-02"):
         assert re.search(rf"\[{gpu_node}\] rebooting \.\.\. back after \d+ s", text), text
+        assert text.count(f"[{gpu_node}] rebooting") == 1, text
     assert "Traceback" not in terminal and "Exception (client)" not in terminal, terminal
     assert result["changed"] > 20
     assert all(t["failed"] == 0 for t in result["totals"].values())
