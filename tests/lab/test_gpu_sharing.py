@@ -58,7 +58,7 @@ def gpu_pod(name: str) -> str:
         "name": name, "namespace": "default", "labels": {"app": "sliced"}}, "spec": {
         "nodeSelector": {"kubernetes.io/hostname": "gpu-02"}, "runtimeClassName": "nvidia",
         "restartPolicy": "Never", "containers": [{
-            "name": "c", "image": BUSYBOX, "command": ["sleep", "300"],
+            "name": "c", "image": BUSYBOX, "command": ["/bin/busybox", "sleep", "300"],
             "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
 
 
