@@ -97,6 +97,17 @@ def test_four_pods_share_the_h200_and_a_fifth_waits(cluster: Lab) -> None:
     ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pods -l app=sliced --wait=true", timeout=180)
 
 
+def test_verify_counts_the_time_sliced_slots(cluster: Lab, tmp_path: Path) -> None:
+    """`invoke verify` on the time-sliced cluster: gpu-02 offers 4 slots of its 1 GPU, and
+    nvidia-smi in a pod there sees the one H200."""
+    from gpuk8s import workloads
+
+    result = workloads.verify(inventory(cluster, tmp_path, SLICED), sets=["tensorflow=false"])
+    assert result["nodes"]["gpu-02"]["ok"] and result["nodes"]["gpu-01"]["ok"], result
+    assert result["nodes"]["gpu-02"]["allocatable"] == 4
+    assert result["nodes"]["gpu-02"]["nvidia_smi"] == 1
+
+
 def test_back_to_none_converges_then_a_second_run_is_a_no_op(cluster: Lab,
                                                               tmp_path: Path) -> None:
     result, text = bootstrap_inline(inventory(cluster, tmp_path, None))
