@@ -108,6 +108,7 @@ def cluster_values(session: Session) -> None:
                        "address": host.address, "gpus": len(gpus),
                        # pods run there (a worker, or a control plane without the taint)
                        "schedulable": host.schedulable,
+                       "sharing": dict(role_vars(host).get("gpu_sharing") or {}),
                        "model": gpus[0].model if gpus else ""}
     control_planes = [{"host": h.name, "address": h.address}
                       for h in session.inventory.control_planes if not h.absent]

@@ -341,11 +341,14 @@ class NodeCheck:
     tf: int | None = None
     problem: str = ""
     with_tf: bool = True   # verify's `tensorflow` value: the TensorFlow stage runs
+    #: time-slicing slots per GPU (the node's nvidia.com/gpu.replicas label, set by gpuk8s)
+    replicas: int = 1
 
     @property
     def ok(self) -> bool:
         return not self.problem and len(self.smi) == self.expected == (
-            self.tf if self.with_tf else self.expected) and self.allocatable == self.expected
+            self.tf if self.with_tf else self.expected) and \
+            self.allocatable == self.expected * self.replicas
 
 
 def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -356,8 +359,12 @@ def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
         present = node.labels.get("nvidia.com/gpu.present") == "true"
         if not present and not node.gpu_allocatable:
             continue
-        expected = int(count) if count and count.isdigit() else (node.gpu_allocatable or 0)
-        out.append({"name": name, "gpus": expected, "allocatable": node.gpu_allocatable})
+        replicas = node.labels.get("nvidia.com/gpu.replicas", "1")
+        slots = int(replicas) if replicas.isdigit() and int(replicas) > 0 else 1
+        expected = int(count) if count and count.isdigit() else \
+            (node.gpu_allocatable or 0) // slots
+        out.append({"name": name, "gpus": expected, "allocatable": node.gpu_allocatable,
+                    "replicas": slots})
     return out
 
 
@@ -384,6 +391,7 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
                                 "nvidia.com/gpu.present=true or offers nvidia.com/gpu)")
         with_tf = bool(values["tensorflow"])
         checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"],
+                                       replicas=n.get("replicas", 1),
                                        with_tf=with_tf) for n in nodes}
         selector = f"{LABEL}=verify"
         res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
@@ -426,7 +434,9 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
         for c in checks.values():
             models = sorted(set(c.smi))
             table.add_row(rep.cell(c.node), str(c.expected),
-                          "-" if c.allocatable is None else str(c.allocatable),
+                          "-" if c.allocatable is None else str(c.allocatable)
+                          + (f" ({c.expected} x {c.replicas} time-sliced)"
+                             if c.replicas > 1 else ""),
                           rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models
                                                       else "")),
                           "skipped" if not with_tf else "-" if c.tf is None else str(c.tf),

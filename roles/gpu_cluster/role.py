@@ -3,6 +3,7 @@ then allocatable nvidia.com/gpu on every GPU node equals its PCI GPU count."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from gpuk8s.checks import Rule, check_xyz
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
+from gpuk8s.gpusharing import check_gpu_sharing, config_map, node_labels, sharing_of
 from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.kube import KUBECTL, apply, labels
 from gpuk8s.roles import HostContext
@@ -21,6 +23,7 @@ GPU_PATH = "'{.status.allocatable.nvidia\\.com/gpu}'"
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
     "nvidia_device_plugin_version": Rule(check_xyz, cluster_wide=True),
+    "gpu_sharing": Rule(check_gpu_sharing),
 }
 
 
@@ -64,22 +67,30 @@ def plan(ctx: HostContext) -> list[Op]:
         return ops
     ops.append(apply(cluster, "gpu_cluster | RuntimeClass nvidia", "runtimeclass-nvidia",
                      ctx.template("gpu/runtimeclass.yaml.j2").decode()))
-    ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin",
-                     ctx.template("gpu/nvidia-device-plugin.yaml.j2").decode()))
+    sharing = {h: sharing_of(n.get("sharing")) for h, n in gpu_nodes.items()}
+    manifest = ctx.template("gpu/nvidia-device-plugin.yaml.j2").decode() + "---\n" + \
+        json.dumps(config_map(sharing.values()), indent=2) + "\n"
+    ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin", manifest))
     gpu_timeout = int(ctx.var("gpu_ready_timeout"))
-    for node in gpu_nodes.values():
+    # one node at a time: its config label, then its GPUs offered, then the next node
+    for host, node in gpu_nodes.items():
+        ops.append(labels(cluster, f"gpu_cluster | sharing {node['name']}", node["name"],
+                          node_labels(sharing[host])))
+        want = sharing[host].offered(node["gpus"])
         have = cluster.nodes.get(node["name"])
         got = have.gpu_allocatable if have else None
         op_id = f"gpu_cluster | {node['name']} allocatable nvidia.com/gpu"
-        if got == node["gpus"]:
-            ops.append(noop(op_id, f"= {node['name']}: {got} GPU(s) allocatable"))
+        slots = f" ({node['gpus']} GPU(s) x {sharing[host].replicas})" \
+            if sharing[host].replicas > 1 else ""
+        if got == want:
+            ops.append(noop(op_id, f"= {node['name']}: {got} nvidia.com/gpu allocatable{slots}"))
             continue
-        ops.append(change(op_id, f"+ wait until {node['name']} offers {node['gpus']} GPU(s) "
-                          f"(now {got if got is not None else 'none'})",
-                          f"{KUBECTL} wait --for=jsonpath={GPU_PATH}={node['gpus']} "
+        ops.append(change(op_id, f"+ wait until {node['name']} offers {want} nvidia.com/gpu"
+                          f"{slots} (now {got if got is not None else 'none'})",
+                          f"{KUBECTL} wait --for=jsonpath={GPU_PATH}={want} "
                           f"{node_arg(node['name'], 'node/')} --timeout={gpu_timeout}s || "
                           f"{{ echo {node_arg(node['name'])}\": allocatable nvidia.com/gpu is "
                           f"$({KUBECTL} get node {node_arg(node['name'])} -o "
                           f"jsonpath={GPU_PATH}), expected "
-                          f"{node['gpus']}\" >&2; exit 1; }}", timeout=gpu_timeout + 30))
+                          f"{want}\" >&2; exit 1; }}", timeout=gpu_timeout + 30))
     return ops

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any
 
+import yaml
+
 from . import dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
@@ -296,6 +298,8 @@ class Kubelet:
         self.registered = False
         #: device plugin allocation: pod uid -> UUIDs of the GPUs its containers were given
         self.gpu_assign: dict[str, list[str]] = {}
+        #: slots per GPU of the device plugin's config (time-slicing replicas)
+        self.replicas = 1
 
     @staticmethod
     def _parse(argv: list[str]) -> argparse.Namespace:
@@ -324,8 +328,50 @@ class Kubelet:
             images = " ".join(c.get("image", "") for c in p["spec"].get("containers") or [])
             if "k8s-device-plugin" in images and p.get("status", {}).get("phase") == "Running" \
                     and self.pod_runtime(p, cfg) == "nvidia":
-                return min(len(pci), listed)
+                self.replicas = self.plugin_replicas(p)
+                return min(len(pci), listed) * self.replicas
         return 0
+
+    def plugin_replicas(self, pod: Obj) -> int:
+        """Slots per GPU from the device plugin's config, resolved as its config-manager does:
+        the node's NODE_LABEL value, else DEFAULT_CONFIG, else a key named "default" or the
+        only key (FALLBACK_STRATEGIES named,single); a config it cannot find or read leaves
+        the plugin down (0: config-manager exits and is restarted). A plugin without
+        config-manager offers one slot per GPU."""
+        env: dict[str, str] = {}
+        for c in pod["spec"].get("containers") or []:
+            if c.get("command") == ["config-manager"]:
+                env = {e["name"]: e.get("value", "") for e in c.get("env") or []}
+        cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
+                        if "configMap" in v and v.get("name") == "available-configs"), None)
+        if not env or not cm_name:
+            return 1
+        try:
+            node = self.client.get(f"/api/v1/nodes/{self.node_name}")
+            data = self.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/"
+                                   f"configmaps/{cm_name}").get("data") or {}
+        except ApiError:
+            return 0
+        label = node["metadata"].get("labels", {}).get(env.get("NODE_LABEL", ""), "")
+        name = label or env.get("DEFAULT_CONFIG", "")
+        if not name:
+            strategies = env.get("FALLBACK_STRATEGIES", "named,single").split(",")
+            name = "default" if "named" in strategies and "default" in data else \
+                next(iter(data)) if "single" in strategies and len(data) == 1 else ""
+        if name not in data:
+            klog("E", f'"Error: unable to get config" err="config {name!r} not found in '
+                 f'{cm_name}"', "main.go:113")
+            return 0
+        try:
+            config = yaml.safe_load(data[name]) or {}
+            resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get(
+                "resources") or []
+        except (yaml.YAMLError, AttributeError):
+            return 0
+        for r in resources:
+            if r.get("name") == "nvidia.com/gpu":
+                return int(r.get("replicas", 1)) if int(r.get("replicas", 1)) >= 2 else 0
+        return 1
 
     def pod_runtime(self, pod: Obj, cfg: Obj) -> str | None:
         rc = pod["spec"].get("runtimeClassName")
@@ -792,7 +838,8 @@ class Kubelet:
             if realpods.report(uid) is None:   # not adopted from an earlier kubelet
                 try:
                     spec = realpods.prepare(
-                        self.client, pod, self.node_ip, self.gpu_assign.get(uid, []),
+                        self.client, pod, self.node_ip,
+                        sorted({u.split("::")[0] for u in self.gpu_assign.get(uid, [])}),
                         handler == "nvidia", os.path.dirname(os.path.dirname(
                             self.log_path(pod, "x"))), self.cfg)
                 except (realpods.VolumeError, ApiError) as e:
@@ -820,10 +867,14 @@ class Kubelet:
         return 0 if rep.get("phase") in ("Succeeded", "Failed") else want_gpu
 
     def allocate(self, count: int) -> list[str]:
-        """The device plugin's Allocate: the first free GPUs of the node, by UUID."""
+        """The device plugin's Allocate: the first free GPUs of the node, by UUID; with
+        time-slicing, free replicas ``<UUID>::<n>`` spread over the GPUs (the plugin's
+        "distributed" policy)."""
         p = run(["nvidia-smi", "-L"])
         node = re.findall(r"\(UUID: (GPU-[0-9A-Fa-f-]+)\)", p.stdout)
         taken = {u for uuids in self.gpu_assign.values() for u in uuids}
+        if self.replicas > 1:
+            node = [f"{u}::{n}" for n in range(self.replicas) for u in node]
         return [u for u in node if u not in taken][:count]
 
     def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
