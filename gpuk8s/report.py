@@ -236,10 +236,6 @@ class Reporter:
         self.quiet = quiet
         self.progress = Progress(self.console, live=self.console.is_terminal, quiet=quiet)
 
-    @property
-    def tty(self) -> bool:
-        return self.console.is_terminal
-
     def safe(self, text: object) -> str:
         """``text`` redacted, then :func:`untrusted`: plain text for ``markup=False`` output."""
         return untrusted(self.redact(str(text)))

@@ -123,7 +123,7 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
 
 def _tally(session: Session, results: Mapping[str, HostResult]) -> None:
     for host, res in results.items():
-        t = session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0, "time": 0.0})
+        t = session.host_totals(host)
         t["changed"] += res.changed
         t["ok"] += res.ok
         t["failed"] += res.failed + (1 if res.error and not res.failed else 0)
@@ -155,8 +155,7 @@ def _leave_out(session: Session, stage: str, errors: Mapping[str, Gpuk8sError],
     the first control plane failed or more hosts failed than ``budget`` allows."""
     for host, err in errors.items():
         session.failed[host] = err
-        totals = session.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0,
-                                                  "time": 0.0})
+        totals = session.host_totals(host)
         totals["failed"] = max(1, totals["failed"])
     if session.first_cp in errors or len(session.failed) > budget:
         raise PhaseFailed(stage, results)

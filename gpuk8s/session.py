@@ -51,6 +51,10 @@ class Session:
     #: commands with the first one unreachable)
     lead: str | None = None
 
+    def host_totals(self, host: str) -> dict[str, Any]:
+        """The final table's record of ``host`` (changed, ok, failed, time), made on first use."""
+        return self.totals.setdefault(host, {"changed": 0, "ok": 0, "failed": 0, "time": 0.0})
+
     def close(self) -> None:
         try:
             for transport in self.transports.values():

@@ -48,9 +48,7 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         took = time.monotonic() - started
         session.runlog.add_probe(name, started, took)
         with lock:  # the final table's time per host counts its probes too
-            totals = session.totals.setdefault(name, {"changed": 0, "ok": 0, "failed": 0,
-                                                      "time": 0.0})
-            totals["time"] += took
+            session.host_totals(name)["time"] += took
         return parse_probe(name, result.stdout, requests, marker)
 
     lock = threading.Lock()

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.kube import parse_nodes
+from gpuk8s.gpusharing import REPLICAS_LABEL
 from gpuk8s.inventory import load_inventory
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import Session
@@ -359,7 +360,7 @@ def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
         present = node.labels.get("nvidia.com/gpu.present") == "true"
         if not present and not node.gpu_allocatable:
             continue
-        replicas = node.labels.get("nvidia.com/gpu.replicas", "1")
+        replicas = node.labels.get(REPLICAS_LABEL, "1")
         slots = int(replicas) if replicas.isdigit() and int(replicas) > 0 else 1
         expected = int(count) if count and count.isdigit() else \
             (node.gpu_allocatable or 0) // slots

@@ -21,7 +21,7 @@ from gpuk8s.facts.system import (
 )
 from gpuk8s.ops import Op
 from gpuk8s.ops import registry as reg
-from gpuk8s.roles import HostContext
+from gpuk8s.roles import HostContext, load_role
 from gpuk8s.sinks import node_name_problem
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
@@ -33,8 +33,8 @@ NEVER_IGNORED = {"hostname", "init"}
 #: checks whose failure leaves nothing to plan for the host: `plan` stops at them too, instead
 #: of listing steps (enable kubelet, modprobe ...) that cannot run there
 UNPLANNABLE = frozenset({"hostname", "init"})
-#: kernel modules the node needs (the base role persists and loads them)
-NEEDED_MODULES = ("overlay", "br_netfilter")
+#: kernel modules the node needs: the base role's, which it persists and loads
+NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
