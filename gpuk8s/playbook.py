@@ -28,6 +28,9 @@ class Phase:
     #: apply to this many hosts at a time, stopping at the first batch that fails (a rolling
     #: restart); 0: every host at once
     serial: int = 0
+    #: drain a joined node before changing it and uncordon it after (unless it was cordoned
+    #: before the run); its timeout is the host variable of that name
+    drain_timeout_var: str = ""
 
 
 PREFLIGHT = "preflight"
@@ -52,6 +55,10 @@ PHASES: tuple[Phase, ...] = (
     # after the control plane phase stored the gates in kube-system/kubelet-config
     Phase("kubelets", "all", ("kubelet",),
           "kubelets: the inventory's feature gates, one node at a time", serial=1),
+    # one node at a time, drained: MIG mode and instances cannot change under running work
+    Phase("gpu-partition", "all", ("mig",),
+          "MIG: GPUs split as gpu_sharing asks, one drained node at a time", serial=1,
+          drain_timeout_var="mig_drain_timeout"),
     Phase("cluster", "first_control_plane", ("gpu_cluster",),
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable"),
 )

@@ -107,18 +107,49 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
                                                 for i in range(0, len(changing), phase.serial)]
     results: dict[str, HostResult] = {}
     for n, batch in enumerate(batches):
+        drained = _drain(session, phase, [h for h in batch if h in changing])
         session.reporter.start([h for h in batch if h in changing])
         try:
             results.update(run_phase({h: work[h] for h in batch},
                                      {h: session.runner(h) for h in batch}))
         finally:
             session.reporter.stop()
+        for host, node in drained.items():
+            if not results[host].error:
+                _uncordon(session, node)
         if any(results[h].error for h in batch) and n + 1 < len(batches):
             left = [h for b in batches[n + 1:] for h in b]
             session.reporter.print(f"{phase.name}: stopped after a failed batch; not started "
                                    f"on {', '.join(left)}", style="red")
             break
     return results
+
+
+def _drain(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, str]:
+    """Drain the joined nodes among ``hosts`` when the phase asks for it; host -> node name of
+    those to uncordon afterwards (not those an admin had cordoned before the run)."""
+    if not phase.drain_timeout_var:
+        return {}
+    from gpuk8s.day2.steps import drain
+    from gpuk8s.facts.kube import Cluster
+
+    cluster = session.facts[session.first_cp].get(Cluster())
+    drained = {}
+    for host in hosts:
+        node = str(session.cluster["nodes"][host]["name"])
+        status = cluster.nodes.get(node) if cluster is not None else None
+        if status is None:
+            continue  # not in the cluster yet: nothing runs there
+        drain(session, node, int(session.host(host).vars[phase.drain_timeout_var]))
+        if not status.unschedulable:
+            drained[host] = node
+    return drained
+
+
+def _uncordon(session: Session, node: str) -> None:
+    from gpuk8s.day2.steps import uncordon
+
+    uncordon(session, node)
 
 
 def _tally(session: Session, results: Mapping[str, HostResult]) -> None:

@@ -86,6 +86,8 @@ class NodeStatus:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[str, ...] = ()
     ready_message: str = ""
+    #: allocatable NVIDIA resources (nvidia.com/gpu, nvidia.com/mig-3g.40gb, ...) -> count
+    nvidia: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,9 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
             info.get("kubeletVersion", ""), info.get("containerRuntimeVersion", ""),
             int(gpu) if gpu is not None else None, dict(meta.get("labels", {})),
             tuple(f"{t['key']}:{t.get('effect', '')}" for t in spec.get("taints", [])),
-            ready.get("message", ""))
+            ready.get("message", ""),
+            {k: int(v) for k, v in status.get("allocatable", {}).items()
+             if k.startswith("nvidia.com/") and str(v).isdigit()})
     return nodes
 
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuk8s.facts import Fact
+from gpuk8s.mig import GpuMig
 
 QUERY_FIELDS = ("index,name,uuid,driver_version,memory.total,pci.bus_id,compute_cap,"
                 "persistence_mode,mig.mode.current")
@@ -184,3 +185,57 @@ echo '## topo'; nvidia-smi topo -m 2>/dev/null; true"""
         nvlink, _, topo = output.partition("## topo\n")
         nvlink = nvlink.partition("## nvlink\n")[2]
         return Topology(parse_nvlink_status(nvlink), parse_topo_matrix(topo))
+
+
+_MIG_DEVICE_RE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+:")
+_GI_ROW_RE = re.compile(r"^\|\s+(\d+)\s+MIG (\S+)\s+\d+\s+\d+\s+\d+:\d+\s+\|")
+
+
+def parse_mig(text: str) -> tuple[GpuMig, ...]:
+    """MIG state per GPU from the MigState probe's sections: ``mode`` (index, current, pending
+    as CSV), ``list`` (``nvidia-smi -L``: MIG devices indented under their GPU) and ``gi``
+    (``nvidia-smi mig -lgi``: every GPU instance)."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            sections.setdefault(current, [])
+        else:
+            sections.setdefault(current, []).append(line)
+    devices: dict[int, list[str]] = {}
+    gpu = -1
+    for line in sections.get("list", []):
+        m = re.match(r"GPU (\d+):", line)
+        if m:
+            gpu = int(m.group(1))
+        elif (d := _MIG_DEVICE_RE.match(line)) and gpu >= 0:
+            devices.setdefault(gpu, []).append(d.group(1))
+    instances: dict[int, list[str]] = {}
+    for line in sections.get("gi", []):
+        if g := _GI_ROW_RE.match(line):
+            instances.setdefault(int(g.group(1)), []).append(g.group(2))
+    out = []
+    for line in sections.get("mode", []):
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) == 3 and cols[0].isdigit():
+            i = int(cols[0])
+            out.append(GpuMig(i, cols[1], cols[2], tuple(devices.get(i, ())),
+                              tuple(instances.get(i, ()))))
+    return tuple(out)
+
+
+class MigState(Fact[tuple[GpuMig, ...]]):
+    """Each GPU's MIG mode (current, pending), MIG devices and GPU instances; () without a
+    working nvidia-smi."""
+
+    def command(self) -> str:
+        return """command -v nvidia-smi >/dev/null 2>&1 || exit 0
+nvidia-smi -L >/dev/null 2>&1 || exit 0
+echo '## mode'; nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending \
+--format=csv,noheader 2>/dev/null
+echo '## list'; nvidia-smi -L 2>/dev/null
+echo '## gi'; nvidia-smi mig -lgi 2>/dev/null; true"""
+
+    def parse(self, output: str, exit_code: int) -> tuple[GpuMig, ...]:
+        return parse_mig(output)

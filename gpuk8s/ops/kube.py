@@ -90,14 +90,19 @@ def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> O
                   meta={"objects": ",".join(stale)})
 
 
-def labels(cluster: ClusterState, op_id: str, node: str, wanted: Mapping[str, str]) -> Op:
-    """Ensure a node carries the labels. No-op when: all are present with these values."""
+def labels(cluster: ClusterState, op_id: str, node: str,
+           wanted: Mapping[str, str | None]) -> Op:
+    """Ensure a node carries the labels (a None value: the label is absent). No-op when: all
+    are present with these values and the None ones are absent."""
     have = cluster.nodes.get(node)
-    missing = {k: v for k, v in wanted.items() if not have or have.labels.get(k) != v}
+    missing = {k: v for k, v in wanted.items()
+               if (have.labels.get(k) if have else None) != v and (v is not None or have)}
     if have and not missing:
         return noop(op_id, f"= {node} labelled")
-    pairs = " ".join(f"{k}={v}" for k, v in sorted(missing.items()))
-    words = " ".join(q(f"{k}={v}") for k, v in sorted(missing.items()))
+    pairs = " ".join(f"{k}={v}" if v is not None else f"-{k}"
+                     for k, v in sorted(missing.items()))
+    words = " ".join(q(f"{k}={v}" if v is not None else f"{k}-")
+                     for k, v in sorted(missing.items()))
     return change(op_id, f"+ label {node}: {pairs}",
                   f"{KUBECTL} label node {node_arg(node)} {words} --overwrite")
 

@@ -11,14 +11,17 @@ from typing import Any
 from gpuk8s.checks import Rule, check_xyz
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.gpusharing import check_gpu_sharing, config_map, node_labels, sharing_of
-from gpuk8s.ops import Op, change, noop
+from gpuk8s.gpusharing import (
+    Sharing,
+    check_gpu_sharing,
+    config_map,
+    node_labels,
+    sharing_of,
+)
+from gpuk8s.ops import Op, change, noop, q
 from gpuk8s.ops.kube import KUBECTL, apply, labels
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_arg
-
-GPU_PATH = "'{.status.allocatable.nvidia\\.com/gpu}'"
-
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
@@ -74,23 +77,42 @@ def plan(ctx: HostContext) -> list[Op]:
     gpu_timeout = int(ctx.var("gpu_ready_timeout"))
     # one node at a time: its config label, then its GPUs offered, then the next node
     for host, node in gpu_nodes.items():
-        ops.append(labels(cluster, f"gpu_cluster | sharing {node['name']}", node["name"],
-                          node_labels(sharing[host])))
-        want = sharing[host].offered(node["gpus"])
+        label_op = labels(cluster, f"gpu_cluster | sharing {node['name']}", node["name"],
+                          node_labels(sharing[host]))
+        ops.append(label_op)
         have = cluster.nodes.get(node["name"])
-        got = have.gpu_allocatable if have else None
-        op_id = f"gpu_cluster | {node['name']} allocatable nvidia.com/gpu"
-        slots = f" ({node['gpus']} GPU(s) x {sharing[host].replicas})" \
-            if sharing[host].replicas > 1 else ""
-        if got == want:
-            ops.append(noop(op_id, f"= {node['name']}: {got} nvidia.com/gpu allocatable{slots}"))
-            continue
-        ops.append(change(op_id, f"+ wait until {node['name']} offers {want} nvidia.com/gpu"
-                          f"{slots} (now {got if got is not None else 'none'})",
-                          f"{KUBECTL} wait --for=jsonpath={GPU_PATH}={want} "
-                          f"{node_arg(node['name'], 'node/')} --timeout={gpu_timeout}s || "
-                          f"{{ echo {node_arg(node['name'])}\": allocatable nvidia.com/gpu is "
-                          f"$({KUBECTL} get node {node_arg(node['name'])} -o "
-                          f"jsonpath={GPU_PATH}), expected "
-                          f"{want}\" >&2; exit 1; }}", timeout=gpu_timeout + 30))
+        want = sharing[host].resources(node["gpus"], node["model"])
+        got = have.nvidia if have else {}
+        if sharing[host].mode == "mig" and have is not None and not label_op.changes and \
+                any(got.get(k) != v for k, v in want.items()):
+            # the same config, new MIG instances: the plugin enumerates devices at start only
+            ops.append(change(f"gpu_cluster | {node['name']} device plugin restart",
+                              f"+ restart the device plugin on {node['name']} to offer its "
+                              "new MIG instances",
+                              f"{KUBECTL} -n kube-system delete pod -l "
+                              f"name=nvidia-device-plugin-ds --field-selector "
+                              f"{q('spec.nodeName=' + node['name'])} --wait=false"))
+        for resource, count in want.items():
+            ops.append(_offer(node, resource, count, got.get(resource), sharing[host],
+                              gpu_timeout))
     return ops
+
+
+def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,
+           sharing: Sharing, timeout: int) -> Op:
+    """A no-op when the node offers ``want`` of ``resource``, else a wait for it."""
+    name = node["name"]
+    op_id = f"gpu_cluster | {name} allocatable {resource}"
+    slots = f" ({node['gpus']} GPU(s) x {sharing.replicas})" if sharing.replicas > 1 else \
+        f" (MIG {sharing.layout_name})" if sharing.mode == "mig" else ""
+    if got == want:
+        return noop(op_id, f"= {name}: {got} {resource} allocatable{slots}")
+    path = "'{.status.allocatable." + resource.replace(".", "\\.") + "}'"
+    return change(op_id, f"+ wait until {name} offers {want} {resource}{slots} "
+                  f"(now {got if got is not None else 'none'})",
+                  f"{KUBECTL} wait --for=jsonpath={path}={want} "
+                  f"{node_arg(name, 'node/')} --timeout={timeout}s || "
+                  f"{{ echo {node_arg(name)}\": allocatable {resource} is "
+                  f"$({KUBECTL} get node {node_arg(name)} -o "
+                  f"jsonpath={path}), expected {want}\" >&2; exit 1; }}",
+                  timeout=timeout + 30)

@@ -6,6 +6,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s import mig
 from gpuk8s.checks import Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.controlplane import Reaches
@@ -19,6 +20,7 @@ from gpuk8s.facts.system import (
     System,
     SystemInfo,
 )
+from gpuk8s.gpusharing import sharing_of
 from gpuk8s.ops import Op
 from gpuk8s.ops import registry as reg
 from gpuk8s.roles import HostContext, load_role
@@ -29,10 +31,10 @@ CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 
 #: checks whose failure makes a run unsafe, not just unwise: preflight_ignore cannot lift them
-NEVER_IGNORED = {"hostname", "init"}
+NEVER_IGNORED = {"hostname", "init", "gpu_sharing"}
 #: checks whose failure leaves nothing to plan for the host: `plan` stops at them too, instead
 #: of listing steps (enable kubelet, modprobe ...) that cannot run there
-UNPLANNABLE = frozenset({"hostname", "init"})
+UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing"})
 #: kernel modules the node needs: the base role's, which it persists and loads
 NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
@@ -185,6 +187,25 @@ def plan(ctx: HostContext) -> list[Op]:
     return []
 
 
+def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
+    """A MIG layout this host's GPUs cannot take: refused before any host changes."""
+    sharing = sharing_of(ctx.var("gpu_sharing"))
+    if sharing.mode != "mig":
+        return []
+    models = sorted({g.model for g in gpus})
+    if len(models) > 1:
+        return [("gpu_sharing", f"gpu_sharing mode mig on a host with mixed GPUs "
+                 f"({', '.join(models)})", "give this host gpu_sharing: {mode: none} or "
+                 "time-slicing")]
+    try:
+        mig.wanted(sharing.layout_value, models[0], len(gpus))
+    except ValueError as exc:
+        return [("gpu_sharing", f"gpu_sharing mode mig: {exc}",
+                 "use a MIG layout of this GPU's profiles, or gpu_sharing: {mode: "
+                 "time-slicing, replicas: 4} to share a GPU without MIG")]
+    return []
+
+
 def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     """(errors, warnings) for one host."""
     f = ctx.facts
@@ -255,6 +276,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
                            "use nvidia_driver_source: ubuntu (signed modules), enroll a MOK "
                            "key, or turn Secure Boot off"))
         errors += _headers_problems(ctx, sysinfo)
+        errors += _sharing_problems(ctx, gpus)
         if f[KernelModules("nouveau")].get("nouveau"):
             warnings.append(("nouveau", "nouveau is loaded; gpuk8s blacklists it and reboots",
                              "nothing to do"))

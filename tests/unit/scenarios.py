@@ -61,6 +61,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return NvidiaState(False)
     if kind == "CudaToolkits":
         return {}
+    if kind == "MigState":
+        return ()   # no driver yet: nvidia-smi cannot be asked
     if kind == "GpuTopology":
         return Topology()
     if kind == "Cluster":

@@ -25,8 +25,15 @@ from tests.unit.scenarios import default_vars
     ({"mode": "timeslicing"}, "mode 'timeslicing' is not one of none, time-slicing"),
     ({"mode": "none", "replicas": 4}, "replicas 4 needs mode time-slicing"),
     ({"mode": "none", "slots": 4}, "unknown key(s) slots"),
-    ({"mode": "mig", "layout": "all-1g.10gb"}, "unknown key(s) layout"),
-    ({"mode": "mig"}, "mode mig is not built into gpuk8s yet"),
+    ({"mode": "none", "layout": "all-1g.10gb"}, "layout needs mode mig"),
+    ({"mode": "mig"}, "mode mig needs a layout"),
+    ({"mode": "mig", "layout": "all-2g.40gb"}, "layout 'all-2g.40gb' is not all-balanced"),
+    ({"mode": "mig", "layout": "all-3g.40gb", "replicas": 2}, "replicas needs mode "
+     "time-slicing"),
+    ({"mode": "mig", "layout": [["3g.40gb"], []]}, "GPU 1): no MIG profile given"),
+    ({"mode": "mig", "layout": [{"1g.10gb": 8}]}, "counts 1 to 7"),
+    ({"mode": "mig", "layout": [["3g.41gb"]]}, "unknown MIG profile(s) 3g.41gb"),
+    ({"mode": "mig", "layout": 7}, "layout must be all-balanced"),
 ])
 def test_bad_values_are_refused_with_the_fix(value: dict[str, Any], message: str) -> None:
     problem = check_gpu_sharing("gpu_sharing", value)
@@ -35,7 +42,11 @@ def test_bad_values_are_refused_with_the_fix(value: dict[str, Any], message: str
 
 
 @pytest.mark.parametrize("value", [{}, {"mode": "none"}, {"mode": "time-slicing", "replicas": 4},
-                                   {"mode": "time-slicing", "replicas": 64}])
+                                   {"mode": "time-slicing", "replicas": 64},
+                                   {"mode": "mig", "layout": "all-3g.40gb"},
+                                   {"mode": "mig", "layout": "all-balanced"},
+                                   {"mode": "mig",
+                                    "layout": [["3g.40gb", "3g.40gb"], {"1g.10gb": 7}]}])
 def test_good_values(value: dict[str, Any]) -> None:
     assert check_gpu_sharing("gpu_sharing", value) is None
 
@@ -61,7 +72,8 @@ def _plan(nodes: dict[str, Any], have: dict[str, NodeStatus]) -> list[Any]:
 
 def _node(name: str, gpus: int, ready: bool = True, gpu: int | None = None,
           labels: dict[str, str] | None = None) -> NodeStatus:
-    return NodeStatus(name, ready, False, "v1.36.2", "containerd://2.1.4", gpu, labels or {})
+    return NodeStatus(name, ready, False, "v1.36.2", "containerd://2.1.4", gpu, labels or {},
+                      nvidia={} if gpu is None else {"nvidia.com/gpu": gpu})
 
 
 NODES = {"gpu-01": {"name": "gpu-01", "gpus": 2, "model": "NVIDIA H100 80GB HBM3",
