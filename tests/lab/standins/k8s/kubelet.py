@@ -12,7 +12,6 @@ import http.server
 import ipaddress
 import json
 import os
-import re
 import shutil
 import ssl
 import subprocess
@@ -243,6 +242,12 @@ def emulate_calico(k: Kubelet, pod: Obj) -> None:
 EMULATION = (("flannel", emulate_flannel), ("calico/cni", emulate_calico))
 
 
+def is_device_resource(name: str) -> bool:
+    """The device plugin's resources: nvidia.com/gpu and (MIG, mixed strategy)
+    nvidia.com/mig-<profile>."""
+    return name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")
+
+
 class Kubelet:
     def __init__(self, argv: list[str], version: str) -> None:
         self.version = version
@@ -296,10 +301,11 @@ class Kubelet:
                                        "pod kube-apiserver)")
         self.etcd = StaticProcess(ETCD_UNIT, "REAL etcd (static pod etcd)")
         self.registered = False
-        #: device plugin allocation: pod uid -> UUIDs of the GPUs its containers were given
+        #: device plugin allocation: pod uid -> the device IDs its containers were given
+        #: (GPU or MIG device UUIDs, ``<UUID>::<n>`` for a time-slicing replica)
         self.gpu_assign: dict[str, list[str]] = {}
-        #: slots per GPU of the device plugin's config (time-slicing replicas)
-        self.replicas = 1
+        #: what the device plugin advertises: resource name -> device IDs
+        self.devices: dict[str, list[str]] = {}
 
     @staticmethod
     def _parse(argv: list[str]) -> argparse.Namespace:
@@ -313,31 +319,35 @@ class Kubelet:
         return args
 
     # -------------------------------------------------------------- node facts
-    def gpu_count(self, pods: list[Obj]) -> int:
-        """nvidia.com/gpu is advertised only when the device plugin could really register."""
+    def gpu_resources(self, pods: list[Obj]) -> dict[str, list[str]]:
+        """The device plugin's resources (name -> device IDs), advertised only when it could
+        really register: nvidia.com/gpu, or nvidia.com/mig-<profile> with migStrategy mixed."""
         pci = nodeinfo.pci_gpus()
         if not pci:
-            return 0
-        listed = nodeinfo.nvidia_smi_gpus()
-        if not listed:
-            return 0
+            return {}
+        listing = nodeinfo.nvidia_smi_list()
+        if not listing or not nodeinfo.parse_smi_list(listing):
+            return {}
         cfg = nodeinfo.containerd_config()
         if "nvidia" not in nodeinfo.runtime_handlers(cfg):
-            return 0
+            return {}
         for p in pods:
             images = " ".join(c.get("image", "") for c in p["spec"].get("containers") or [])
             if "k8s-device-plugin" in images and p.get("status", {}).get("phase") == "Running" \
                     and self.pod_runtime(p, cfg) == "nvidia":
-                self.replicas = self.plugin_replicas(p)
-                return min(len(pci), listed) * self.replicas
-        return 0
+                config = self.plugin_config(p)
+                if config is None:
+                    return {}
+                return nodeinfo.plugin_resources(listing, nodeinfo.nvidia_smi_mig_modes(),
+                                                 config, len(pci))
+        return {}
 
-    def plugin_replicas(self, pod: Obj) -> int:
-        """Slots per GPU from the device plugin's config, resolved as its config-manager does:
-        the node's NODE_LABEL value, else DEFAULT_CONFIG, else a key named "default" or the
-        only key (FALLBACK_STRATEGIES named,single); a config it cannot find or read leaves
-        the plugin down (0: config-manager exits and is restarted). A plugin without
-        config-manager offers one slot per GPU."""
+    def plugin_config(self, pod: Obj) -> Obj | None:
+        """The device plugin's config, resolved as its config-manager does: the node's
+        NODE_LABEL value, else DEFAULT_CONFIG, else a key named "default" or the only key
+        (FALLBACK_STRATEGIES named,single); a config it cannot find, read or accept leaves the
+        plugin down (None: config-manager exits and is restarted). A plugin without
+        config-manager runs on its defaults ({}: one nvidia.com/gpu per GPU)."""
         env: dict[str, str] = {}
         for c in pod["spec"].get("containers") or []:
             if c.get("command") == ["config-manager"]:
@@ -345,13 +355,13 @@ class Kubelet:
         cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
                         if "configMap" in v and v.get("name") == "available-configs"), None)
         if not env or not cm_name:
-            return 1
+            return {}
         try:
             node = self.client.get(f"/api/v1/nodes/{self.node_name}")
             data = self.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/"
                                    f"configmaps/{cm_name}").get("data") or {}
         except ApiError:
-            return 0
+            return None
         label = node["metadata"].get("labels", {}).get(env.get("NODE_LABEL", ""), "")
         name = label or env.get("DEFAULT_CONFIG", "")
         if not name:
@@ -361,17 +371,12 @@ class Kubelet:
         if name not in data:
             klog("E", f'"Error: unable to get config" err="config {name!r} not found in '
                  f'{cm_name}"', "main.go:113")
-            return 0
+            return None
         try:
             config = yaml.safe_load(data[name]) or {}
-            resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get(
-                "resources") or []
-        except (yaml.YAMLError, AttributeError):
-            return 0
-        for r in resources:
-            if r.get("name") == "nvidia.com/gpu":
-                return int(r.get("replicas", 1)) if int(r.get("replicas", 1)) >= 2 else 0
-        return 1
+            return config if nodeinfo.plugin_config_ok(config) else None
+        except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+            return None
 
     def pod_runtime(self, pod: Obj, cfg: Obj) -> str | None:
         rc = pod["spec"].get("runtimeClassName")
@@ -419,9 +424,9 @@ class Kubelet:
                "hugepages-2Mi": "0", "memory": f"{mem}Ki", "pods": str(max_pods)}
         alloc = dict(cap, memory=f"{max(mem - 102400, 0)}Ki", **{
             "ephemeral-storage": "56403987978"})
-        gpus = self.gpu_count(pods)
-        if gpus:
-            cap["nvidia.com/gpu"] = alloc["nvidia.com/gpu"] = str(gpus)
+        self.devices = self.gpu_resources(pods)
+        for name, ids in self.devices.items():
+            cap[name] = alloc[name] = str(len(ids))
         runtime_ok = nodeinfo.containerd_active() and nodeinfo.cri_plugin()[0]
         if not runtime_ok:
             ready = ("False", "KubeletNotReady", "container runtime is down")
@@ -717,52 +722,64 @@ class Kubelet:
         net = ipaddress.ip_network(self.pod_cidr or "10.244.255.0/24")
         return str(net[net.num_addresses - 2 - n % 40])
 
-    def sync_pod(self, pod: Obj, cfg: Obj, gpus: int, gpu_used: int) -> int:
-        """Drive one pod's status; returns the GPUs it holds."""
+    def held(self) -> dict[str, int]:
+        """Devices given to pods, per resource name."""
+        owner = {d: name for name, ids in self.devices.items() for d in ids}
+        out: dict[str, int] = {}
+        for ids in self.gpu_assign.values():
+            for d in ids:
+                name = owner.get(d) or ("nvidia.com/gpu" if d.startswith("GPU-") else d)
+                out[name] = out.get(name, 0) + 1
+        return out
+
+    def sync_pod(self, pod: Obj, cfg: Obj, avail: dict[str, int],
+                 used: dict[str, int]) -> dict[str, int]:
+        """Drive one pod's status; returns the devices it holds per resource name."""
         md, spec = pod["metadata"], pod["spec"]
         phase = pod.get("status", {}).get("phase")
         uid = md["uid"]
         if phase in ("Succeeded", "Failed"):
             self.gpu_assign.pop(uid, None)
-            return 0
-        want_gpu = int(pod_requests(pod).get("nvidia.com/gpu", 0))
-        held = sum(len(v) for v in self.gpu_assign.values())
-        if want_gpu and uid not in self.gpu_assign and want_gpu > gpus - max(gpu_used, held):
-            pod.setdefault("status", {})["reason"] = "UnexpectedAdmissionError"
-            pod["status"]["message"] = (f"Allocate failed due to requested number of devices "
-                                        f"unavailable for nvidia.com/gpu. Requested: {want_gpu}, "
-                                        f"Available: {max(gpus - max(gpu_used, held), 0)}, "
-                                        "which is "
-                                        "unexpected")
-            self.set_status(pod, "Failed", {}, False, [("Warning", "UnexpectedAdmissionError",
-                                                        pod["status"]["message"])])
-            return 0
+            return {}
+        want = {k: int(v) for k, v in pod_requests(pod).items() if is_device_resource(k) and v}
+        held = self.held()
+        for name, n in want.items() if uid not in self.gpu_assign else ():
+            free = avail.get(name, 0) - max(used.get(name, 0), held.get(name, 0))
+            if n > free:
+                pod.setdefault("status", {})["reason"] = "UnexpectedAdmissionError"
+                pod["status"]["message"] = (
+                    "Allocate failed due to requested number of devices unavailable for "
+                    f"{name}. Requested: {n}, Available: {max(free, 0)}, which is unexpected")
+                self.set_status(pod, "Failed", {}, False, [
+                    ("Warning", "UnexpectedAdmissionError", pod["status"]["message"])])
+                return {}
         handler = self.pod_runtime(pod, cfg)
         rc = spec.get("runtimeClassName")
         if rc and handler is None:
             self.set_status(pod, "Pending", {}, False, [(
                 "Warning", "FailedCreatePodSandBox", f"Failed to create pod sandbox: "
                 f'runtimeclasses.node.k8s.io "{rc}" not found')])
-            return 0
+            return {}
         if handler not in nodeinfo.runtime_handlers(cfg):
             self.set_status(pod, "Pending", {}, False, [(
                 "Warning", "FailedCreatePodSandBox", "Failed to create pod sandbox: rpc error: "
                 "code = Unknown desc = failed to get sandbox runtime: no runtime for "
                 f'"{handler}" is configured')])
-            return 0
+            return {}
         if not spec.get("hostNetwork") and not self.cni_ready():
             sandbox = hashlib.sha256(uid.encode()).hexdigest()
             self.set_status(pod, "Pending", {}, False, [(
                 "Warning", "FailedCreatePodSandBox", "Failed to create pod sandbox: rpc error: "
                 f'code = Unknown desc = failed to setup network for sandbox "{sandbox}": cni '
                 "plugin not initialized")])
-            return 0
-        if want_gpu and uid not in self.gpu_assign:
-            self.gpu_assign[uid] = self.allocate(want_gpu)
+            return {}
+        if want and uid not in self.gpu_assign:
+            self.gpu_assign[uid] = [d for name, n in sorted(want.items())
+                                    for d in self.allocate(name, n)]
         if realpods.emulated(pod):
             self.sync_emulated(pod, handler, cfg)
-            return want_gpu
-        return self.sync_real(pod, handler, want_gpu)
+            return want
+        return self.sync_real(pod, handler, want)
 
     def sync_system_daemons(self, pods: list[Obj]) -> None:
         """What the emulated system pods on this node do to it: flanneld's lease and routes,
@@ -828,9 +845,9 @@ class Kubelet:
                         [("Normal", "Started", f"Started container {c['name']}")
                          for c in spec.get("containers") or []] if first else [])
 
-    def sync_real(self, pod: Obj, handler: str | None, want_gpu: int) -> int:
+    def sync_real(self, pod: Obj, handler: str | None, want: dict[str, int]) -> dict[str, int]:
         """Pods run for real by podrun (a transient unit per pod): start it once, then copy
-        what it reports into the pod's status. Returns the GPUs the pod holds."""
+        what it reports into the pod's status. Returns the devices the pod holds."""
         md = pod["metadata"]
         uid = md["uid"]
         if uid not in self.started:
@@ -846,13 +863,13 @@ class Kubelet:
                     del self.started[uid]   # tried again next sync, as the kubelet retries
                     self.set_status(pod, "Pending", {}, False, [("Warning", "FailedMount",
                                                                  str(e))])
-                    return want_gpu
+                    return want
                 try:
                     realpods.start(uid, spec)
                 except realpods.NoRuntime as e:
                     self.set_status(pod, "Pending", {}, False, [(
                         "Warning", "FailedCreatePodSandBox", str(e))])
-                    return want_gpu
+                    return want
         rep = realpods.report(uid) or {}
         if rep.get("phase") in ("Succeeded", "Failed"):
             self.gpu_assign.pop(uid, None)
@@ -864,18 +881,14 @@ class Kubelet:
             del self.started[uid]
             self.posted.pop(uid, None)
         self.real_status(pod, rep)
-        return 0 if rep.get("phase") in ("Succeeded", "Failed") else want_gpu
+        return {} if rep.get("phase") in ("Succeeded", "Failed") else want
 
-    def allocate(self, count: int) -> list[str]:
-        """The device plugin's Allocate: the first free GPUs of the node, by UUID; with
-        time-slicing, free replicas ``<UUID>::<n>`` spread over the GPUs (the plugin's
-        "distributed" policy)."""
-        p = run(["nvidia-smi", "-L"])
-        node = re.findall(r"\(UUID: (GPU-[0-9A-Fa-f-]+)\)", p.stdout)
+    def allocate(self, name: str, count: int) -> list[str]:
+        """The device plugin's Allocate for one resource: its first free devices, by UUID (a
+        GPU's, or a MIG device's for nvidia.com/mig-<profile>); with time-slicing, free
+        replicas ``<UUID>::<n>`` spread over the devices (the plugin's "distributed" policy)."""
         taken = {u for uuids in self.gpu_assign.values() for u in uuids}
-        if self.replicas > 1:
-            node = [f"{u}::{n}" for n in range(self.replicas) for u in node]
-        return [u for u in node if u not in taken][:count]
+        return [u for u in self.devices.get(name, []) if u not in taken][:count]
 
     def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
         head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
@@ -885,10 +898,11 @@ class Kubelet:
                            "GPU node, did you configure the NVIDIA Container Toolkit?\n"
                            "I1126 00:00:00.000000       1 main.go:381] No devices found. Waiting "
                            "indefinitely.\n")
-        return head + ("I1126 00:00:00.000000       1 server.go:176] \"Starting GRPC server\" "
-                       "resourceName=\"nvidia.com/gpu\"\nI1126 00:00:00.000000       1 "
-                       "server.go:199] \"Registered device plugin with Kubelet\" "
-                       "resourceName=\"nvidia.com/gpu\"\n")
+        return head + "".join(
+            f"I1126 00:00:00.000000       1 server.go:176] \"Starting GRPC server\" "
+            f"resourceName=\"{name}\"\nI1126 00:00:00.000000       1 server.go:199] "
+            f"\"Registered device plugin with Kubelet\" resourceName=\"{name}\"\n"
+            for name in (sorted(self.devices) or ["nvidia.com/gpu"]))
 
     def sync(self) -> None:
         manifests = self.static_manifests()
@@ -907,8 +921,8 @@ class Kubelet:
         cfg = nodeinfo.containerd_config()
         node = self.client.get(f"/api/v1/nodes/{self.node_name}")
         self.pod_cidr = node.get("spec", {}).get("podCIDR")
-        gpus = int(parse_quantity(node["status"].get("allocatable", {}).get("nvidia.com/gpu",
-                                                                           "0")))
+        avail = {k: int(parse_quantity(v)) for k, v in
+                 (node["status"].get("allocatable") or {}).items() if is_device_resource(k)}
         self.sync_system_daemons(pods)
         for p in pods:   # the devices of terminated pods are free again, and a restarted
             uid = p["metadata"]["uid"]   # kubelet takes its allocations from its checkpoint
@@ -916,7 +930,7 @@ class Kubelet:
                 self.gpu_assign.pop(uid, None)
             elif uid not in self.gpu_assign and (held := realpods.checkpointed_gpus(uid)):
                 self.gpu_assign[uid] = held
-        used = 0
+        used: dict[str, int] = {}
         live = set()
         for p in pods:
             live.add(p["metadata"]["uid"])
@@ -927,7 +941,8 @@ class Kubelet:
                                  {"waiting": {"reason": "CrashLoopBackOff"}}
                                  for c in p["spec"].get("containers") or []}, running)
                 continue
-            used += self.sync_pod(p, cfg, gpus, used)
+            for name, n in self.sync_pod(p, cfg, avail, used).items():
+                used[name] = used.get(name, 0) + n
         for uid in list(self.gpu_assign):
             if uid not in live:
                 del self.gpu_assign[uid]

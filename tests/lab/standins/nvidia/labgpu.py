@@ -122,7 +122,8 @@ def _uuid(bus: str) -> tuple[str, str]:
 
 #: Lab-only hook: the GPUs a container was given (comma-separated UUIDs), set by the kubelet
 #: stand-in for pods that got nvidia.com/gpu. It plays the NVIDIA Container Toolkit injecting only
-#: the allocated devices: nvidia-smi in such a container sees just those, numbered from 0.
+#: the allocated devices: nvidia-smi in such a container sees just those, numbered from 0. MIG
+#: device UUIDs (MIG-...) show their parent GPU with only those MIG devices (labmig).
 VISIBLE_ENV = "GPUK8S_LAB_VISIBLE_GPUS"
 
 
@@ -135,9 +136,37 @@ def gpus() -> list[GPU]:
             continue
         model = MODELS.get(device, UNKNOWN_MODEL)
         uuid, serial = _uuid(name)
-        if wanted is not None and uuid not in wanted:
+        gpu = GPU(len(out), name, device, cls, sub, numa, *model, uuid=uuid, serial=serial)
+        if wanted is not None and uuid not in wanted and not _owns_mig(gpu, wanted):
             continue
-        out.append(GPU(len(out), name, device, cls, sub, numa, *model, uuid=uuid, serial=serial))
+        out.append(gpu)
+    return out
+
+
+def _owns_mig(gpu: GPU, wanted: set[str]) -> bool:
+    """A container given MIG devices (MIG-... UUIDs) sees their parent GPUs."""
+    if not any(u.startswith("MIG-") for u in wanted):
+        return False
+    import labmig  # beside this module; imports it in turn
+
+    return labmig.owns(gpu)
+
+
+def select(gs: list[GPU], spec: str | None) -> list[GPU] | None:
+    """nvidia-smi's -i: comma-separated indexes, PCI bus IDs or UUIDs (None: one names no
+    GPU, which nvidia-smi answers with "No devices were found")."""
+    if spec is None:
+        return gs
+    out: list[GPU] = []
+    def bus(b: str) -> str:   # bus:device.function, the domain left out
+        return ":".join(b.upper().split(":")[-2:])
+
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        match = [g for g in gs if item in (str(g.index), g.uuid)
+                 or (":" in item and bus(item) == bus(g.bus_id))]
+        if not match:
+            return None
+        out += [g for g in match if g not in out]
     return out
 
 
