@@ -95,6 +95,13 @@ def status(c, inventory=INVENTORY, json=False):
     _done(run("status", inventory=inventory, as_json=json))
 
 
+@task(name="gpu-usage", help={"inventory": "inventory file",
+                              "json": "print JSON instead of a table"})
+def gpu_usage(c, inventory=INVENTORY, json=False):
+    """GPU utilisation, memory and pods per GPU, from the cluster's Prometheus (gpu_monitoring)."""
+    _done(run("gpu_usage", inventory=inventory, as_json=json))
+
+
 @task(help={"inventory": "inventory file", "driver": "NVIDIA driver version, e.g. 580.159.04",
             "kubernetes": "Kubernetes patch release, e.g. 1.36.2",
             "limit": "host pattern", "serial": "nodes at a time",
@@ -187,6 +194,7 @@ def report(c, run=None):
 
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 upgrade, kubeconfig)
+ns.add_task(gpu_usage)
 ns.add_task(deploy)
 ns.add_task(undeploy)
 ns.add_task(verify)

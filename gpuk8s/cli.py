@@ -17,6 +17,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "bootstrap": api.bootstrap, "plan": api.plan, "facts": api.facts,
     "reprovision": day2.reprovision, "add_node": day2.add_node,
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
+    "gpu_usage": day2.gpu_usage,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
     "verify_local": gpucheck.verify_local, "images": images.print_images, "check": check,
     "report": api.report,
@@ -94,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--inventory", "-i", required=True)
     p.add_argument("--yes", "-y", action="store_true")
     p = sub.add_parser("status")
+    p.add_argument("--inventory", "-i", required=True)
+    p.add_argument("--json", action="store_true", dest="as_json")
+    p = sub.add_parser("gpu-usage", help="GPU utilisation, memory and pods per GPU "
+                       "(gpu_monitoring)")
     p.add_argument("--inventory", "-i", required=True)
     p.add_argument("--json", action="store_true", dest="as_json")
     p = sub.add_parser("upgrade")

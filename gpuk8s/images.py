@@ -62,8 +62,16 @@ def cluster_images(vars: Mapping[str, Any]) -> list[tuple[str, str]]:
     context = dict(vars)
     out += [(i, f"pod network ({cni})")
             for i in manifest_images(render("cni", f"cni/{cni}.yaml.j2", context))]
-    out += [(i, "NVIDIA device plugin (GPU nodes)") for i in manifest_images(
-        render("gpu_cluster", "gpu/nvidia-device-plugin.yaml.j2", context))]
+    if vars.get("gpu_allocation") == "dra":
+        out += [(i, "NVIDIA DRA driver (GPU nodes, gpu_allocation: dra)") for i in
+                manifest_images(render("gpu_cluster", "gpu/nvidia-dra-driver.yaml.j2", context))]
+    else:
+        out += [(i, "NVIDIA device plugin (GPU nodes)") for i in manifest_images(
+            render("gpu_cluster", "gpu/nvidia-device-plugin.yaml.j2", context))]
+    if vars.get("gpu_monitoring"):
+        out += [(i, "GPU monitoring (gpu_monitoring)") for i in manifest_images(
+            render("monitoring", "monitoring/gpu-monitoring.yaml.j2",
+                   {**context, "prometheus_config_sha256": ""}))]
     return out
 
 

@@ -221,11 +221,13 @@ def gpu_commands(gpu: GpuMig, target: Sequence[str], family: Mapping[str, Profil
         if gpu.devices:
             steps.append(f"nvidia-smi mig -i {i} -dci")
         steps.append(f"nvidia-smi mig -i {i} -dgi")
+    current = (f"nvidia-smi -i {i} --query-gpu=mig.mode.current --format=csv,noheader")
     if not target:
         if gpu.mode == "Enabled" or gpu.pending == "Enabled":
             steps.append(f"nvidia-smi -i {i} -mig 0")
+            # Ampere keeps the old mode pending until a GPU reset
+            steps.append(f"{{ [ \"$({current})\" = Disabled ] || nvidia-smi -i {i} -r; }}")
         return " && ".join(steps) or "true"
-    current = (f"nvidia-smi -i {i} --query-gpu=mig.mode.current --format=csv,noheader")
     if gpu.mode != "Enabled":
         steps.append(f"nvidia-smi -i {i} -mig 1")
         steps.append(f"{{ [ \"$({current})\" = Enabled ] || nvidia-smi -i {i} -r; }}")
@@ -235,3 +237,54 @@ def gpu_commands(gpu: GpuMig, target: Sequence[str], family: Mapping[str, Profil
     ids = ",".join(str(family[n].gi_id) for n in target)
     steps.append(f"nvidia-smi mig -i {i} -cgi {ids} -C")
     return " && ".join(steps)
+
+
+BOOT_SCRIPT = "/etc/gpuk8s/mig-apply.sh"
+BOOT_UNIT = "gpuk8s-mig.service"
+BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
+
+
+def boot_script(target: Sequence[Sequence[str]], family: Mapping[str, Profile]) -> bytes:
+    """A script that puts the layout back at boot: MIG instances do not survive a reboot
+    (MIG mode does), so each GPU whose MIG device count differs is rebuilt, like mig-parted's
+    boot-time service. It waits for the driver, and fails loudly when it cannot."""
+    lines = ["#!/bin/sh",
+             "# Written by gpuk8s (role mig): this node's MIG layout, re-created at boot",
+             "# by gpuk8s-mig.service before the kubelet starts. Edit the inventory, not this.",
+             "set -eu",
+             "tries=0",
+             "until nvidia-smi -L >/dev/null 2>&1; do",
+             "  tries=$((tries + 1))",
+             "  if [ \"$tries\" -ge 120 ]; then echo 'nvidia-smi does not answer' >&2; "
+             "exit 1; fi",
+             "  sleep 1",
+             "done",
+             "devices() {",
+             "  nvidia-smi -L | awk -v want=\"GPU $1:\" "
+             "'/^GPU /{on = ($1 \" \" $2 == want)} on && /^  MIG /{n++} END{print n + 0}'",
+             "}"]
+    for index, names in enumerate(target):
+        ids = ",".join(str(family[n].gi_id) for n in names)
+        lines += [f"if [ \"$(devices {index})\" -ne {len(names)} ]; then",
+                  f"  nvidia-smi mig -i {index} -dci",
+                  f"  nvidia-smi mig -i {index} -dgi",
+                  f"  nvidia-smi -i {index} -mig 1",
+                  f"  nvidia-smi mig -i {index} -cgi {ids} -C",
+                  "fi"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+BOOT_UNIT_TEXT = f"""\
+[Unit]
+Description=gpuk8s: re-create this node's MIG layout (instances do not survive a reboot)
+After=systemd-modules-load.service nvidia-persistenced.service
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={BOOT_SCRIPT}
+
+[Install]
+WantedBy=multi-user.target
+""".encode()

@@ -59,8 +59,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("gpu-partition", "all", ("mig",),
           "MIG: GPUs split as gpu_sharing asks, one drained node at a time", serial=1,
           drain_timeout_var="mig_drain_timeout"),
-    Phase("cluster", "first_control_plane", ("gpu_cluster",),
-          "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable"),
+    Phase("cluster", "first_control_plane", ("gpu_cluster", "monitoring"),
+          "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable; monitoring"),
 )
 
 #: every role whose facts a run gathers, in order

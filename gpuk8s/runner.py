@@ -149,6 +149,7 @@ def _drain(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, st
 def _uncordon(session: Session, node: str) -> None:
     from gpuk8s.day2.steps import uncordon
 
+    session.reporter.print(f"  [{session.first_cp}] uncordon {node}")
     uncordon(session, node)
 
 

@@ -7,6 +7,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.day2.gpuusage import node_utilisation
 from gpuk8s.day2.steps import Opener, gathered_session
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
@@ -18,7 +19,7 @@ from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from gpuk8s.runner import phase_hosts, plan_phase
-from gpuk8s.session import open_session
+from gpuk8s.session import Session, open_session
 from gpuk8s.transport import open_transport
 
 
@@ -39,6 +40,7 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
             for planned_host, items in work.items():
                 n = sum(op.changes for rw in items for op in rw.ops)
                 drift[planned_host] = drift.get(planned_host, 0) + n
+        util = _utilisation(session)
         rows = []
         for name, host in session.inventory.hosts.items():
             row: dict[str, Any] = {"host": name, "role": "control-plane"
@@ -75,6 +77,7 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
                 "cuda": ",".join(sorted(facts[CudaToolkits()].values())),
                 "gpus": len(gpus), "gpu_model": gpus[0].model if gpus else "",
                 "allocatable_gpu": kube.gpu_allocatable if kube else None,
+                **({"gpu_util": util.get(node["name"])} if util is not None and gpus else {}),
                 "drift": drift.get(name, 0),
                 **_control_plane(facts[ControlPlaneHealth()]),
             })
@@ -83,6 +86,18 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
         if not as_json and (line := quorum(rows)):
             session.reporter.print(line, style="green" if "NO QUORUM" not in line else "red")
         return rows
+
+
+def _utilisation(session: Session) -> dict[str, float] | None:
+    """Mean GPU utilisation per node from the cluster's Prometheus; None when gpu_monitoring
+    is off, {} (said once) when it does not answer."""
+    if not session.host(session.first_cp).vars.get("gpu_monitoring"):
+        return None
+    try:
+        return node_utilisation(session)
+    except Gpuk8sError as exc:
+        session.reporter.print(f"GPU utilisation unknown: {str(exc).splitlines()[0]}")
+        return {}
 
 
 def _control_plane(health: ControlPlaneHealthState) -> dict[str, Any]:
@@ -129,7 +144,7 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
 
     table = Table(title="cluster status", title_justify="left")
     cols = ("host", "role", "state", "kubelet", "containerd", "driver", "cuda", "gpus",
-            "alloc gpu", "etcd / API", "drift")
+            "alloc gpu", "gpu util", "etcd / API", "drift")
     for col in cols:
         table.add_column(col)
     for r in rows:
@@ -140,9 +155,15 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> N
         table.add_row(rep.cell(r["host"]), rep.cell(r["role"]), rep.cell(state),
                       rep.cell(r.get("kubelet", "")), rep.cell(r.get("containerd", "")),
                       rep.cell(r.get("driver", "")), rep.cell(r.get("cuda", "")),
-                      rep.cell(gpus), "" if alloc is None else str(alloc),
+                      rep.cell(gpus), "" if alloc is None else str(alloc), _util(r),
                       rep.cell(r.get("control_plane", "")), str(r.get("drift", "")))
     rep.console.print(table)
+
+
+def _util(row: dict[str, Any]) -> str:
+    if "gpu_util" not in row:
+        return ""
+    return "unknown" if row["gpu_util"] is None else f"{row['gpu_util']:.0f} %"
 
 
 # -- kubeconfig -------------------------------------------------------------------------------

@@ -101,8 +101,9 @@ class ClusterState:
     managed: dict[str, str] = field(default_factory=dict)
 
 
-MANAGED_KINDS = ("namespaces,serviceaccounts,configmaps,clusterroles,clusterrolebindings,"
-                 "daemonsets,deployments,runtimeclasses,customresourcedefinitions")
+MANAGED_KINDS = ("namespaces,serviceaccounts,configmaps,services,clusterroles,"
+                 "clusterrolebindings,daemonsets,deployments,runtimeclasses,"
+                 "customresourcedefinitions")
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:

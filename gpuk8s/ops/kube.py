@@ -31,9 +31,11 @@ KUBEADM_IMAGES = {
     "1.36": ("v1.14.2", "3.10.2", "3.6.8-0"),
     "1.37": ("v1.14.6", "3.10.2", "3.7.0-0"),
 }
-_MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "clusterrole",
+#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass (read by the Dra fact, only
+#: on clusters that serve resource.k8s.io)
+_MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "service", "clusterrole",
                   "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
-                  "customresourcedefinition"}
+                  "customresourcedefinition", "deviceclass"}
 
 
 #: the label on every object gpuk8s applies (cluster add-ons and workloads alike)

@@ -19,7 +19,9 @@ create (KINDS) and any namespaced object outside ``values.namespace``.
 - rendering: templates to labelled, checked objects (render, check_objects, dump)
 - cluster: kubectl through the first control plane; apply and wait (Remote, wait, pod_table)
 - nfs: the storage workload's NFS export
-- commands: deploy (and --render), undeploy, verify
+- commands: deploy (and --render), undeploy
+- verify: invoke verify (GPUs per node, with sharing, MIG, DRA and monitoring)
+- dra: gpuAllocation=dra (pods claim GPUs through ResourceClaimTemplates)
 """
 
 from __future__ import annotations
@@ -35,14 +37,7 @@ from gpuk8s.workloads.cluster import (
     snapshot,
     wait,
 )
-from gpuk8s.workloads.commands import (
-    NodeCheck,
-    deploy,
-    gpu_nodes,
-    render_manifests,
-    undeploy,
-    verify,
-)
+from gpuk8s.workloads.commands import deploy, render_manifests, undeploy
 from gpuk8s.workloads.nfs import NFS_CLIENT_SCRIPT, _setup_nfs, export_line, nfs_server_script
 from gpuk8s.workloads.rendering import (
     CLUSTER_SCOPED,
@@ -66,6 +61,7 @@ from gpuk8s.workloads.values import (
     parse_set,
     workloads_dir,
 )
+from gpuk8s.workloads.verify import NodeCheck, gpu_nodes, verify
 
 __all__ = [
     "CLUSTER_SCOPED", "KINDS", "KUBECTL", "LABEL", "MANAGED", "NFS_CLIENT_SCRIPT", "NS_KINDS",

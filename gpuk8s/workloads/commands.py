@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-from rich.text import Text
-
 from gpuk8s.errors import Gpuk8sError
-from gpuk8s.facts.kube import parse_nodes
-from gpuk8s.gpusharing import REPLICAS_LABEL
 from gpuk8s.inventory import load_inventory
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import Session
@@ -30,7 +23,6 @@ from gpuk8s.workloads.cluster import (
     Remote,
     WaitResult,
     _control_plane,
-    _json,
     open_control_plane,
     pod_table,
     wait,
@@ -38,11 +30,6 @@ from gpuk8s.workloads.cluster import (
 from gpuk8s.workloads.nfs import _setup_nfs
 from gpuk8s.workloads.rendering import LABEL, MANAGED, check_objects, dump, render, stamp
 from gpuk8s.workloads.values import WorkloadError, load_values
-
-_TF_GPU = re.compile(r"PhysicalDevice\(name='/physical_device:GPU:(\d+)'")
-
-
-_SMI_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", re.M)
 
 
 # -- deploy / undeploy --------------------------------------------------------------------------
@@ -309,6 +296,12 @@ def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = 
             has_crd = remote.probe({"crd": "$k get customresourcedefinition "
                                            "tfjobs.kubeflow.org -o name"})["crd"][0] == 0
             kinds += ",tfjobs.kubeflow.org" if has_crd else ""
+        # a workload deployed with gpuAllocation=dra has ResourceClaimTemplates (clusters
+        # that serve resource.k8s.io only)
+        has_dra = remote.probe({"dra": "$k api-resources --api-group=resource.k8s.io "
+                                       "-o name"})["dra"][1]
+        kinds += ",resourceclaimtemplates.resource.k8s.io" if "resourceclaimtemplates" in \
+            has_dra else ""
         res = remote.run(_delete_script(ns, selector, kinds, timeout), timeout=timeout + 60)
         if name == "storage" and res.ok:
             res = remote.run(f"{KUBECTL} delete persistentvolumes -l {shell(selector)} "
@@ -333,131 +326,3 @@ def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = 
 
 
 # -- verify -------------------------------------------------------------------------------------
-@dataclass
-class NodeCheck:
-    node: str
-    expected: int
-    allocatable: int | None
-    smi: list[str] = field(default_factory=list)
-    tf: int | None = None
-    problem: str = ""
-    with_tf: bool = True   # verify's `tensorflow` value: the TensorFlow stage runs
-    #: time-slicing slots per GPU (the node's nvidia.com/gpu.replicas label, set by gpuk8s)
-    replicas: int = 1
-
-    @property
-    def ok(self) -> bool:
-        return not self.problem and len(self.smi) == self.expected == (
-            self.tf if self.with_tf else self.expected) and \
-            self.allocatable == self.expected * self.replicas
-
-
-def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """GPU nodes (labelled by gpuk8s from the PCI bus, or advertising nvidia.com/gpu)."""
-    out = []
-    for name, node in sorted(parse_nodes(dict(nodes_json)).items()):
-        count = node.labels.get("nvidia.com/gpu.count")
-        present = node.labels.get("nvidia.com/gpu.present") == "true"
-        if not present and not node.gpu_allocatable:
-            continue
-        replicas = node.labels.get(REPLICAS_LABEL, "1")
-        slots = int(replicas) if replicas.isdigit() and int(replicas) > 0 else 1
-        expected = int(count) if count and count.isdigit() else \
-            (node.gpu_allocatable or 0) // slots
-        out.append({"name": name, "gpus": expected, "allocatable": node.gpu_allocatable,
-                    "replicas": slots})
-    return out
-
-
-def verify(inventory: str | Path, *, reporter: Reporter | None = None,
-           values_files: Sequence[str] = (), sets: Sequence[str] = (),
-           pending_grace: float = 20,
-           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
-           ) -> dict[str, Any]:
-    """Per GPU node: nvidia-smi -L in the CUDA base image, then TensorFlow's GPU list; both must
-    show as many GPUs as the node has on its PCI bus. One table; WorkloadError on a mismatch."""
-    values = load_values("verify", values_files, sets)
-    session = open_control_plane(inventory, "verify", reporter, opener=opener)
-    rep, remote = session.reporter, Remote(session)
-    ns = values["namespace"]
-    started = time.monotonic()
-    try:
-        rep.phase(f"verify GPU nodes (namespace {ns}, through {session.first_cp})")
-        rc, out = remote.probe({"nodes": "$k get nodes -o json"})["nodes"]
-        if rc != 0:
-            raise WorkloadError(f"cannot list nodes: {out.strip()[-300:]}")
-        nodes = gpu_nodes(_json(out, "nodes"))
-        if not nodes:
-            raise WorkloadError("no GPU nodes in the cluster (no node is labelled "
-                                "nvidia.com/gpu.present=true or offers nvidia.com/gpu)")
-        with_tf = bool(values["tensorflow"])
-        checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"],
-                                       replicas=n.get("replicas", 1),
-                                       with_tf=with_tf) for n in nodes}
-        selector = f"{LABEL}=verify"
-        res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
-        if not res.ok:
-            raise WorkloadError("cannot remove the previous verify Jobs: " + res.stdout[-300:])
-        for stage in ("smi", "tf") if with_tf else ("smi",):
-            todo = [n for n in nodes if n["gpus"] > 0 and not checks[n["name"]].problem]
-            if not todo:
-                break
-            docs = render("verify", values, gpu_nodes=todo, stage=stage)
-            remote.apply([_namespace_doc(ns), *docs])
-            result = wait(remote, ns, f"{selector},gpuk8s.io/verify-stage={stage}",
-                          float(values["timeout"]), pending_grace)
-            pods = {p.labels.get("gpuk8s.io/verify-node", ""): p for p in result.pods}
-            logs = remote.probe({p.name: f"$k logs {shell(p.name)} -n {shell(ns)}"
-                                 for p in result.pods if p.phase in ("Succeeded", "Failed")})
-            for n in todo:
-                check, pod = checks[n["name"]], pods.get(n["name"])
-                what = "nvidia-smi" if stage == "smi" else "TensorFlow"
-                if pod is None:
-                    check.problem = f"{what}: no pod ({'; '.join(result.problems)})"
-                    continue
-                if pod.node and pod.node != n["name"]:
-                    check.problem = f"{what} pod ran on {pod.node}"
-                text = logs.get(pod.name, (1, ""))[1]
-                if pod.phase != "Succeeded":
-                    check.problem = f"{what}: pod {pod.phase}: " + (
-                        pod.detail or text.strip().splitlines()[-1:][0] if text.strip() or
-                        pod.detail else pod.phase)
-                elif stage == "smi":
-                    check.smi = [f"{m.group(2)}" for m in _SMI_GPU.finditer(text)]
-                else:
-                    check.tf = len(set(_TF_GPU.findall(text)))
-        for n in nodes:
-            if n["gpus"] == 0:
-                checks[n["name"]].problem = "labelled as a GPU node but its GPU count is 0"
-        table = Table(title="verify: GPUs per node", title_justify="left")
-        for col in ("node", "PCI GPUs", "allocatable", "nvidia-smi", "TensorFlow", "result"):
-            table.add_column(col)
-        for c in checks.values():
-            models = sorted(set(c.smi))
-            table.add_row(rep.cell(c.node), str(c.expected),
-                          "-" if c.allocatable is None else str(c.allocatable)
-                          + (f" ({c.expected} x {c.replicas} time-sliced)"
-                             if c.replicas > 1 else ""),
-                          rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models
-                                                      else "")),
-                          "skipped" if not with_tf else "-" if c.tf is None else str(c.tf),
-                          Text("ok", style="green") if c.ok else
-                          Text.assemble(("FAIL", "red"), " ",
-                                        rep.cell(c.problem or "counts differ")))
-        rep.console.print(table)
-        summary = {"nodes": {c.node: {"expected": c.expected, "allocatable": c.allocatable,
-                                      "nvidia_smi": len(c.smi), "models": c.smi,
-                                      "tensorflow": c.tf, "ok": c.ok,
-                                      "problem": c.problem} for c in checks.values()},
-                   "run_dir": str(session.runlog.path)}
-        session.runlog.write_report(verify=summary["nodes"],
-                                    wall_time=round(time.monotonic() - started, 3))
-        bad = [c.node for c in checks.values() if not c.ok]
-        if bad:
-            raise WorkloadError(f"verify failed on {', '.join(bad)}")
-        rep.print(f"verify: {len(checks)} GPU node(s) ok ({time.monotonic() - started:.1f}s)",
-                  style="green")
-        return summary
-    finally:
-        for t in session.transports.values():
-            t.close()

@@ -10,6 +10,7 @@ import jinja2
 import yaml
 
 from gpuk8s.ops.kube import MANAGED_BY, label
+from gpuk8s.workloads.dra import TEMPLATE, use_claims
 from gpuk8s.workloads.values import WorkloadError, _namespace_problem, workloads_dir
 
 LABEL = "gpuk8s.io/workload"
@@ -97,9 +98,12 @@ def render(name: str, values: Mapping[str, Any], **extra: Any) -> list[dict[str,
         except yaml.YAMLError as exc:
             raise WorkloadError(f"template {rel} rendered invalid YAML with these values: "
                                 f"{exc}") from None
-        docs += [stamp(_prune(d), name) for d in loaded]
+        docs += [_prune(d) for d in loaded]
     if not docs:
         raise WorkloadError(f"workload {name} rendered no objects")
+    specs = [t.setdefault("spec", {}) for d in docs for t in pod_templates(d)] + \
+        [d["spec"] for d in docs if d.get("kind") == "Pod" and "spec" in d]
+    docs = [stamp(d, name) for d in use_claims(name, docs, specs, values)]
     check_objects(name, docs, values["namespace"])
     return docs
 
@@ -110,7 +114,7 @@ def check_objects(name: str, docs: Sequence[Mapping[str, Any]], namespace: str) 
     problem = _namespace_problem(namespace)
     if problem:
         raise WorkloadError(f"workload {name}: namespace {namespace!r} is refused: {problem}")
-    allowed = KINDS.get(name, frozenset())
+    allowed = KINDS.get(name, frozenset()) | {TEMPLATE}
     for doc in docs:
         api, kind = doc.get("apiVersion"), doc.get("kind")
         meta: Mapping[str, Any] = doc.get("metadata") or {}

@@ -207,6 +207,8 @@ RULES: dict[str, Callable[[str], str | None]] = {
     "nfs.path": _nfs_path_problem,
     "nfs.exportClients": export_clients_problem,
     "nfs.exportOptions": _export_options_problem,
+    "gpuAllocation": lambda v: None if v in ("device-plugin", "dra") else
+    "use device-plugin or dra (the cluster's gpu_allocation)",
 }
 
 

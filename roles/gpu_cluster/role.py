@@ -8,10 +8,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpuk8s import dra
 from gpuk8s.checks import Rule, check_xyz
 from gpuk8s.facts import Fact
+from gpuk8s.facts.dra import Dra
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.gpusharing import (
+    MIG_LABEL,
     Sharing,
     check_gpu_sharing,
     config_map,
@@ -27,11 +30,13 @@ from gpuk8s.sinks import node_arg
 RULES: dict[str, Rule] = {
     "nvidia_device_plugin_version": Rule(check_xyz, cluster_wide=True),
     "gpu_sharing": Rule(check_gpu_sharing),
+    "gpu_allocation": Rule(choices=dra.MODES, cluster_wide=True),
+    "nvidia_dra_driver_version": Rule(check_xyz, cluster_wide=True),
 }
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [Cluster()]
+    return [Cluster(), Dra()] if vars.get("gpu_allocation") == "dra" else [Cluster()]
 
 
 def label_value(text: str) -> str:
@@ -71,6 +76,16 @@ def plan(ctx: HostContext) -> list[Op]:
     ops.append(apply(cluster, "gpu_cluster | RuntimeClass nvidia", "runtimeclass-nvidia",
                      ctx.template("gpu/runtimeclass.yaml.j2").decode()))
     sharing = {h: sharing_of(n.get("sharing")) for h, n in gpu_nodes.items()}
+    mode = str(ctx.var("gpu_allocation"))
+    ops += dra.remove_other(cluster, mode)
+    if mode == "dra":
+        expected = {h: _dra_devices(sharing[h], n) for h, n in gpu_nodes.items()}
+        for host, node in gpu_nodes.items():
+            ops.append(labels(cluster, f"gpu_cluster | MIG label {node['name']}", node["name"],
+                              {MIG_LABEL: node_labels(sharing[host])[MIG_LABEL]}))
+        return ops + dra.driver_ops(cluster, ctx.facts[Dra()], ctx.template(
+            "gpu/nvidia-dra-driver.yaml.j2").decode(), gpu_nodes, expected,
+            int(ctx.var("gpu_ready_timeout")))
     manifest = ctx.template("gpu/nvidia-device-plugin.yaml.j2").decode() + "---\n" + \
         json.dumps(config_map(sharing.values()), indent=2) + "\n"
     ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin", manifest))
@@ -96,6 +111,13 @@ def plan(ctx: HostContext) -> list[Op]:
             ops.append(_offer(node, resource, count, got.get(resource), sharing[host],
                               gpu_timeout))
     return ops
+
+
+def _dra_devices(sharing: Sharing, node: Mapping[str, Any]) -> dict[str, int]:
+    """The devices NVIDIA's DRA driver publishes for a node: its GPUs, or its MIG devices."""
+    if sharing.mode == "mig":
+        return {"mig": sum(sharing.resources(node["gpus"], node["model"]).values())}
+    return {"gpu": int(node["gpus"])}
 
 
 def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,

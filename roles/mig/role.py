@@ -12,16 +12,19 @@ from gpuk8s import mig
 from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
 from gpuk8s.facts.nvidia import MigState
-from gpuk8s.facts.system import PciDevices
+from gpuk8s.facts.system import Files, PciDevices, Services
 from gpuk8s.gpusharing import sharing_of
-from gpuk8s.ops import Op, change, noop
+from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.roles import HostContext
 
 RULES: dict[str, Rule] = {}
 
 
+BOOT_FILES = Files("+" + mig.BOOT_SCRIPT, "+" + mig.BOOT_UNIT_PATH)
+
+
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [PciDevices(), MigState()]
+    return [PciDevices(), MigState(), BOOT_FILES, Services(mig.BOOT_UNIT)]
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -59,6 +62,34 @@ def plan(ctx: HostContext) -> list[Op]:
         count = sum(len(w) for w in target)
         ops.append(change("mig | verify", f"+ nvidia-smi -L lists {count} MIG device(s)",
                           verify_command(count), timeout=60))
+    return ops + boot_ops(ctx, target, family)
+
+
+def boot_ops(ctx: HostContext, target: list[tuple[str, ...]],
+             family: Mapping[str, mig.Profile]) -> list[Op]:
+    """With a MIG layout: the boot-time script and unit that re-create it after a reboot;
+    without one, neither."""
+    files_ = ctx.facts[BOOT_FILES]
+    unit = ctx.facts[Services(mig.BOOT_UNIT)][mig.BOOT_UNIT]
+    if not any(target):
+        ops = [files.absent(files_[mig.BOOT_UNIT_PATH], "mig | boot unit"),
+               files.absent(files_[mig.BOOT_SCRIPT], "mig | boot script")]
+        if unit.enabled == "enabled":
+            ops.insert(0, change("mig | boot unit enabled", f"+ disable {mig.BOOT_UNIT}",
+                                 f"systemctl disable -q {mig.BOOT_UNIT}"))
+        if any(op.changes for op in ops):
+            ops.append(change("mig | systemd", "+ systemctl daemon-reload",
+                              "systemctl daemon-reload"))
+        return ops
+    ops = [files.content(files_[mig.BOOT_SCRIPT], "mig | boot script",
+                         mig.boot_script(target, family), mode="0755"),
+           files.content(files_[mig.BOOT_UNIT_PATH], "mig | boot unit", mig.BOOT_UNIT_TEXT)]
+    if unit.enabled != "enabled" or ops[1].changes:
+        ops.append(change("mig | boot unit enabled", f"+ enable {mig.BOOT_UNIT} (runs at the "
+                          "next boot, before the kubelet)", "systemctl daemon-reload",
+                          f"systemctl enable -q {mig.BOOT_UNIT}"))
+    else:
+        ops.append(noop("mig | boot unit enabled", f"= {mig.BOOT_UNIT} enabled"))
     return ops
 
 

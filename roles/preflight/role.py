@@ -190,6 +190,11 @@ def plan(ctx: HostContext) -> list[Op]:
 def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
     """A MIG layout this host's GPUs cannot take: refused before any host changes."""
     sharing = sharing_of(ctx.var("gpu_sharing"))
+    if sharing.mode == "time-slicing" and ctx.var("gpu_allocation") == "dra":
+        return [("gpu_sharing", "gpu_sharing time-slicing is a setting of NVIDIA's device "
+                 "plugin, and gpu_allocation is dra (no device plugin runs)",
+                 "use gpu_sharing: {mode: none} or {mode: mig, ...} with dra, or "
+                 "gpu_allocation: device-plugin for time-slicing")]
     if sharing.mode != "mig":
         return []
     models = sorted({g.model for g in gpus})
@@ -287,6 +292,12 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
+    k8s_minor = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split(".")[:2])
+    if ctx.var("gpu_allocation") == "dra" and k8s_minor < (1, 34):
+        errors.append(("gpu_allocation", f"gpu_allocation dra needs Kubernetes 1.34 or newer "
+                       f"(resource.k8s.io/v1); kubernetes_version is "
+                       f"{ctx.var('kubernetes_version')}", "set kubernetes_version: \"1.36\" "
+                       "or gpu_allocation: device-plugin"))
     for more_errors, more_warnings in (_mirror_problems(ctx), _endpoint_problems(ctx)):
         errors += more_errors
         warnings += more_warnings

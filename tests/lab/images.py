@@ -10,7 +10,9 @@ Layers (uncompressed tars, uid/gid 0 where the files are ours, sorted entries, c
 - base: the lab's Debian 12 node rootfs (tests/lab/base.py) trimmed for containers;
 - tensorflow: the real ``tensorflow-cpu`` from PyPI, installed for Debian's /usr/bin/python3;
 - jupyter: the Jupyter packages on top of tensorflow;
-- tensorboard: ``tensorboard`` alone (no TensorFlow), on the base.
+- tensorboard: ``tensorboard`` alone (no TensorFlow), on the base;
+- prometheus: the REAL Prometheus of Debian 12's ``prometheus`` package on busybox, upstream's
+  image layout (tests/lab/prometheus_image.py), a layer of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import base, registry
+from . import base, prometheus_image, registry
 from .paths import LabError, cache_dir, run
 
 # bump when the build itself changes (not its inputs): every layer's cache key includes it
@@ -45,6 +47,11 @@ DESCRIPTION = "org.opencontainers.image.description"
 
 # The top-level PyPI pins of each layer (their dependencies are resolved once, at the layer's
 # cold build, packages below held at their versions; /etc/gpuk8s-lab-image lists the result).
+#: the Prometheus image's tag: the upstream version Debian 12's prometheus package is built from
+#: (the lab inventory's prometheus_version is this without the "v"; tests/lab/prometheus_image.py
+#: refuses to build from a package of another version)
+PROMETHEUS_LAB_TAG = "v2.42.0"
+PROMETHEUS_LAB_VERSION = PROMETHEUS_LAB_TAG[1:]
 # ipykernel and nbclient as in tests/tf/requirements.txt. `jupyter notebook` (the image's Cmd)
 # is jupyter_core's `jupyter` running `jupyter-notebook`, which only the notebook package has.
 REQUIREMENTS: dict[str, tuple[str, ...]] = {
@@ -74,6 +81,8 @@ LAYERS = {spec.name: spec for spec in (
               parent="tensorflow", dirs=("tf",)),
     LayerSpec("tensorboard", "tensorboard 2.20.0 from PyPI only, no TensorFlow (TensorBoard "
               "runs with its reduced feature set)", parent="base"),
+    LayerSpec("prometheus", "Debian 12's prometheus (the REAL Prometheus 2.42.0 server and "
+              "promtool), glibc and busybox-static, in upstream's image layout"),
 )}
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -97,6 +106,9 @@ class Image:
     cmd: tuple[str, ...] = ("/bin/bash",)
     workdir: str = ""
     ports: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    user: str = ""
+    volumes: tuple[str, ...] = ()
 
     @property
     def description(self) -> str:
@@ -109,6 +121,12 @@ class Image:
             config["WorkingDir"] = self.workdir
         if self.ports:
             config["ExposedPorts"] = {port: {} for port in self.ports}
+        if self.entrypoint:
+            config["Entrypoint"] = list(self.entrypoint)
+        if self.user:
+            config["User"] = self.user
+        if self.volumes:
+            config["Volumes"] = {v: {} for v in self.volumes}
         return config
 
 
@@ -125,6 +143,10 @@ IMAGES = (
     Image("nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04", "base",
           "Debian 12 base only (not Ubuntu), no CUDA libraries; the upstream image's env",
           env=CUDA_ENV),
+    Image(f"quay.io/prometheus/prometheus:{PROMETHEUS_LAB_TAG}", "prometheus",
+          "the REAL Prometheus 2.42.0 (Debian 12's build) on busybox, upstream's layout",
+          env=(f"PATH={PATH}",), entrypoint=("/bin/prometheus",), cmd=prometheus_image.CMD,
+          workdir="/prometheus", ports=("9090/tcp",), user="nobody", volumes=("/prometheus",)),
 )
 
 
@@ -191,7 +213,8 @@ def layer_key(name: str) -> str:
     inputs = {"builder": BUILDER_VERSION, "note": registry.LAB_NOTE, "layer": name,
               "about": spec.about,
               "dirs": spec.dirs, "requirements": REQUIREMENTS.get(name, ()),
-              "below": layer_key(spec.parent) if spec.parent else base.base_key()}
+              "below": layer_key(spec.parent) if spec.parent else
+              prometheus_image.inputs_key() if name == "prometheus" else base.base_key()}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{name}-{digest[:16]}"
 
@@ -213,8 +236,13 @@ def ensure_layer(name: str) -> Built:
     print(f"lab: building image layer {done.name} ...", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f".build-{done.name}-", dir=images_dir()))
     try:
-        if parent is None:
+        if name == "prometheus":
             packages: list[str] = []
+            if prometheus_image.build(work) != PROMETHEUS_LAB_TAG:
+                raise LabError(f"Debian's prometheus package is not {PROMETHEUS_LAB_TAG}: "
+                               "update PROMETHEUS_LAB_TAG in tests/lab/images.py")
+        elif parent is None:
+            packages = []
             _base_tar(work / "layer.tar")
         else:
             packages = _pypi_stage(spec, parent, work / "stage")
@@ -432,6 +460,12 @@ def build_and_push(names: Sequence[str] | None = None) -> list[Pushed]:
         out.append(Pushed(image.ref, digest, sum(b.size for b in layers), t1 - t0,
                           time.monotonic() - t1))
     return out
+
+
+def push_prometheus() -> str:
+    """Build (or reuse) and push only the Prometheus image; its manifest digest."""
+    ref = f"quay.io/prometheus/prometheus:{PROMETHEUS_LAB_TAG}"
+    return ensure_images([ref])[ref]
 
 
 def ensure_images(names: list[str] | None = None) -> dict[str, str]:

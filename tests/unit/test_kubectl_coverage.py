@@ -25,6 +25,8 @@ EXERCISED = {
     "delete": ["test_day2.py::test_remove_live_node",
                "test_workloads.py::test_undeploy_removes_everything"],
     "version": ["test_k8s_upgrade.py::test_upgrade_control_plane_first_then_one_worker_at_a_time"],
+    "api-resources": ["test_workloads.py::test_undeploy_removes_everything"],
+    "rollout": ["test_monitoring.py::test_gpu_monitoring_scrapes_every_lab_gpu"],
     "logs": ["test_workloads.py::"
              "test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy"],
 }

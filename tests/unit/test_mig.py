@@ -15,7 +15,7 @@ from gpuk8s.facts.nvidia import MigState, parse_mig
 from gpuk8s.facts.system import PciDevice, PciDevices
 from gpuk8s.gpusharing import sharing_of
 from gpuk8s.roles import HostContext, load_role
-from tests.unit.scenarios import default_vars
+from tests.unit.scenarios import default_vars, fresh_value
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "h200-mig"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -78,7 +78,9 @@ def _role_plan(role: str, sharing: dict[str, Any], model_id: str, gpus: int,
     vars = default_vars(gpu_sharing=sharing)
     devices = tuple(PciDevice(f"0000:00:0{i}.0", "0x10de", model_id, "0x030200")
                     for i in range(gpus))
-    facts = HostFacts("gpu-01", {PciDevices(): devices, MigState(): state})
+    role_module = load_role(role).module
+    values = {f: fresh_value(f, "ubuntu2404", gpus, "gpu-01") for f in role_module.facts(vars)}
+    facts = HostFacts("gpu-01", {**values, PciDevices(): devices, MigState(): state})
     ctx = HostContext("gpu-01", role, vars, facts, {"nodes": {}}, ("workers",))
     return load_role(role).plan(ctx)
 
@@ -88,20 +90,26 @@ def test_the_role_splits_whole_gpus_and_a_matching_layout_is_a_no_op() -> None:
     ops = _role_plan("mig", {"mode": "mig", "layout": "all-3g.40gb"}, "0x2330", 2, whole)
     assert [op.reason for op in ops] == [
         "+ GPU 0: whole -> 3g.40gb + 3g.40gb", "+ GPU 1: whole -> 3g.40gb + 3g.40gb",
-        "+ nvidia-smi -L lists 4 MIG device(s)"]
+        "+ nvidia-smi -L lists 4 MIG device(s)", "+ create /etc/gpuk8s/mig-apply.sh",
+        "+ create /etc/systemd/system/gpuk8s-mig.service",
+        "+ enable gpuk8s-mig.service (runs at the next boot, before the kubelet)"]
     script = ops[0].commands[0]
     assert script.startswith("nvidia-smi -i 0 -mig 1 && ")
     assert script.endswith("nvidia-smi mig -i 0 -cgi 9,9 -C")
     done = tuple(mig.GpuMig(i, "Enabled", "Enabled", ("3g.40gb",) * 2, ("3g.40gb",) * 2)
                  for i in range(2))
     ops = _role_plan("mig", {"mode": "mig", "layout": "all-3g.40gb"}, "0x2330", 2, done)
-    assert [op.changes for op in ops] == [False, False]
+    assert [op.changes for op in ops[:2]] == [False, False]
+    assert [op.id for op in ops[2:]] == ["mig | boot script", "mig | boot unit",
+                                         "mig | boot unit enabled"]
+    assert ops[2].diff and "nvidia-smi mig -i 1 -cgi 9,9 -C" in ops[2].diff
+    assert ops[3].diff and "Before=kubelet.service" in ops[3].diff
     assert ops[0].reason == "= GPU 0: MIG 3g.40gb + 3g.40gb"
     # back to none: instances go first, then MIG mode off
     ops = _role_plan("mig", {"mode": "none"}, "0x2330", 2, done)
-    assert ops[0].commands == ("nvidia-smi mig -i 0 -dci && nvidia-smi mig -i 0 -dgi && "
-                               "nvidia-smi -i 0 -mig 0",)
-    assert ops[-1].reason == "+ nvidia-smi -L lists 0 MIG device(s)"
+    assert ops[0].commands[0].startswith("nvidia-smi mig -i 0 -dci && nvidia-smi mig -i 0 -dgi"
+                                         " && nvidia-smi -i 0 -mig 0 && ")
+    assert ops[2].reason == "+ nvidia-smi -L lists 0 MIG device(s)"
 
 
 def test_a_half_made_layout_is_redone() -> None:

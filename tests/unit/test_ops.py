@@ -115,7 +115,7 @@ def test_manifest_apply_and_satisfied() -> None:
 
 def test_manifest_with_untracked_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="not tracked"):
-        stamp("apiVersion: v1\nkind: Service\nmetadata: {name: x}\n", "svc")
+        stamp("apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n", "secret")
 
 
 def test_node_labels() -> None:

@@ -232,10 +232,14 @@ def test_gpu_nodes_from_node_list() -> None:
         node("gpu-03", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
                         "nvidia.com/gpu.replicas": "4"}, "4"),
     ]}
+    plain = {"mig": "", "mig_offered": 0}
     assert w.gpu_nodes(data) == [
-        {"name": "gpu-01", "gpus": 2, "allocatable": 2, "replicas": 1},
-        {"name": "gpu-02", "gpus": 1, "allocatable": None, "replicas": 1},
-        {"name": "gpu-03", "gpus": 1, "allocatable": 4, "replicas": 4}]
+        {"name": "gpu-01", "gpus": 2, "allocatable": 2, "replicas": 1, **plain,
+         "limits": {"nvidia.com/gpu": 2}},
+        {"name": "gpu-02", "gpus": 1, "allocatable": None, "replicas": 1, **plain,
+         "limits": {"nvidia.com/gpu": 1}},
+        {"name": "gpu-03", "gpus": 1, "allocatable": 4, "replicas": 4, **plain,
+         "limits": {"nvidia.com/gpu": 1}}]
     check = w.NodeCheck("gpu-02", 1, None, smi=["NVIDIA H200"], tf=1)
     assert not check.ok   # allocatable missing: the device plugin is not advertising
     # time-sliced: 1 GPU offered 4 times is right; 1 offered once is not

@@ -30,7 +30,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from . import discovery, featuregates, merge, pki, schema, tables, wire
+from . import discovery, featuregates, merge, pki, schema, svcproxy, tables, wire
 from .common import (
     P,
     git_version,
@@ -1489,8 +1489,9 @@ class ApiServer:
             verb = "deletecollection"
         if sub == "eviction":
             verb = "create"
-        if not self.authorize(user, groups, verb, res, ns, name, sub):
-            raise self.forbidden(user, verb, res, ns, name, sub)
+        rbac_sub = "proxy" if sub.startswith("proxy/") else sub  # RBAC's services/proxy
+        if not self.authorize(user, groups, verb, res, ns, name, rbac_sub):
+            raise self.forbidden(user, verb, res, ns, name, rbac_sub)
         return self.dispatch(method, res, ns, name, sub, q, body, h, user)
 
     @staticmethod
@@ -1672,6 +1673,9 @@ class ApiServer:
         if sub.startswith("proxy") and res.plural == "nodes":
             path = "/" + sub[len("proxy"):].lstrip("/")
             return 200, self.kubelet_get(name, path), js
+        if sub.split("/")[0] == "proxy" and res.plural == "services":
+            return svcproxy.serve(self, ns, name, h.path, method, body, dict(h.headers.items()),
+                                  HTTPError)
         if sub == "exec" and res.plural == "pods":
             return -2, lambda: self.pod_exec(ns, name, q), ""
         if method == "GET" and (self._one(q, "watch") in ("true", "1")):

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from . import dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
+from . import dcgm, dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
     NO_SYSTEMD_ENV,
@@ -239,7 +239,8 @@ def emulate_calico(k: Kubelet, pod: Obj) -> None:
     write(f"{CNI_DIR}/{value('CNI_CONF_NAME') or '10-calico.conflist'}", conf + "\n")
 
 
-EMULATION = (("flannel", emulate_flannel), ("calico/cni", emulate_calico))
+EMULATION = (("flannel", emulate_flannel), ("calico/cni", emulate_calico),
+             ("dcgm-exporter", dcgm.emulate_dcgm_exporter))
 
 
 def is_device_resource(name: str) -> bool:

@@ -26,7 +26,8 @@ PODS_DIR = "/var/lib/kubelet/pods"
 #: has neither nfsd nor an NFS client), one folder per server and path under it
 LAB_NFS_ROOT = "/var/lib/gpuk8s-lab/nfs"
 #: system pods the lab keeps emulated (their images do not exist here): see README.md
-EMULATED_IMAGES = ("flannel", "calico/", "k8s-device-plugin", "coredns", "kube-proxy")
+EMULATED_IMAGES = ("flannel", "calico/", "k8s-device-plugin", "coredns", "kube-proxy",
+                   "dcgm-exporter")
 
 
 class VolumeError(Exception):
@@ -141,6 +142,7 @@ class Resolver:
         if "emptyDir" in v:
             path = f"{base}/volumes/kubernetes.io~empty-dir/{name}"
             os.makedirs(P(path), exist_ok=True)
+            os.chmod(P(path), 0o777)  # as the kubelet's: any user of the pod may write
             return path
         if "hostPath" in v:
             path = v["hostPath"]["path"]

@@ -1,0 +1,68 @@
+"""Dynamic Resource Allocation as the cluster shows it (gpu_allocation: dra): the DeviceClasses
+gpuk8s applied and, per node, the GPUs NVIDIA's DRA driver published in ResourceSlices. Read
+with kubectl and admin.conf on the first control plane, only when the inventory asks for DRA
+(resource.k8s.io/v1 is served from Kubernetes 1.34)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuk8s.errors import FactError
+from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import ADMIN_CONF
+
+DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class DraState:
+    reachable: bool = False
+    #: gpuk8s-managed DeviceClasses: "DeviceClass//name" -> sha256 annotation
+    managed: dict[str, str] = field(default_factory=dict)
+    #: node name -> {"gpu": n, "mig": m}: the driver's devices by type, over all its slices
+    devices: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def parse_dra(classes: dict[str, Any], slices: dict[str, Any]) -> DraState:
+    managed = {}
+    for item in classes.get("items", []):
+        meta = item.get("metadata", {})
+        if meta.get("labels", {}).get("app.kubernetes.io/managed-by") == "gpuk8s":
+            managed[f"DeviceClass//{meta.get('name')}"] = \
+                meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
+    devices: dict[str, dict[str, int]] = {}
+    for item in slices.get("items", []):
+        spec = item.get("spec", {})
+        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+            continue
+        counts = devices.setdefault(str(spec["nodeName"]), {})
+        for dev in spec.get("devices") or []:
+            attrs = dev.get("attributes") or {}
+            kind = (attrs.get("type") or {}).get("string", "")
+            counts[str(kind)] = counts.get(str(kind), 0) + 1
+    return DraState(True, managed, devices)
+
+
+class Dra(Fact[DraState]):
+    """DeviceClasses and the NVIDIA driver's ResourceSlices (empty before kubeadm init)."""
+
+    def command(self) -> str:
+        return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
+k="timeout 15 kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+$k get deviceclasses -o json || exit 3
+echo '## slices'
+$k get resourceslices -o json || exit 4"""
+
+    def parse(self, output: str, exit_code: int) -> DraState:
+        if exit_code == 0 and not output.strip():
+            return DraState()
+        if exit_code != 0:
+            return DraState(False)
+        classes, _, slices = output.partition("## slices\n")
+        try:
+            return parse_dra(json.loads(classes), json.loads(slices))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise FactError(f"kubectl returned DRA objects of an unexpected shape: {exc}"
+                            ) from None

@@ -1,0 +1,258 @@
+"""invoke verify: per GPU node, nvidia-smi -L in the CUDA base image, then TensorFlow's GPU list,
+each in a Job pinned to the node and given all its GPUs; both must show as many GPUs as the node
+has on its PCI bus. It covers what the inventory turned on: time-sliced nodes must offer GPUs x
+replicas, MIG nodes their MIG instances (the pod gets all of them and sees every GPU through
+them), with gpu_allocation: dra the Jobs ask through ResourceClaims and the NVIDIA DRA driver must
+publish every GPU in ResourceSlices, and with gpu_monitoring Prometheus must hold a
+DCGM_FI_DEV_GPU_UTIL series for every GPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from gpuk8s.facts.dra import parse_dra
+from gpuk8s.facts.kube import parse_nodes
+from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
+from gpuk8s.report import Reporter
+from gpuk8s.sinks import shell
+from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.workloads.cluster import Remote, _json, open_control_plane, wait
+from gpuk8s.workloads.commands import _delete_script, _namespace_doc
+from gpuk8s.workloads.rendering import LABEL, render
+from gpuk8s.workloads.values import WorkloadError, load_values
+
+_TF_GPU = re.compile(r"PhysicalDevice\(name='/physical_device:GPU:(\d+)'")
+_SMI_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", re.M)
+PROMETHEUS = ("/api/v1/namespaces/gpuk8s-monitoring/services/http:prometheus:9090/proxy/"
+              "api/v1/query?")
+
+
+@dataclass
+class NodeCheck:
+    node: str
+    expected: int
+    allocatable: int | None
+    smi: list[str] = field(default_factory=list)
+    tf: int | None = None
+    problem: str = ""
+    with_tf: bool = True   # verify's `tensorflow` value: the TensorFlow stage runs
+    #: time-slicing slots per GPU (the node's nvidia.com/gpu.replicas label, set by gpuk8s)
+    replicas: int = 1
+    #: the node's MIG layout (its nvidia.com/mig.config label) and the MIG instances it offers
+    mig: str = ""
+    mig_offered: int = 0
+    #: gpu_allocation dra: the GPUs its ResourceSlices list (None: not checked)
+    slices: int | None = None
+    #: gpu_monitoring: the GPUs Prometheus has DCGM samples of (None: not checked)
+    dcgm: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        counts = len(self.smi) == self.expected == (
+            self.tf if self.with_tf and not self.mig else self.expected)
+        if self.slices is not None and not self.mig:
+            offered = self.slices == self.expected
+        elif self.mig:
+            offered = self.mig_offered > 0
+        else:
+            offered = self.allocatable == self.expected * self.replicas
+        monitored = self.dcgm is None or self.dcgm == self.expected
+        return not self.problem and counts and offered and monitored
+
+    @property
+    def offered_text(self) -> str:
+        if self.slices is not None:
+            return f"{self.slices} in ResourceSlices (DRA)"
+        if self.mig:
+            return f"{self.mig_offered} MIG ({self.mig})"
+        if self.allocatable is None:
+            return "-"
+        return str(self.allocatable) + (f" ({self.expected} x {self.replicas} time-sliced)"
+                                        if self.replicas > 1 else "")
+
+
+def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """GPU nodes (labelled by gpuk8s from the PCI bus, or advertising nvidia.com/gpu), with
+    the limits a verify pod takes to get all of the node's GPUs."""
+    out = []
+    for name, node in sorted(parse_nodes(dict(nodes_json)).items()):
+        count = node.labels.get("nvidia.com/gpu.count")
+        present = node.labels.get("nvidia.com/gpu.present") == "true"
+        if not present and not node.gpu_allocatable:
+            continue
+        replicas = node.labels.get(REPLICAS_LABEL, "1")
+        slots = int(replicas) if replicas.isdigit() and int(replicas) > 0 else 1
+        expected = int(count) if count and count.isdigit() else \
+            (node.gpu_allocatable or 0) // slots
+        mig = node.labels.get(MIG_LABEL, "")
+        mig_resources = {k: v for k, v in node.nvidia.items()
+                         if k.startswith("nvidia.com/mig-") and v > 0}
+        limits: dict[str, int] = dict(mig_resources) if mig else {"nvidia.com/gpu": expected}
+        if mig and node.gpu_allocatable:
+            limits["nvidia.com/gpu"] = node.gpu_allocatable   # GPUs left whole
+        out.append({"name": name, "gpus": expected, "allocatable": node.gpu_allocatable,
+                    "replicas": slots, "mig": mig, "limits": limits,
+                    "mig_offered": sum(mig_resources.values())})
+    return out
+
+
+def verify(inventory: str | Path, *, reporter: Reporter | None = None,
+           values_files: Sequence[str] = (), sets: Sequence[str] = (),
+           pending_grace: float = 20,
+           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+           ) -> dict[str, Any]:
+    """Per GPU node: nvidia-smi -L in the CUDA base image, then TensorFlow's GPU list; both must
+    show as many GPUs as the node has on its PCI bus. One table; WorkloadError on a mismatch."""
+    session = open_control_plane(inventory, "verify", reporter, opener=opener)
+    cluster_vars = session.host(session.first_cp).vars
+    dra = cluster_vars.get("gpu_allocation") == "dra"
+    values = load_values("verify", values_files,
+                         [*(["gpuAllocation=dra"] if dra else []), *sets])
+    rep, remote = session.reporter, Remote(session)
+    ns = values["namespace"]
+    started = time.monotonic()
+    try:
+        rep.phase(f"verify GPU nodes (namespace {ns}, through {session.first_cp})")
+        rc, out = remote.probe({"nodes": "$k get nodes -o json"})["nodes"]
+        if rc != 0:
+            raise WorkloadError(f"cannot list nodes: {out.strip()[-300:]}")
+        nodes = gpu_nodes(_json(out, "nodes"))
+        if not nodes:
+            raise WorkloadError("no GPU nodes in the cluster (no node is labelled "
+                                "nvidia.com/gpu.present=true or offers nvidia.com/gpu)")
+        with_tf = bool(values["tensorflow"])
+        checks = {n["name"]: NodeCheck(n["name"], n["gpus"], n["allocatable"],
+                                       replicas=n.get("replicas", 1), with_tf=with_tf,
+                                       mig=n["mig"], mig_offered=n["mig_offered"])
+                  for n in nodes}
+        if dra:
+            _slices(remote, checks)
+        if cluster_vars.get("gpu_monitoring"):
+            _dcgm(remote, checks)
+        _run_stages(remote, values, nodes, checks, pending_grace)
+        for n in nodes:
+            if n["gpus"] == 0:
+                checks[n["name"]].problem = "labelled as a GPU node but its GPU count is 0"
+        _print(rep, checks.values(), with_tf)
+        summary = {"nodes": {c.node: {"expected": c.expected, "allocatable": c.allocatable,
+                                      "nvidia_smi": len(c.smi), "models": c.smi,
+                                      "tensorflow": c.tf, "mig": c.mig,
+                                      "mig_offered": c.mig_offered, "slices": c.slices,
+                                      "dcgm": c.dcgm, "ok": c.ok,
+                                      "problem": c.problem} for c in checks.values()},
+                   "run_dir": str(session.runlog.path)}
+        session.runlog.write_report(verify=summary["nodes"],
+                                    wall_time=round(time.monotonic() - started, 3))
+        bad = [c.node for c in checks.values() if not c.ok]
+        if bad:
+            raise WorkloadError(f"verify failed on {', '.join(bad)}")
+        rep.print(f"verify: {len(checks)} GPU node(s) ok ({time.monotonic() - started:.1f}s)",
+                  style="green")
+        return summary
+    finally:
+        for t in session.transports.values():
+            t.close()
+
+
+def _slices(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
+    """gpu_allocation dra: the whole GPUs NVIDIA's DRA driver published per node."""
+    rc, out = remote.probe({"slices": "$k get resourceslices -o json"})["slices"]
+    if rc != 0:
+        raise WorkloadError(f"cannot list ResourceSlices: {out.strip()[-300:]}")
+    devices = parse_dra({}, _json(out, "resourceslices")).devices
+    for name, check in checks.items():
+        found = devices.get(name, {})
+        check.slices = found.get("gpu", 0)
+        if check.mig:
+            check.mig_offered = found.get("mig", 0)
+            check.problem = check.problem or (
+                f"MIG ({check.mig}) with gpu_allocation dra: the driver publishes "
+                f"{check.mig_offered} MIG device(s); verify does not claim MIG devices through "
+                "DRA yet")
+
+
+def _dcgm(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
+    """gpu_monitoring: the GPUs of each node Prometheus has DCGM_FI_DEV_GPU_UTIL samples of."""
+    query = urllib.parse.urlencode({"query": "count by (node) (DCGM_FI_DEV_GPU_UTIL)"})
+    rc, out = remote.probe({"dcgm": f"$k get --raw {shell(PROMETHEUS + query)}"})["dcgm"]
+    seen: dict[str, int] = {}
+    if rc == 0:
+        try:
+            for item in json.loads(out)["data"]["result"]:
+                seen[str(item["metric"].get("node", ""))] = int(float(item["value"][1]))
+        except (ValueError, KeyError, TypeError, IndexError):
+            rc = 1
+    for name, check in checks.items():
+        check.dcgm = seen.get(name, 0)
+        if rc != 0:
+            check.problem = check.problem or "Prometheus did not answer (gpu_monitoring)"
+
+
+def _run_stages(remote: Remote, values: Mapping[str, Any], nodes: list[dict[str, Any]],
+                checks: Mapping[str, NodeCheck], pending_grace: float) -> None:
+    ns = values["namespace"]
+    selector = f"{LABEL}=verify"
+    res = remote.run(_delete_script(ns, selector, "jobs", 120), timeout=180)
+    if not res.ok:
+        raise WorkloadError("cannot remove the previous verify Jobs: " + res.stdout[-300:])
+    for stage in ("smi", "tf") if values["tensorflow"] else ("smi",):
+        # CUDA sees one MIG device per process: TensorFlow on a MIG node would count one GPU
+        todo = [n for n in nodes if n["gpus"] > 0 and not checks[n["name"]].problem
+                and not (stage == "tf" and n["mig"])]
+        if not todo:
+            continue
+        docs = render("verify", values, gpu_nodes=todo, stage=stage)
+        remote.apply([_namespace_doc(ns), *docs])
+        result = wait(remote, ns, f"{selector},gpuk8s.io/verify-stage={stage}",
+                      float(values["timeout"]), pending_grace)
+        pods = {p.labels.get("gpuk8s.io/verify-node", ""): p for p in result.pods}
+        logs = remote.probe({p.name: f"$k logs {shell(p.name)} -n {shell(ns)}"
+                             for p in result.pods if p.phase in ("Succeeded", "Failed")})
+        for n in todo:
+            check, pod = checks[n["name"]], pods.get(n["name"])
+            what = "nvidia-smi" if stage == "smi" else "TensorFlow"
+            if pod is None:
+                check.problem = f"{what}: no pod ({'; '.join(result.problems)})"
+                continue
+            if pod.node and pod.node != n["name"]:
+                check.problem = f"{what} pod ran on {pod.node}"
+            text = logs.get(pod.name, (1, ""))[1]
+            if pod.phase != "Succeeded":
+                check.problem = f"{what}: pod {pod.phase}: " + (
+                    pod.detail or text.strip().splitlines()[-1:][0] if text.strip() or
+                    pod.detail else pod.phase)
+            elif stage == "smi":
+                check.smi = [f"{m.group(2)}" for m in _SMI_GPU.finditer(text)]
+            else:
+                check.tf = len(set(_TF_GPU.findall(text)))
+
+
+def _print(rep: Reporter, checks: Any, with_tf: bool) -> None:
+    checks = list(checks)
+    table = Table(title="verify: GPUs per node", title_justify="left")
+    cols = ["node", "PCI GPUs", "offered", "nvidia-smi", "TensorFlow"]
+    dcgm = any(c.dcgm is not None for c in checks)
+    cols += ["DCGM (Prometheus)"] if dcgm else []
+    for col in (*cols, "result"):
+        table.add_column(col)
+    for c in checks:
+        models = sorted(set(c.smi))
+        tf = "skipped" if not with_tf else "skipped (MIG)" if c.mig else \
+            "-" if c.tf is None else str(c.tf)
+        row: list[Any] = [rep.cell(c.node), str(c.expected), rep.cell(c.offered_text),
+               rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models else "")), tf]
+        row += [str(c.dcgm)] if dcgm else []
+        table.add_row(*row, Text("ok", style="green") if c.ok else
+                      Text.assemble(("FAIL", "red"), " ",
+                                    rep.cell(c.problem or "counts differ")))
+    rep.console.print(table)

@@ -1,0 +1,111 @@
+"""monitoring: with ``gpu_monitoring``, NVIDIA's DCGM exporter on every GPU node and one
+Prometheus scraping the exporters and the kubelets at the node addresses gpuk8s knows
+(a static target list rendered on every run, so a node added to the inventory is scraped after
+the next run); turned off, the namespace and its cluster roles are deleted."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuk8s.checks import Rule, VarProblem, check_positive, check_xyz
+from gpuk8s.facts import Fact
+from gpuk8s.facts.kube import Cluster
+from gpuk8s.ops import Op, change, noop, sha256
+from gpuk8s.ops.kube import KUBECTL, apply
+from gpuk8s.roles import HostContext
+
+NAMESPACE = "gpuk8s-monitoring"
+COMPONENT = "gpu-monitoring"
+#: how gpuk8s reads Prometheus: the API server's service proxy (no port opened on any node)
+QUERY_PATH = f"/api/v1/namespaces/{NAMESPACE}/services/http:prometheus:9090/proxy/api/v1/query"
+
+
+def check_dcgm_version(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"\d+\.\d+\.\d+-\d+\.\d+\.\d+", value):
+        return VarProblem(name, f"{name} must be <exporter>-<DCGM> like \"4.5.3-4.8.2\" (the "
+                          f"nvcr.io tag without -ubuntu22.04), got {value!r}",
+                          f'write {name}: "4.5.3-4.8.2"')
+    return None
+
+
+def check_retention(name: str, value: str) -> VarProblem | None:
+    if not re.fullmatch(r"([1-9]\d*(ms|s|m|h|d|w|y))+", value):
+        return VarProblem(name, f"{name} must be a Prometheus duration like \"7d\" or \"12h\", "
+                          f"got {value!r}", f'write {name}: "7d"')
+    return None
+
+
+RULES: dict[str, Rule] = {
+    "gpu_monitoring": Rule(cluster_wide=True),
+    "dcgm_exporter_version": Rule(check_dcgm_version, cluster_wide=True),
+    "prometheus_version": Rule(check_xyz, cluster_wide=True),
+    "prometheus_retention": Rule(check_retention, cluster_wide=True),
+    "prometheus_scrape_interval": Rule(check_positive, cluster_wide=True),
+    "monitoring_ready_timeout": Rule(check_positive, cluster_wide=True),
+}
+
+
+def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
+    return [Cluster()]
+
+
+def prometheus_config(nodes: Mapping[str, Mapping[str, Any]], interval: int) -> str:
+    """prometheus.yml: the DCGM exporter of every GPU node and every node's kubelet, each
+    target labelled with its node name (JSON, which is YAML: node values are data here)."""
+    def targets(port: int, gpu_only: bool) -> list[dict[str, Any]]:
+        out = []
+        for n in sorted(nodes.values(), key=lambda n: str(n["name"])):
+            if gpu_only and not n["gpus"]:
+                continue
+            address = str(n["address"])
+            host = f"[{address}]" if ":" in address else address
+            out.append({"targets": [f"{host}:{port}"], "labels": {"node": str(n["name"])}})
+        return out
+
+    config = {
+        "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s"},
+        "scrape_configs": [
+            {"job_name": "dcgm-exporter", "static_configs": targets(9400, True)},
+            {"job_name": "kubelet", "scheme": "https", "metrics_path": "/metrics/resource",
+             "tls_config": {"insecure_skip_verify": True},
+             "authorization": {"credentials_file":
+                               "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+             "static_configs": targets(10250, False)},
+        ],
+    }
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    cluster = ctx.facts[Cluster()]
+    ours = sorted(k for k in cluster.managed if f"/{NAMESPACE}/" in k or
+                  k.endswith("/gpuk8s-prometheus"))
+    if not ctx.var("gpu_monitoring"):
+        if not ours:
+            return [noop("monitoring | off", "= gpu_monitoring is off")]
+        return [change("monitoring | remove", f"+ delete namespace {NAMESPACE} and its "
+                       "cluster roles (gpu_monitoring is off)",
+                       f"{KUBECTL} delete namespace {NAMESPACE} --ignore-not-found "
+                       f"--timeout=120s",
+                       f"{KUBECTL} delete clusterrolebinding,clusterrole gpuk8s-prometheus "
+                       "--ignore-not-found")]
+    config = prometheus_config(ctx.cluster["nodes"], int(ctx.var("prometheus_scrape_interval")))
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": "prometheus-config", "namespace": NAMESPACE},
+                  "data": {"prometheus.yml": config}}
+    manifest = ctx.template("monitoring/gpu-monitoring.yaml.j2",
+                            prometheus_config_sha256=sha256(config.encode())).decode() + \
+        "---\n" + json.dumps(config_map, indent=2) + "\n"
+    op = apply(cluster, "monitoring | DCGM exporter and Prometheus", COMPONENT, manifest)
+    if not op.changes:
+        return [op]
+    timeout = int(ctx.var("monitoring_ready_timeout"))
+    wait = (f"{KUBECTL} -n {NAMESPACE} rollout status deployment/prometheus "
+            f"--timeout={timeout}s && "
+            f"{KUBECTL} -n {NAMESPACE} rollout status daemonset/dcgm-exporter "
+            f"--timeout={timeout}s")
+    return [change(op.id, op.reason + "; wait until Prometheus and every exporter are ready",
+                   *op.commands, wait, meta=op.meta, timeout=2 * timeout + 60)]

@@ -1,0 +1,171 @@
+"""gpu_sharing mode mig on the bootstrapped lab (issue 19's acceptance, part 2).
+
+gpu-01 (2 H100) gets {mode: mig, layout: all-3g.40gb}: drained, split with the lab's nvidia-smi
+stand-in (NVIDIA's documented MIG formats, checked against real H200 captures), uncordoned, and
+it offers 4 nvidia.com/mig-3g.40gb; a reboot brings the layout back before the kubelet; the
+same layout on an L40S host is refused before any change; back to none converges; each second
+run is a no-op. The tests run in order on one cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s.errors import PreflightError
+from tests.lab import fakepci, node, registry
+from tests.lab.lab import Lab
+from tests.lab.runs import bootstrap_inline, ssh_ok
+from tests.lab.test_day2 import GATES, restore_bootstrapped
+
+pytestmark = pytest.mark.lab
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+BUSYBOX = "docker.io/library/busybox:gpuk8s-lab"
+MIG = {"mode": "mig", "layout": "all-3g.40gb"}
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    registry.push_busybox()
+    return restore_bootstrapped(lab)
+
+
+def inventory(lab: Lab, dest: Path, **sharing: dict[str, Any] | None) -> Path:
+    """The lab's inventory with gpu_sharing per host (None: the default)."""
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    # the gates the "bootstrapped" snapshot was made with: this run changes only what it tests
+    inv["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
+    for group in inv["all"]["children"].values():
+        for name, value in sharing.items():
+            host_name = name.replace("_", "-")
+            hosts = group.get("hosts") or {}
+            if host_name in hosts:
+                host = hosts[host_name] = dict(hosts[host_name] or {})
+                if value is None:
+                    host.pop("gpu_sharing", None)
+                else:
+                    host["gpu_sharing"] = value
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def node_json(lab: Lab, name: str) -> dict[str, Any]:
+    return dict(json.loads(ssh_ok(lab, "cp-01", f"{KUBECTL} get node {name} -o json")))
+
+
+def mig_devices(lab: Lab, name: str) -> list[str]:
+    return [line for line in ssh_ok(lab, name, "nvidia-smi -L").splitlines()
+            if line.startswith("  MIG ")]
+
+
+def test_all_3g_on_gpu_01_drains_splits_and_offers_four(cluster: Lab, tmp_path: Path) -> None:
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "[cp-01] drain gpu-01" in text, text
+    assert "GPU 0: whole -> 3g.40gb + 3g.40gb" in text and "GPU 1: whole" in text, text
+    assert "gpu-01 offers 4 nvidia.com/mig-3g.40gb (MIG all-3g.40gb)" in text, text
+    assert "drain gpu-02" not in text, text
+    gpu01 = node_json(cluster, "gpu-01")
+    alloc = gpu01["status"]["allocatable"]
+    assert alloc.get("nvidia.com/mig-3g.40gb") == "4", alloc
+    assert alloc.get("nvidia.com/gpu", "0") == "0", alloc
+    assert not gpu01["spec"].get("unschedulable"), "gpu-01 left cordoned"
+    labels = gpu01["metadata"]["labels"]
+    assert labels["nvidia.com/device-plugin.config"] == "mig-mixed"
+    assert labels["nvidia.com/mig.config"] == "all-3g.40gb"
+    assert node_json(cluster, "gpu-02")["status"]["allocatable"]["nvidia.com/gpu"] == "1"
+    assert len(mig_devices(cluster, "gpu-01")) == 4
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG))
+    assert again["changed"] == 0, text
+
+
+def test_a_pod_gets_a_mig_instance(cluster: Lab) -> None:
+    pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "mig-pod", "namespace": "default"}, "spec": {
+        "runtimeClassName": "nvidia", "restartPolicy": "Never", "containers": [{
+            "name": "c", "image": BUSYBOX, "command": ["/bin/busybox", "sleep", "300"],
+            "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]}})
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} apply -f - <<'EOF'\n{pod}\nEOF")
+    deadline = time.monotonic() + 120
+    got: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        got = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get pod mig-pod -o json"))
+        if got["status"].get("phase") == "Running":
+            break
+        time.sleep(1)
+    assert got["status"].get("phase") == "Running", got["status"]
+    assert got["spec"]["nodeName"] == "gpu-01"
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pod mig-pod --wait=true", timeout=180)
+
+
+def test_the_layout_comes_back_after_a_reboot(cluster: Lab, tmp_path: Path) -> None:
+    cluster.reboot("gpu-01")
+    assert len(mig_devices(cluster, "gpu-01")) == 4, \
+        ssh_ok(cluster, "gpu-01", "systemctl status gpuk8s-mig.service || true")
+    # the kubelet came back and offers the instances again (wait_cluster_ready would wait
+    # for whole GPUs)
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} wait --for=condition=Ready node/gpu-01 --timeout=180s"
+           f" && {KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/"
+           "mig-3g\\.40gb}'=4 node/gpu-01 --timeout=180s", timeout=400)
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG))
+    assert again["changed"] == 0, text
+
+
+@pytest.fixture
+def gpu_02_as_l40s(cluster: Lab) -> Iterator[None]:
+    """gpu-02's fake PCI GPU turned into an L40S (no MIG) for the test, then back. The files
+    are rewritten in place: the folder itself is bind-mounted into the running node."""
+    pci = node.node_dir("gpu-02") / "pci"
+    dev, cls, sub, _ = fakepci.GPU_MODELS["L40S"]
+    slots = [p for p in pci.iterdir() if (p / "vendor").read_text().strip() == "0x10de"]
+    saved = {p: ((p / "device").read_text(), (p / "config").read_bytes()) for p in slots}
+    try:
+        for slot in slots:
+            (slot / "device").write_text(f"0x{dev:04x}\n")
+            (slot / "config").write_bytes(fakepci.config_space(
+                fakepci.NVIDIA, dev, cls, fakepci.NVIDIA, sub))
+        yield
+    finally:
+        for slot, (device, config) in saved.items():
+            (slot / "device").write_text(device)
+            (slot / "config").write_bytes(config)
+
+
+def test_mig_on_an_l40s_is_refused_before_any_change(cluster: Lab, tmp_path: Path,
+                                                      gpu_02_as_l40s: None) -> None:
+    probe = ("nvidia-smi --query-gpu=mig.mode.current --format=csv,noheader; "
+             "test -e /etc/gpuk8s/mig-apply.sh && echo boot-script || echo no-boot-script")
+    before = ssh_ok(cluster, "gpu-02", probe)
+    assert before.split() == ["[N/A]", "no-boot-script"], before
+    with pytest.raises(PreflightError) as err:
+        bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG, gpu_02=MIG))
+    (problem,) = err.value.problems["gpu-02"]
+    assert problem[0] == "gpu_sharing", problem
+    assert "NVIDIA L40S does not support MIG (MIG runs on A100, H100 and H200)" in problem[1]
+    assert "gpu-01" not in err.value.problems
+    assert ssh_ok(cluster, "gpu-02", probe) == before
+    assert not node_json(cluster, "gpu-02")["spec"].get("unschedulable")
+
+
+def test_back_to_none_converges_and_then_changes_nothing(cluster: Lab, tmp_path: Path) -> None:
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=None))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "3g.40gb + 3g.40gb -> whole (MIG off)" in text, text
+    assert mig_devices(cluster, "gpu-01") == []
+    modes = ssh_ok(cluster, "gpu-01", "nvidia-smi --query-gpu=mig.mode.current "
+                   "--format=csv,noheader").split()
+    assert modes == ["Disabled", "Disabled"]
+    gpu01 = node_json(cluster, "gpu-01")
+    assert gpu01["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+    assert "nvidia.com/mig.config" not in gpu01["metadata"]["labels"]
+    rc, _, _ = cluster.ssh("gpu-01", "test -e /etc/systemd/system/gpuk8s-mig.service")
+    assert rc != 0, "the boot unit is left behind"
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=None))
+    assert again["changed"] == 0, text

@@ -1,0 +1,104 @@
+"""gpu_monitoring on the bootstrapped lab (issue 19's acceptance, part 3): the DCGM exporter
+(a lab stand-in serving the exporter's real metric names from the nvidia-smi stand-in) on both
+GPU nodes and the REAL Prometheus (Debian's build, in a lab image, run as a pod by the nodes'
+containerd) scraping them. A query through Prometheus' HTTP API returns DCGM_FI_DEV_GPU_UTIL for
+all 3 lab GPUs with node labels; `invoke status` and `invoke gpu-usage` show them; turning it
+off removes it. The tests run in order on one cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s import day2
+from tests.lab import images
+from tests.lab.lab import Lab
+from tests.lab.runs import bootstrap_inline, call, ssh_ok
+from tests.lab.test_day2 import GATES, restore_bootstrapped
+
+pytestmark = pytest.mark.lab
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+PROXY = "/api/v1/namespaces/gpuk8s-monitoring/services/http:prometheus:9090/proxy"
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    images.push_prometheus()
+    return restore_bootstrapped(lab)
+
+
+def inventory(lab: Lab, dest: Path, on: bool) -> Path:
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    # the gates the "bootstrapped" snapshot was made with: this run changes only what it tests
+    inv["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
+    inv["all"]["vars"].update(gpu_monitoring=on, prometheus_scrape_interval=2,
+                              prometheus_version=images.PROMETHEUS_LAB_VERSION)
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def query(lab: Lab, promql: str) -> list[dict[str, Any]]:
+    url = f"{PROXY}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    body = json.loads(ssh_ok(lab, "cp-01", f"{KUBECTL} get --raw '{url}'"))
+    assert body["status"] == "success", body
+    return list(body["data"]["result"])
+
+
+def test_gpu_monitoring_scrapes_every_lab_gpu(cluster: Lab, tmp_path: Path) -> None:
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, True))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "wait until Prometheus and every exporter are ready" in text, text
+    # the real Prometheus, answering through the API server's service proxy
+    build = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get --raw "
+                              f"'{PROXY}/api/v1/status/buildinfo'"))
+    # Debian's build says so: "2.42.0+ds"
+    assert build["data"]["version"].split("+")[0] == images.PROMETHEUS_LAB_VERSION, build
+    deadline = time.monotonic() + 90
+    series: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        series = query(cluster, "DCGM_FI_DEV_GPU_UTIL")
+        if len(series) == 3:
+            break
+        time.sleep(2)
+    per_node = sorted((s["metric"]["node"], s["metric"]["gpu"]) for s in series)
+    assert per_node == [("gpu-01", "0"), ("gpu-01", "1"), ("gpu-02", "0")], series
+    models = {s["metric"]["node"]: s["metric"]["modelName"] for s in series}
+    assert models == {"gpu-01": "NVIDIA H100 80GB HBM3", "gpu-02": "NVIDIA H200"}
+    targets = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get --raw "
+                                f"'{PROXY}/api/v1/targets'"))["data"]["activeTargets"]
+    dcgm = {t["labels"]["node"]: t["health"] for t in targets
+            if t["labels"]["job"] == "dcgm-exporter"}
+    assert dcgm == {"gpu-01": "up", "gpu-02": "up"}, targets
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, True))
+    assert again["changed"] == 0, text
+
+
+def test_status_and_gpu_usage_show_utilisation(cluster: Lab, tmp_path: Path) -> None:
+    inv = inventory(cluster, tmp_path, True)
+    rows, text = call(day2.gpu_usage, inv)
+    assert [(r["node"], r["gpu"]) for r in rows] == [("gpu-01", "0"), ("gpu-01", "1"),
+                                                     ("gpu-02", "0")], text
+    assert all(r["util"] is not None and r["used"] is not None for r in rows), rows
+    assert "NVIDIA H200" in text
+    status, text = call(day2.status, inv)
+    util = {r["host"]: r.get("gpu_util") for r in status}
+    assert util["gpu-01"] is not None and util["gpu-02"] is not None, text
+    assert "gpu_util" not in next(r for r in status if r["host"] == "cpu-01")
+    assert "gpu util" in text
+
+
+def test_turned_off_it_is_removed(cluster: Lab, tmp_path: Path) -> None:
+    _, text = bootstrap_inline(inventory(cluster, tmp_path, False))
+    assert "delete namespace gpuk8s-monitoring" in text, text
+    rc, out, _ = cluster.ssh("cp-01", f"{KUBECTL} get namespace gpuk8s-monitoring")
+    assert rc != 0 or "Terminating" in out
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, False))
+    assert again["changed"] == 0, text
