@@ -108,11 +108,11 @@ def _print(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> None:
     from rich.table import Table
 
     table = Table(title="GPU use (DCGM exporter, through Prometheus)", title_justify="left")
-    for col in ("node", "gpu", "model", "util %", "memory used / total MiB", "pods"):
+    for col in ("node", "gpu", "model", "util %", "memory MiB (used / free)", "pods"):
         table.add_column(col)
     for r in rows:
         mem = "" if r["used"] is None or r["free"] is None else \
-            f"{r['used']:.0f} / {r['used'] + r['free']:.0f}"
+            f"{r['used']:.0f} / {r['free']:.0f}"
         table.add_row(rep.cell(r["node"]), rep.cell(r["gpu"]), rep.cell(r["model"]),
                       "" if r["util"] is None else f"{r['util']:.0f}", mem,
                       rep.cell(", ".join(r["pods"]) or "-"))

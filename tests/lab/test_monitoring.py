@@ -17,19 +17,21 @@ import pytest
 import yaml
 
 from gpuk8s import day2
-from tests.lab import images
+from tests.lab import images, registry
 from tests.lab.lab import Lab
 from tests.lab.runs import bootstrap_inline, call, ssh_ok
 from tests.lab.test_day2 import GATES, restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+BUSYBOX = "docker.io/library/busybox:gpuk8s-lab"
 PROXY = "/api/v1/namespaces/gpuk8s-monitoring/services/http:prometheus:9090/proxy"
 
 
 @pytest.fixture(scope="module")
 def cluster(lab: Lab) -> Lab:
     images.push_prometheus()
+    registry.push_busybox()
     return restore_bootstrapped(lab)
 
 
@@ -91,8 +93,30 @@ def test_status_and_gpu_usage_show_utilisation(cluster: Lab, tmp_path: Path) -> 
     status, text = call(day2.status, inv)
     util = {r["host"]: r.get("gpu_util") for r in status}
     assert util["gpu-01"] is not None and util["gpu-02"] is not None, text
+    assert all(isinstance(util[h], float) and 0 <= util[h] <= 100 for h in ("gpu-01", "gpu-02"))
     assert "gpu_util" not in next(r for r in status if r["host"] == "cpu-01")
-    assert "gpu util" in text
+
+
+def test_gpu_usage_names_the_pod_holding_a_gpu(cluster: Lab, tmp_path: Path) -> None:
+    pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "holder", "namespace": "default"}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-02"}, "runtimeClassName": "nvidia",
+        "restartPolicy": "Never", "containers": [{
+            "name": "c", "image": BUSYBOX, "command": ["/bin/busybox", "sleep", "300"],
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} apply -f - <<'EOF'\n{pod}\nEOF")
+    inv = inventory(cluster, tmp_path, True)
+    deadline = time.monotonic() + 90
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows, _ = call(day2.gpu_usage, inv)
+        if any(r["pods"] for r in rows):
+            break
+        time.sleep(3)
+    # the exporter names the pod from the kubelet's allocation (pod-resources)
+    assert [(r["node"], r["pods"]) for r in rows if r["pods"]] == \
+        [("gpu-02", ["default/holder"])], rows
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pod holder --wait=true", timeout=180)
 
 
 def test_turned_off_it_is_removed(cluster: Lab, tmp_path: Path) -> None:
