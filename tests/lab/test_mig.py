@@ -105,6 +105,18 @@ def test_a_pod_gets_a_mig_instance(cluster: Lab) -> None:
     ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pod mig-pod --wait=true", timeout=180)
 
 
+def test_verify_sees_every_gpu_through_its_mig_instances(cluster: Lab, tmp_path: Path) -> None:
+    """`invoke verify` on the MIG node: its Job takes all 4 instances and nvidia-smi in it
+    lists both H100s (TensorFlow is skipped on MIG nodes: CUDA sees one MIG device)."""
+    from gpuk8s import workloads
+
+    result = workloads.verify(inventory(cluster, tmp_path, gpu_01=MIG),
+                              sets=["tensorflow=false"])
+    gpu01 = result["nodes"]["gpu-01"]
+    assert gpu01["ok"] and gpu01["mig"] == "all-3g.40gb" and gpu01["mig_offered"] == 4, result
+    assert gpu01["nvidia_smi"] == 2 and result["nodes"]["gpu-02"]["ok"], result
+
+
 def test_the_layout_comes_back_after_a_reboot(cluster: Lab, tmp_path: Path) -> None:
     cluster.reboot("gpu-01")
     assert len(mig_devices(cluster, "gpu-01")) == 4, \

@@ -119,6 +119,14 @@ def test_gpu_usage_names_the_pod_holding_a_gpu(cluster: Lab, tmp_path: Path) -> 
     ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pod holder --wait=true", timeout=180)
 
 
+def test_verify_checks_a_dcgm_series_per_gpu(cluster: Lab, tmp_path: Path) -> None:
+    from gpuk8s import workloads
+
+    result = workloads.verify(inventory(cluster, tmp_path, True), sets=["tensorflow=false"])
+    assert {n: (v["dcgm"], v["ok"]) for n, v in result["nodes"].items()} == {
+        "gpu-01": (2, True), "gpu-02": (1, True)}, result
+
+
 def test_turned_off_it_is_removed(cluster: Lab, tmp_path: Path) -> None:
     _, text = bootstrap_inline(inventory(cluster, tmp_path, False))
     assert "delete namespace gpuk8s-monitoring" in text, text

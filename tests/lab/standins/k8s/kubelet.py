@@ -925,6 +925,10 @@ class Kubelet:
         avail = {k: int(parse_quantity(v)) for k, v in
                  (node["status"].get("allocatable") or {}).items() if is_device_resource(k)}
         self.sync_system_daemons(pods)
+        live = {p["metadata"]["uid"] for p in pods}
+        for uid in list(self.gpu_assign):   # pods gone from the API free their devices
+            if uid not in live:             # before any new pod is admitted
+                del self.gpu_assign[uid]
         for p in pods:   # the devices of terminated pods are free again, and a restarted
             uid = p["metadata"]["uid"]   # kubelet takes its allocations from its checkpoint
             if p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -932,9 +936,7 @@ class Kubelet:
             elif uid not in self.gpu_assign and (held := realpods.checkpointed_gpus(uid)):
                 self.gpu_assign[uid] = held
         used: dict[str, int] = {}
-        live = set()
         for p in pods:
-            live.add(p["metadata"]["uid"])
             if "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {}):
                 running = p["metadata"]["name"] != f"kube-apiserver-{self.node_name}" or api_up
                 self.set_status(p, "Running" if running else "Pending",
@@ -944,9 +946,6 @@ class Kubelet:
                 continue
             for name, n in self.sync_pod(p, cfg, avail, used).items():
                 used[name] = used.get(name, 0) + n
-        for uid in list(self.gpu_assign):
-            if uid not in live:
-                del self.gpu_assign[uid]
         for uid in list(self.started):
             if uid not in live:
                 del self.started[uid]
