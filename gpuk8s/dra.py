@@ -53,6 +53,16 @@ def driver_ops(cluster: ClusterState, dra: DraState, manifest: str,
     for host, node in gpu_nodes.items():
         name = str(node["name"])
         have = dra.devices.get(name, {})
+        if not ops[0].changes and name in dra.devices and \
+                any(have.get(k, 0) != v for k, v in expected[host].items()):
+            # the driver's kubelet plugin reads the node's devices when it starts only: after
+            # a MIG layout change it must start again to publish the new devices
+            ops.append(change(f"gpu_cluster | {name} DRA plugin restart",
+                              f"+ restart the DRA kubelet plugin on {name} to publish its "
+                              "new devices",
+                              f"{KUBECTL} -n {NAMESPACE} delete pod -l "
+                              "nvidia-dra-driver-gpu-component=kubelet-plugin --field-selector "
+                              f"{q('spec.nodeName=' + name)} --wait=false"))
         for kind, want in expected[host].items():
             op_id = f"gpu_cluster | {name} ResourceSlice {kind} devices"
             if have.get(kind, 0) == want:

@@ -122,3 +122,34 @@ def test_verify_gives_a_mig_node_all_its_instances() -> None:
     docs = render("verify", load_values("verify"), gpu_nodes=[n], stage="smi")
     limits = docs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/mig-3g.40gb": 4}
+
+
+def test_a_changed_mig_layout_restarts_the_plugin_that_read_the_old_one() -> None:
+    mig = {**NODES["gpu-01"], "sharing": {"mode": "mig", "layout": "all-3g.40gb"}}
+    nodes = {**NODES, "gpu-01": mig}
+    facts = HostFacts("cp-01", {Cluster(): ClusterState(True, "", {n: _node(n) for n in nodes}),
+                                Dra(): DraState(True, {}, {"gpu-01": {"gpu": 2},
+                                                           "gpu-02": {"gpu": 1}})})
+    ctx = HostContext("cp-01", "gpu_cluster", default_vars(gpu_allocation="dra"), facts,
+                      {"nodes": nodes}, ("control_plane",))
+    ops = load_role("gpu_cluster").plan(ctx)
+    ids = [op.id for op in ops if op.changes]
+    # the driver objects themselves are applied in this run: no restart needed for them
+    assert "gpu_cluster | gpu-01 DRA plugin restart" not in ids
+    assert "gpu_cluster | gpu-01 ResourceSlice mig devices" in ids
+    # the driver runs as applied: its plugin on gpu-01 must start again to see the MIG devices
+    from gpuk8s.ops.kube import stamp
+
+    _, keys, digest = stamp(ctx.template("gpu/nvidia-dra-driver.yaml.j2").decode(),
+                            "nvidia-dra-driver")
+    applied = ClusterState(True, "", {n: _node(n) for n in nodes},
+                           {k: digest for k in keys if not k.startswith("DeviceClass")})
+    dra = DraState(True, {k: digest for k in keys if k.startswith("DeviceClass")},
+                   {"gpu-01": {"gpu": 2}, "gpu-02": {"gpu": 1}})
+    ctx = HostContext("cp-01", "gpu_cluster", default_vars(gpu_allocation="dra"),
+                      HostFacts("cp-01", {Cluster(): applied, Dra(): dra}), {"nodes": nodes},
+                      ("control_plane",))
+    ops = {op.id: op for op in load_role("gpu_cluster").plan(ctx) if op.changes}
+    restart = ops["gpu_cluster | gpu-01 DRA plugin restart"]
+    assert "--field-selector spec.nodeName=gpu-01" in restart.commands[0]
+    assert "gpu_cluster | gpu-02 DRA plugin restart" not in ops
