@@ -21,8 +21,9 @@ NAMESPACE = "nvidia-dra-driver-gpu"
 #: the objects each mode leaves when the other is chosen: (managed key, delete command)
 DEVICE_PLUGIN_OBJECTS = (
     ("DaemonSet/kube-system/nvidia-device-plugin-daemonset",
-     f"{KUBECTL} -n kube-system delete daemonset nvidia-device-plugin-daemonset "
+     f"{KUBECTL} -n kube-system delete daemonset/nvidia-device-plugin-daemonset "
      "configmap/nvidia-device-plugin-configs serviceaccount/nvidia-device-plugin "
+     "clusterrolebinding/gpuk8s-nvidia-device-plugin clusterrole/gpuk8s-nvidia-device-plugin "
      "--ignore-not-found"),)
 DRA_OBJECTS = (
     (f"Namespace//{NAMESPACE}",

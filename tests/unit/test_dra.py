@@ -71,7 +71,8 @@ def test_switching_modes_removes_the_other_ones_objects() -> None:
     plugin = {"DaemonSet/kube-system/nvidia-device-plugin-daemonset": "x"}
     ops = _plan(DraState(True), plugin, gpu_allocation="dra")
     (remove,) = [op for op in ops if op.id.endswith("remove the other GPU allocation")]
-    assert "delete daemonset nvidia-device-plugin-daemonset" in remove.commands[0]
+    # one form for every name: the real kubectl refuses "daemonset NAME configmap/NAME"
+    assert "delete daemonset/nvidia-device-plugin-daemonset configmap/" in remove.commands[0]
     back = _plan(DraState(True), {"Namespace//nvidia-dra-driver-gpu": "y"})
     (remove,) = [op for op in back if op.id.endswith("remove the other GPU allocation")]
     assert "delete namespace nvidia-dra-driver-gpu" in remove.commands[0]
