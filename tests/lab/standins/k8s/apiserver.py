@@ -30,7 +30,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from . import discovery, featuregates, merge, pki, schema, svcproxy, tables, wire
+from . import discovery, dra, dra_server, featuregates, merge, pki, schema, svcproxy, tables, wire
 from .common import (
     P,
     git_version,
@@ -45,7 +45,7 @@ from .common import (
     yaml_load_all,
 )
 from .resources import Registry, Resource
-from .scheduler import is_active, matches_node_selector, schedule, untolerated_taint
+from .scheduler import is_active, matches_node_selector, untolerated_taint
 from .store import Conflict, Store, StoreError
 
 Obj = dict[str, Any]
@@ -243,6 +243,7 @@ class ApiServer:
         self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
         self.registry = Registry()
+        dra.gate(self.registry, self.version)  # resource.k8s.io/v1 from 1.34
         #: this server's controllers' identity in leader election (kube-controller-manager's
         #: is "<hostname>_<uuid>")
         self.identity = f"{socket.gethostname()}_{uuid.uuid4()}"
@@ -320,6 +321,7 @@ class ApiServer:
             if "spec" in obj:
                 md["generation"] = 1
             self._defaults(res, obj)
+            dra.admit(res, obj, HTTPError)
             _secret_string_data(res, obj)
             if dry:
                 return obj
@@ -344,6 +346,7 @@ class ApiServer:
                     new["metadata"]["managedFields"] = md["managedFields"]
                 obj = new
             else:
+                dra.admit(res, obj, HTTPError)
                 if "status" in old and res.plural not in ("namespaces",):
                     obj["status"] = old["status"]
                 if obj.get("spec") != old.get("spec"):
@@ -555,7 +558,8 @@ class ApiServer:
                     return True
         plural = res.plural if res else ""
         if "system:nodes" in groups:
-            if plural in ("nodes", "pods", "events", "leases", "certificatesigningrequests"):
+            if plural in ("nodes", "pods", "events", "leases", "certificatesigningrequests",
+                          "resourceslices"):  # the node authorizer: its DRA drivers' slices
                 return True
             return verb in ("get", "list", "watch")
         if "system:bootstrappers" in groups:
@@ -638,6 +642,7 @@ class ApiServer:
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
+                         lambda: dra_server.claims_controller(self),
                          self.scheduler, self.pod_gc, self.disruption):
                 try:
                     with self.lock:
@@ -1035,7 +1040,7 @@ class ApiServer:
             if spec.get("nodeName") or spec.get("schedulerName") != "default-scheduler" or \
                     not is_active(pod):
                 continue
-            node, msg = schedule(pod, nodes, pods)
+            node, msg = dra_server.schedule(self, pod, nodes, pods)
             st = pod.setdefault("status", {})
             if node:
                 spec["nodeName"] = node

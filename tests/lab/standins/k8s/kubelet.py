@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from . import dcgm, dns, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
+from . import dcgm, dns, dra_node, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
     NO_SYSTEMD_ENV,
@@ -680,6 +680,8 @@ class Kubelet:
         new: Obj = {"phase": phase, "hostIP": self.node_ip, "hostIPs": [{"ip": self.node_ip}],
                     "startTime": st.get("startTime") or ts(), "containerStatuses": containers,
                     "qosClass": st.get("qosClass", "BestEffort")}
+        if st.get("resourceClaimStatuses"):  # the resourceclaim controller's, kept
+            new["resourceClaimStatuses"] = st["resourceClaimStatuses"]
         if spec.get("initContainers"):
             new["initContainerStatuses"] = entries("initContainers")
         if rep.get("podIP"):
@@ -754,6 +756,12 @@ class Kubelet:
                 self.set_status(pod, "Failed", {}, False, [
                     ("Warning", "UnexpectedAdmissionError", pod["status"]["message"])])
                 return {}
+        if spec.get("resourceClaims") and uid not in self.started and \
+                uid not in self.gpu_assign and (err := dra_node.prepare(self, pod)):
+            self.set_status(pod, "Pending", {}, False, [(
+                "Warning", "FailedPrepareDynamicResources",
+                f"Failed to prepare dynamic resources: {err}")])
+            return {}
         handler = self.pod_runtime(pod, cfg)
         rc = spec.get("runtimeClassName")
         if rc and handler is None:
@@ -865,6 +873,7 @@ class Kubelet:
                     self.set_status(pod, "Pending", {}, False, [("Warning", "FailedMount",
                                                                  str(e))])
                     return want
+                dra_node.cdi(self, pod, spec)
                 try:
                     realpods.start(uid, spec)
                 except realpods.NoRuntime as e:
@@ -925,6 +934,7 @@ class Kubelet:
         avail = {k: int(parse_quantity(v)) for k, v in
                  (node["status"].get("allocatable") or {}).items() if is_device_resource(k)}
         self.sync_system_daemons(pods)
+        dra_node.sync(self, pods)
         live = {p["metadata"]["uid"] for p in pods}
         for uid in list(self.gpu_assign):   # pods gone from the API free their devices
             if uid not in live:             # before any new pod is admitted

@@ -285,8 +285,9 @@ class Pod:
             for name in ("hosts", "hostname", "resolv.conf")]
         gpus = self.spec.get("gpus") or []
         if gpus and self.spec.get("gpuRuntime"):
-            env.update({"NVIDIA_VISIBLE_DEVICES": ",".join(gpus),
-                        "GPUK8S_LAB_VISIBLE_GPUS": ",".join(gpus)})
+            # a DRA claim's devices come through CDI: NVIDIA's CDI spec sets "void"
+            env.update({"NVIDIA_VISIBLE_DEVICES": "void" if self.spec.get("cdi") else
+                        ",".join(gpus), "GPUK8S_LAB_VISIBLE_GPUS": ",".join(gpus)})
             mounts += [{"src": p, "dst": p, "ro": True} for p in GPU_MOUNTS
                        if os.path.exists(p)]
             # the GPUs' UUIDs derive from their host (labgpu.HOST_ID_FILE)

@@ -27,7 +27,7 @@ PODS_DIR = "/var/lib/kubelet/pods"
 LAB_NFS_ROOT = "/var/lib/gpuk8s-lab/nfs"
 #: system pods the lab keeps emulated (their images do not exist here): see README.md
 EMULATED_IMAGES = ("flannel", "calico/", "k8s-device-plugin", "coredns", "kube-proxy",
-                   "dcgm-exporter")
+                   "dcgm-exporter", "dra-driver-nvidia-gpu")
 
 
 class VolumeError(Exception):

@@ -2,9 +2,12 @@
 """Scheduling filters of the default scheduler (subset) and its FailedScheduling message.
 
 Filter order as in the default profile: NodeUnschedulable, NodeName, TaintToleration, NodeAffinity,
-NodeResourcesFit. Each node reports the first failing plugin; the message counts nodes per reason,
-sorts the "<count> <reason>" strings and appends the preemption (PostFilter) summary, as
-k8s.io/kubernetes/pkg/scheduler/framework FitError.Error() does.
+NodeResourcesFit, then DynamicResources (dra_server.py gives it as ``extra``). Each node reports
+the first failing plugin; the message counts nodes per reason, sorts the "<count> <reason>"
+strings and appends the PostFilter summary, as k8s.io/kubernetes/pkg/scheduler/framework
+FitError.Error() does. The texts are those of 1.34+ (the lab's 1.35/1.36): TaintToleration names
+no taint, and DynamicResources' PostFilter speaks before DefaultPreemption for every pod ("no new
+claims to deallocate" for a pod without claims, dra_server.py gives it).
 """
 
 from __future__ import annotations
@@ -138,10 +141,9 @@ def filter_node(pod: Obj, node: Obj, pods: list[Obj]) -> tuple[list[str], bool]:
             return ["node(s) were unschedulable"], False
     if spec.get("nodeName") and spec["nodeName"] != node["metadata"]["name"]:
         return ["node(s) didn't match the requested node name"], False
-    taint = untolerated_taint(pod, node)
-    if taint is not None:
-        return [f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
-                ], False
+    if untolerated_taint(pod, node) is not None:
+        # 1.34+ names no taint (older releases printed "untolerated taint {key: value}")
+        return ["node(s) had untolerated taint(s)"], False
     if not matches_node_selector(pod, node):
         return ["node(s) didn't match Pod's node affinity/selector"], False
     free, free_pods = node_free(node, pods)
@@ -156,19 +158,24 @@ def filter_node(pod: Obj, node: Obj, pods: list[Obj]) -> tuple[list[str], bool]:
     return reasons, True
 
 
-def fit_error(n_nodes: int, per_node: list[tuple[list[str], bool]]) -> str:
+def fit_error(n_nodes: int, per_node: list[tuple[list[str], bool]], postfilter: str = "",
+              prefilter: str = "") -> str:
+    """FitError.Error(): a PreFilter failure replaces the per-node histogram (every node is then
+    unresolvable); a PostFilter plugin's reasons (DynamicResources' "still not schedulable")
+    come before DefaultPreemption's."""
     counts: Counter[str] = Counter()
     pre: Counter[str] = Counter()
     for reasons, resolvable in per_node:
         for r in reasons:
             counts[r] += 1
-        pre[NO_VICTIMS if resolvable else NOT_HELPFUL] += 1
-    reasons_s = ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
+        pre[NO_VICTIMS if resolvable and not prefilter else NOT_HELPFUL] += 1
+    reasons_s = prefilter or ", ".join(sorted(f"{v} {k}" for k, v in counts.items()))
     msg = f"0/{n_nodes} nodes are available"
     msg += f": {reasons_s}." if reasons_s else "."
     pre_s = ", ".join(sorted(f"{v} {k}" for k, v in pre.items()))
     if pre_s:
-        msg += f" preemption: 0/{n_nodes} nodes are available: {pre_s}."
+        msg += f" {postfilter + ', ' if postfilter else ''}preemption: 0/{n_nodes} nodes are " \
+               f"available: {pre_s}."
     return msg
 
 
@@ -183,13 +190,23 @@ def _score(pod: Obj, node: Obj, pods: list[Obj]) -> tuple[Fraction, str]:
     return (-score, node["metadata"]["name"])
 
 
-def schedule(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[str | None, str]:
-    """Pick a node (LeastAllocated-like) or return the FailedScheduling message."""
+def schedule(pod: Obj, nodes: list[Obj], pods: list[Obj], extra: Any = None,
+             postfilter: str = "", prefilter: str = "") -> tuple[str | None, str]:
+    """Pick a node (LeastAllocated-like) or return the FailedScheduling message. ``extra``
+    (node -> reason or None) is a filter after the others whose failures preemption cannot
+    help (DynamicResources, dra_server.py); ``prefilter`` a PreFilter failure of the pod."""
     if not nodes:
         return None, "no nodes available to schedule pods"
-    results = [(n, *filter_node(pod, n, pods)) for n in nodes]
+    if prefilter:
+        return None, fit_error(len(nodes), [([], False) for _ in nodes], postfilter, prefilter)
+    results = []
+    for n in nodes:
+        reasons, resolvable = filter_node(pod, n, pods)
+        if not reasons and extra is not None and (why := extra(n)):
+            reasons, resolvable = [why], False
+        results.append((n, reasons, resolvable))
     feasible = [n for n, reasons, _ in results if not reasons]
     if feasible:
         best = min(feasible, key=lambda n: _score(pod, n, pods))
         return best["metadata"]["name"], ""
-    return None, fit_error(len(nodes), [(r, ok) for _, r, ok in results])
+    return None, fit_error(len(nodes), [(r, ok) for _, r, ok in results], postfilter)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .common import age, human_duration, now, parse_ts
+from .dra import state as claim_state
 
 Obj = dict[str, Any]
 Col = tuple[str, str, int]  # (name, type, priority)
@@ -25,6 +26,7 @@ DESCRIPTIONS = {
            "created.",
     "Created At": "CreationTimestamp is a timestamp representing the server time when this object "
                   "was created.",
+    "State": "A summary of the current state (allocated, pending, reserved, etc.).",
 }
 
 
@@ -291,6 +293,22 @@ PRINTERS: dict[str, Printer] = {
                                   o.get("reclaimPolicy", "Delete"),
                                   o.get("volumeBindingMode", "Immediate"),
                                   str(bool(o.get("allowVolumeExpansion"))).lower(),
+                                  age(o["metadata"].get("creationTimestamp"))]),
+    # resource.k8s.io/v1 (Dynamic Resource Allocation, 1.34+)
+    "deviceclasses": ([("Name", S, 0), ("Age", S, 0)],
+                      lambda o: [o["metadata"]["name"],
+                                 age(o["metadata"].get("creationTimestamp"))]),
+    "resourceclaims": ([("Name", S, 0), ("State", S, 0), ("Age", S, 0)],
+                       lambda o: [o["metadata"]["name"], claim_state(o),
+                                  age(o["metadata"].get("creationTimestamp"))]),
+    "resourceclaimtemplates": ([("Name", S, 0), ("Age", S, 0)],
+                               lambda o: [o["metadata"]["name"],
+                                          age(o["metadata"].get("creationTimestamp"))]),
+    "resourceslices": ([("Name", S, 0), ("Node", S, 0), ("Driver", S, 0), ("Pool", S, 0),
+                        ("Age", S, 0)],
+                       lambda o: [o["metadata"]["name"], o["spec"].get("nodeName") or "",
+                                  o["spec"].get("driver", ""),
+                                  (o["spec"].get("pool") or {}).get("name", ""),
                                   age(o["metadata"].get("creationTimestamp"))]),
     "endpoints": ([("Name", S, 0), ("Endpoints", S, 0), ("Age", S, 0)],
                   lambda o: [o["metadata"]["name"],

@@ -1,0 +1,387 @@
+# LAB STAND-IN: not NVIDIA's DRA driver for GPUs, nor the real kubelet. Test infrastructure for
+# gpuk8s; never shipped to users.
+"""The node's part of Dynamic Resource Allocation: NVIDIA's DRA kubelet plugin (image
+`registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu`, v0.4.0), EMULATED by the kubelet
+stand-in (the lab has neither the image nor NVML), and the kubelet's DRA manager.
+
+What is upstream's (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.0, cmd/gpu-kubelet-plugin, and
+the k8s.io/dynamic-resource-allocation 0.36 it vendors):
+- one ResourceSlice per node for driver gpu.nvidia.com, pool = the node name, generation 1,
+  resourceSliceCount 1, named `00000-gpu.nvidia.com-<node>-` + 5 random characters, owned by
+  the Node (controller);
+- a whole GPU is `gpu-<minor>` with the attributes type "gpu", uuid, productName, brand
+  (go-nvlib: "Nvidia" for nvidia-smi's "NVIDIA"), architecture, the versions
+  cudaComputeCapability, driverVersion, cudaDriverVersion (semver, "580.159.04" ->
+  "580.159.4", "13.0" -> "13.0.0") and resource.kubernetes.io/pciBusID ("0000:00:06.0"), and
+  the capacity memory (bytes as a binary quantity: "81559Mi");
+- a GPU with MIG enabled offers its MIG devices instead (static MIG): `gpu-<minor>-mig-
+  <profile without dots, '+' as '-'>-<GI profile ID>-<placement start>`, type "mig", uuid,
+  parentUUID, profile and the parent's attributes; capacity multiprocessors, copyEngines,
+  decoders, encoders, jpegEngines, ofaEngines, memory and memorySlice<N> = 1 per slice;
+- the devices are enumerated when the plugin starts (MIG devices made later are published
+  after a restart); the kubelet wipes a driver's slices 30 s after the driver became unusable,
+  and at its own start, and prepares a pod's claims before its sandbox: `Failed to prepare
+  dynamic resources: prepare dynamic resources: ...` (FailedPrepareDynamicResources) when a
+  claim is missing, not reserved for the pod or its driver is not registered; the container
+  then gets the allocated devices through CDI (NVIDIA_VISIBLE_DEVICES=void, whatever the
+  runtime handler; none when containerd's enable_cdi is off).
+
+What is the lab's: facts come from the node's nvidia-smi stand-in (`--query-gpu`, `-q`, `-L`,
+`mig -lgi/-lci/-lgip`), not NVML; "registered" = the plugin pod runs on the node and nvidia-smi
+answers (the real plugin exits when NVML cannot initialise); the plugin writes with the
+kubelet's credentials (the lab has no service account tokens); no pcieRoot attribute (the lab's
+PCI folder has no sysfs links); the MIG memory comes from -lgip's GiB; the plugin's log is
+clearly labelled lab text; devices reach the container as the device plugin's do (podrun,
+labgpu.VISIBLE_ENV), for every container of the pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from typing import Any
+
+from . import nodeinfo
+from .client import ApiError
+from .common import P, run
+
+Obj = dict[str, Any]
+DRIVER = "gpu.nvidia.com"
+IMAGE = "dra-driver-nvidia-gpu"
+WIPE_DELAY = 30.0
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+QUERY = "index,uuid,name,memory.total,pci.bus_id,compute_cap,driver_version,mig.mode.current"
+BRANDS = {"NVIDIA": "Nvidia", "NVIDIA RTX": "NvidiaRTX", "GeForce RTX": "GeForce"}
+PREFIX = "prepare dynamic resources: "
+
+
+# ------------------------------------------------------------------ nvidia-smi -> devices
+def semver(text: str) -> str:
+    """Masterminds semver's String() of a NVML version ("580.159.04" -> "580.159.4")."""
+    parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
+    return ".".join(str(p) for p in parts + [0] * (3 - len(parts)))
+
+
+def binary_quantity(n: int) -> str:
+    """resource.NewQuantity(n, BinarySI).String(): the largest binary suffix dividing n."""
+    for exp, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        if n and n % (1024 ** exp) == 0:
+            return f"{n // 1024 ** exp}{suffix}"
+    return str(n)
+
+
+def pci_bus_id(nvsmi: str) -> str:
+    """go-nvlib's GetPCIBusID: lower case, the 8-digit domain cut to 4 ("0000:00:06.0")."""
+    bus = nvsmi.strip().lower()
+    return bus[4:] if bus.startswith("0000") and len(bus.split(":")[0]) == 8 else bus
+
+
+def parse_query(csv: str) -> list[Obj]:
+    """Rows of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits` (malformed rows
+    are skipped: what a node prints is not trusted)."""
+    out = []
+    for line in csv.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != 8 or not cols[0].isdigit() or not cols[3].isdigit():
+            continue
+        out.append({"index": int(cols[0]), "uuid": cols[1], "name": cols[2],
+                    "memory_mib": int(cols[3]), "bus_id": cols[4], "compute_cap": cols[5],
+                    "driver_version": cols[6], "mig": cols[7]})
+    return out
+
+
+def parse_q(text: str) -> tuple[str, dict[str, Obj]]:
+    """`nvidia-smi -q`: (CUDA Version, GPU UUID -> brand, architecture, minor)."""
+    cuda = ""
+    gpus: dict[str, Obj] = {}
+    cur: Obj = {}
+    for line in text.splitlines():
+        if line.startswith("GPU "):
+            cur = {}
+            continue
+        m = re.match(r"^(\s*)(\S.*?)\s*: (.*)$", line)
+        if not m:
+            continue
+        key, value = m.group(2), m.group(3).strip()
+        if not m.group(1) and key == "CUDA Version":
+            cuda = value
+        elif key == "Product Brand":
+            cur["brand"] = BRANDS.get(value, value)
+        elif key == "Product Architecture":
+            cur["architecture"] = value
+        elif key == "GPU UUID":
+            gpus[value] = cur
+        elif key == "Minor Number" and value.isdigit():
+            cur["minor"] = int(value)
+    return cuda, gpus
+
+
+_LGI = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s*\|$")
+_LCI = re.compile(r"^\|\s*(\d+)\s+(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+:\d+\s*\|$")
+_LGIP = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+\d+/\d+\s+([\d.]+)\s+\S+\s+(\d+)\s+"
+                   r"(\d+)\s+(\d+)\s*\|$")
+_LGIP2 = re.compile(r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s*\|$")
+
+
+def parse_mig(lgi: str, lci: str, lgip: str) -> dict[int, list[Obj]]:
+    """GPU index -> its MIG devices (a GPU instance with a compute instance) by GI then CI ID,
+    with the GI profile's ID, placement and engines from `mig -lgi`, `-lci` and `-lgip`."""
+    gis = {}
+    for line in lgi.splitlines():
+        if m := _LGI.match(line.strip()):
+            gis[(int(m.group(1)), int(m.group(4)))] = (m.group(2), int(m.group(3)),
+                                                       int(m.group(5)), int(m.group(6)))
+    profiles: dict[tuple[int, str], list[float]] = {}
+    last: tuple[int, str] | None = None
+    for line in lgip.splitlines():
+        if m := _LGIP.match(line.strip()):
+            last = (int(m.group(1)), m.group(2))
+            profiles[last] = [float(m.group(4)), *(int(m.group(i)) for i in (5, 6, 7))]
+        elif (m := _LGIP2.match(line.strip())) and last is not None:
+            profiles[last] += [int(m.group(i)) for i in (1, 2, 3)]
+            last = None
+    out: dict[int, list[Obj]] = {}
+    for line in lci.splitlines():
+        if not (m := _LCI.match(line.strip())):
+            continue
+        gpu, gi, ci = int(m.group(1)), int(m.group(2)), int(m.group(5))
+        if (gpu, gi) not in gis:
+            continue
+        name, pid, start, size = gis[(gpu, gi)]
+        eng = profiles.get((gpu, name), [])
+        out.setdefault(gpu, []).append({"gi": gi, "ci": ci, "profile": name, "profile_id": pid,
+                                        "start": start, "size": size, "engines": eng})
+    for devs in out.values():
+        devs.sort(key=lambda d: (d["gi"], d["ci"]))
+    return out
+
+
+def _attrs(gpu: Obj, cuda: str) -> Obj:
+    return {"productName": {"string": gpu["name"]}, "brand": {"string": gpu.get("brand", "")},
+            "architecture": {"string": gpu.get("architecture", "")},
+            "cudaComputeCapability": {"version": semver(gpu["compute_cap"])},
+            "driverVersion": {"version": semver(gpu["driver_version"])},
+            "cudaDriverVersion": {"version": semver(cuda)},
+            PCI_BUS_ID: {"string": pci_bus_id(gpu["bus_id"])}}
+
+
+def build_devices(query: str, q: str, listing: str, lgi: str = "", lci: str = "",
+                  lgip: str = "") -> list[Obj]:
+    """The plugin's devices from the node's nvidia-smi outputs, by name."""
+    cuda, extra = parse_q(q)
+    migs = parse_mig(lgi, lci, lgip)
+    mig_uuids = dict(nodeinfo.parse_smi_list(listing))
+    out = []
+    for gpu in parse_query(query):
+        gpu = {**gpu, **extra.get(gpu["uuid"], {})}
+        minor = int(gpu["minor"] if "minor" in gpu else gpu["index"])
+        if gpu["mig"] != "Enabled":
+            out.append({"name": f"gpu-{minor}", "attributes": {
+                "type": {"string": "gpu"}, "uuid": {"string": gpu["uuid"]},
+                **_attrs(gpu, cuda)}, "capacity": {"memory": {
+                    "value": binary_quantity(gpu["memory_mib"] * 1024 * 1024)}}})
+            continue
+        listed = mig_uuids.get(gpu["uuid"], [])
+        for dev, (profile, uuid) in zip(migs.get(gpu["index"], []), listed, strict=False):
+            if profile != dev["profile"] or len(dev["engines"]) != 7:
+                continue  # nvidia-smi's views disagree: the device is left out
+            mem, sm, dec, enc, ce, jpeg, ofa = dev["engines"]
+            pname = re.sub(r"[^a-z0-9-]", "-", profile.lower().replace(".", "")).strip("-")
+            cap = {"multiprocessors": sm, "copyEngines": ce, "decoders": dec, "encoders": enc,
+                   "jpegEngines": jpeg, "ofaEngines": ofa,
+                   "memory": binary_quantity(round(mem * 1024) * 1024 * 1024)}
+            capacity = {k: {"value": str(v)} for k, v in cap.items()}
+            for i in range(dev["start"], dev["start"] + dev["size"]):
+                capacity[f"memorySlice{i}"] = {"value": "1"}
+            out.append({"name": f"gpu-{minor}-mig-{pname}-{dev['profile_id']}-{dev['start']}",
+                        "attributes": {"type": {"string": "mig"}, "uuid": {"string": uuid},
+                                       "parentUUID": {"string": gpu["uuid"]},
+                                       "profile": {"string": profile}, **_attrs(gpu, cuda)},
+                        "capacity": capacity})
+    return sorted(out, key=lambda d: [int(x) if x.isdigit() else x
+                                      for x in re.split(r"(\d+)", d["name"])])
+
+
+def slice_body(node: str, node_uid: str, devices: list[Obj]) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
+        "generateName": f"00000-{DRIVER}-{node}-",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                             "uid": node_uid, "controller": True}]},
+        "spec": {"driver": DRIVER, "nodeName": node, "devices": devices,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
+
+
+def node_devices() -> tuple[list[Obj] | None, str]:
+    """This node's devices as the plugin finds them; (None, why) when NVML cannot start."""
+    p = run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"])
+    if p.returncode != 0:
+        return None, (p.stdout + p.stderr).strip().splitlines()[0] if (p.stdout + p.stderr
+                                                                      ).strip() else "failed"
+    outs = [run(["nvidia-smi", *a]).stdout for a in
+            (["-q"], ["-L"], ["mig", "-lgi"], ["mig", "-lci"], ["mig", "-lgip"])]
+    return build_devices(p.stdout, *outs), ""
+
+
+# ------------------------------------------------------------------ the kubelet's side
+class Plugin:
+    """One kubelet's view of the DRA driver on its node."""
+
+    def __init__(self) -> None:
+        self.registered = False
+        self.unusable_since: float | None = None
+        self.wiped_at_start = False
+        self.devices: list[Obj] = []
+        self.pod_uid = ""  # the plugin pod whose start enumerated self.devices
+        self.logged = ""
+
+
+_PLUGINS: dict[int, Plugin] = {}
+
+
+def plugin(kubelet: Any) -> Plugin:
+    return _PLUGINS.setdefault(id(kubelet), Plugin())
+
+
+def _plugin_pod(pods: list[Obj]) -> Obj | None:
+    return next((p for p in pods if (p.get("status") or {}).get("phase") == "Running" and any(
+        IMAGE in (c.get("image") or "") for c in p["spec"].get("containers") or [])), None)
+
+
+def _log(kubelet: Any, pod: Obj, state: Plugin, line: str) -> None:
+    if state.logged == line:
+        return
+    state.logged = line
+    name = next((c["name"] for c in pod["spec"].get("containers") or []
+                 if IMAGE in (c.get("image") or "")), "")
+    try:
+        with open(P(kubelet.log_path(pod, name)), "a") as f:
+            f.write(f"LAB STAND-IN gpu-kubelet-plugin: {line}\n")
+    except OSError:
+        pass
+
+
+def _slices(kubelet: Any) -> list[Obj]:
+    path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D" \
+           f"{kubelet.node_name}"
+    items = kubelet.client.get(path).get("items") or []
+    return [s for s in items if (s.get("spec") or {}).get("driver") == DRIVER]
+
+
+def _wipe(kubelet: Any, slices: list[Obj]) -> None:
+    for s in slices:
+        with contextlib.suppress(ApiError):
+            kubelet.client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/"
+                                   f"{s['metadata']['name']}")
+
+
+def sync(kubelet: Any, pods: list[Obj]) -> None:
+    """Each kubelet sync: the emulated plugin publishes this node's ResourceSlice while it runs.
+    As the real one it enumerates the devices when it starts (a new plugin pod), not later: MIG
+    devices made while it runs are published once it is restarted. NVML (nvidia-smi) failing,
+    it exits and is restarted (here: tried again each sync), unregistered; the kubelet wipes the
+    slice WIPE_DELAY after the driver became unusable."""
+    state = plugin(kubelet)
+    try:
+        slices = _slices(kubelet)
+    except ApiError:
+        return  # resource.k8s.io not served (Kubernetes < 1.34) or the API is away
+    if not state.wiped_at_start:  # the kubelet wipes its node's slices when it starts
+        _wipe(kubelet, slices)
+        slices, state.wiped_at_start = [], True
+    pod = _plugin_pod(pods)
+    if pod is None:
+        state.registered, state.pod_uid = False, ""
+    elif not state.registered or pod["metadata"]["uid"] != state.pod_uid:
+        devices, why = node_devices()
+        if devices is None or not nodeinfo.pci_gpus():
+            _log(kubelet, pod, state, f"NVML cannot start ({why or 'no NVIDIA GPU'}): the "
+                 "plugin exits and is restarted; not registered with the kubelet")
+            state.registered = False
+        else:
+            state.registered, state.devices = True, devices
+            state.pod_uid, state.unusable_since = pod["metadata"]["uid"], None
+            _log(kubelet, pod, state, f"registered with the kubelet; publishing "
+                 f"{len(devices)} device(s): {', '.join(d['name'] for d in devices)}")
+    if not state.registered:
+        state.unusable_since = state.unusable_since or time.monotonic()
+        if slices and time.monotonic() - state.unusable_since >= WIPE_DELAY:
+            _wipe(kubelet, slices)
+        return
+    devices = state.devices
+    if slices and slices[0]["spec"].get("devices") == devices and len(slices) == 1:
+        return
+    _wipe(kubelet, slices[1:])
+    if slices:
+        body = slices[0]
+        body["spec"]["devices"] = devices
+        kubelet.client.request("PUT", f"/apis/resource.k8s.io/v1/resourceslices/"
+                               f"{body['metadata']['name']}", body)
+        return
+    node = kubelet.client.get(f"/api/v1/nodes/{kubelet.node_name}")
+    kubelet.client.request("POST", "/apis/resource.k8s.io/v1/resourceslices",
+                           slice_body(kubelet.node_name, node["metadata"]["uid"], devices))
+
+
+def prepare(kubelet: Any, pod: Obj) -> str | None:
+    """The kubelet's PrepareDynamicResources for a pod with claims: the allocated devices'
+    UUIDs go to kubelet.gpu_assign (as the device plugin's do); else the event message."""
+    from . import dra
+
+    md = pod["metadata"]
+    state = plugin(kubelet)
+    uuids: list[str] = []
+    for pc in pod["spec"].get("resourceClaims") or []:
+        name, from_template, err = dra.claim_name(pod, pc)
+        if err:
+            return PREFIX + err
+        if name is None:
+            continue
+        try:
+            claim = kubelet.client.get(f"/apis/resource.k8s.io/v1/namespaces/"
+                                       f"{md['namespace']}/resourceclaims/{name}")
+        except ApiError as e:
+            return PREFIX + f"fetch ResourceClaim {name}: {e}"
+        if from_template and not dra.owned_by(claim, pod):
+            return PREFIX + dra.not_owner(claim, pod)
+        st = claim.get("status") or {}
+        if not any(r.get("uid") == md["uid"] for r in st.get("reservedFor") or []):
+            return PREFIX + (f"pod {md['name']} ({md['uid']}) is not allowed to use "
+                             f"ResourceClaim {name} ({claim['metadata'].get('uid')})")
+        results = ((st.get("allocation") or {}).get("devices") or {}).get("results") or []
+        for r in results:
+            if r.get("driver") != DRIVER:
+                return PREFIX + f"DRA driver {r.get('driver')} is not registered"
+            if not state.registered:
+                return PREFIX + f"DRA driver {DRIVER} is not registered"
+            dev = next((d for d in state.devices if d["name"] == r.get("device")), None)
+            if dev is None or r.get("pool") != kubelet.node_name:
+                return PREFIX + (f"NodePrepareResources failed for ResourceClaim {name}: "
+                                 f"error preparing devices for claim {md['namespace']}/{name}:"
+                                 f"{claim['metadata'].get('uid')}: LAB STAND-IN: device "
+                                 f"{r.get('pool')}/{r.get('device')} is not on this node")
+            uuids.append(dev["attributes"]["uuid"]["string"])
+    if uuids:
+        kubelet.gpu_assign[md["uid"]] = sorted(set(uuids))
+    return None
+
+
+def cdi_enabled(cfg: Obj) -> bool:
+    """containerd's CRI `enable_cdi` (default on in containerd 2.x's config version 3, off in
+    1.7's version 2)."""
+    plugins = cfg.get("plugins") or {}
+    if "io.containerd.cri.v1.runtime" in plugins:
+        return bool((plugins["io.containerd.cri.v1.runtime"] or {}).get("enable_cdi", True))
+    return bool((plugins.get("io.containerd.grpc.v1.cri") or {}).get("enable_cdi", False))
+
+
+def cdi(kubelet: Any, pod: Obj, spec: Obj, cfg: Obj | None = None) -> None:
+    """podrun's spec of a pod whose claims were prepared: the devices come through CDI
+    (whatever the runtime handler), with NVIDIA_VISIBLE_DEVICES=void as NVIDIA's CDI spec;
+    with CDI off in containerd the CRI ignores the CDI devices: the containers get none."""
+    if not pod["spec"].get("resourceClaims") or not spec.get("gpus"):
+        return
+    if cdi_enabled(nodeinfo.containerd_config() if cfg is None else cfg):
+        spec["gpuRuntime"], spec["cdi"] = True, True
+    else:
+        spec["gpus"], spec["gpuRuntime"] = [], False

@@ -1,0 +1,149 @@
+"""gpu_allocation: dra on the bootstrapped lab (issue 19's acceptance, part 2b): NVIDIA's DRA
+driver (a lab stand-in publishing the nvidia-smi stand-in's GPUs) replaces the device plugin;
+each GPU node publishes a ResourceSlice with as many devices as its PCI GPUs; a pod's claim is
+allocated by the scheduler stand-in and prepared by the kubelet stand-in; the real TensorFlow
+job runs with `--set gpuAllocation=dra`; a claim for 3 GPUs stays Pending with the scheduler's
+real reason; back to the device plugin converges. The tests run in order on one cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s import workloads
+from tests.lab import images, registry
+from tests.lab.lab import Lab
+from tests.lab.runs import bootstrap_inline, call, ssh_ok
+from tests.lab.test_day2 import GATES, restore_bootstrapped
+
+pytestmark = pytest.mark.lab
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+BUSYBOX = "docker.io/library/busybox:gpuk8s-lab"
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    registry.push_busybox()
+    images.ensure_images()
+    return restore_bootstrapped(lab)
+
+
+def inventory(lab: Lab, dest: Path, mode: str) -> Path:
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    inv["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
+    inv["all"]["vars"]["gpu_allocation"] = mode
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def kubectl_json(lab: Lab, args: str) -> dict[str, Any]:
+    return dict(json.loads(ssh_ok(lab, "cp-01", f"{KUBECTL} {args} -o json")))
+
+
+def slices(lab: Lab) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in kubectl_json(lab, "get resourceslices")["items"]:
+        if item["spec"]["driver"] == "gpu.nvidia.com":
+            out.setdefault(item["spec"]["nodeName"], []).extend(
+                d["attributes"]["type"]["string"] for d in item["spec"]["devices"])
+    return out
+
+
+def claim_pod(name: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"restartPolicy": "Never", "runtimeClassName": "nvidia",
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "c", "image": BUSYBOX,
+                                     "command": ["/bin/busybox", "sleep", "300"],
+                                     "resources": {"claims": [{"name": "gpus"}]}}]}}
+
+
+def claim_template(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "count": count}}]}}}}
+
+
+def apply(lab: Lab, *docs: dict[str, Any]) -> None:
+    text = "\n---\n".join(json.dumps(d) for d in docs)
+    ssh_ok(lab, "cp-01", f"{KUBECTL} apply -f - <<'EOF'\n{text}\nEOF")
+
+
+def test_dra_replaces_the_device_plugin_and_every_gpu_is_published(cluster: Lab,
+                                                                    tmp_path: Path) -> None:
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, "dra"))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "remove the device plugin (gpu_allocation is dra)" in text, text
+    assert "wait until gpu-01 publishes 2 gpu device(s)" in text, text
+    assert slices(cluster) == {"gpu-01": ["gpu", "gpu"], "gpu-02": ["gpu"]}
+    classes = {c["metadata"]["name"] for c in kubectl_json(cluster, "get deviceclasses")["items"]}
+    assert classes == {"gpu.nvidia.com", "mig.nvidia.com"}
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, "dra"))
+    assert again["changed"] == 0, text
+
+
+def test_a_claim_is_allocated_and_three_gpus_stay_pending(cluster: Lab) -> None:
+    apply(cluster, claim_template("one-gpu", 1), claim_template("three-gpus", 3),
+          claim_pod("one", "one-gpu"), claim_pod("three", "three-gpus"))
+    deadline = time.monotonic() + 120
+    pod: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        pod = kubectl_json(cluster, "get pod one")
+        if pod["status"].get("phase") == "Running":
+            break
+        time.sleep(1)
+    assert pod["status"].get("phase") == "Running", pod["status"]
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    claim = kubectl_json(cluster, f"get resourceclaim {status['resourceClaimName']}")
+    (device,) = claim["status"]["allocation"]["devices"]["results"]
+    assert device["driver"] == "gpu.nvidia.com" and device["pool"] == pod["spec"]["nodeName"]
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["one"]
+    three = kubectl_json(cluster, "get pod three")
+    assert three["status"].get("phase") == "Pending"
+    cond = next(c for c in three["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert cond["reason"] == "Unschedulable"
+    assert cond["message"].startswith("0/4 nodes are available: ") and \
+        "cannot allocate all claims" in cond["message"], cond
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} delete pod one three --wait=true", timeout=180)
+
+
+def test_tensorflow_job_runs_with_a_claim(cluster: Lab, tmp_path: Path) -> None:
+    inv = inventory(cluster, tmp_path, "dra")
+    result, text = call(workloads.deploy, inv, "tensorflow-job",
+                        sets=["gpuAllocation=dra", "epochs=1", "storage.enabled=false",
+                              "datasetDownload=false", "cpu=500m"])
+    assert result["objects"] == {"Job/tensorflow-job": "complete"}, text
+    pods = kubectl_json(cluster, "get pods -n ml -l gpuk8s.io/workload=tensorflow-job")["items"]
+    (pod,) = pods
+    assert pod["spec"]["nodeName"] in ("gpu-01", "gpu-02")
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpus-train", "resourceClaimTemplateName":
+                                              "tensorflow-job-gpus-1"}]
+    assert pod["status"]["resourceClaimStatuses"][0]["name"] == "gpus-train"
+    call(workloads.undeploy, inv, "tensorflow-job")
+    left = ssh_ok(cluster, "cp-01", f"{KUBECTL} get resourceclaimtemplates -n ml -o name")
+    assert left.strip() == ""
+
+
+def test_verify_under_dra_checks_the_slices(cluster: Lab, tmp_path: Path) -> None:
+    result = workloads.verify(inventory(cluster, tmp_path, "dra"), sets=["tensorflow=false"])
+    assert {n: (v["slices"], v["nvidia_smi"], v["ok"]) for n, v in result["nodes"].items()} == {
+        "gpu-01": (2, 2, True), "gpu-02": (1, 1, True)}, result
+
+
+def test_back_to_the_device_plugin(cluster: Lab, tmp_path: Path) -> None:
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, "device-plugin"))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "remove the DRA driver (gpu_allocation is device-plugin)" in text, text
+    nodes = {n["metadata"]["name"]: n["status"]["allocatable"].get("nvidia.com/gpu")
+             for n in kubectl_json(cluster, "get nodes")["items"]}
+    assert nodes["gpu-01"] == "2" and nodes["gpu-02"] == "1"
+    again, text = bootstrap_inline(inventory(cluster, tmp_path, "device-plugin"))
+    assert again["changed"] == 0, text
