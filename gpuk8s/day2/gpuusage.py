@@ -16,6 +16,7 @@ from gpuk8s.errors import CommandFailed, Gpuk8sError
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session
+from gpuk8s.sinks import shell
 from gpuk8s.transport import open_transport
 
 NAMESPACE = "gpuk8s-monitoring"
@@ -25,13 +26,17 @@ METRICS = {"util": "DCGM_FI_DEV_GPU_UTIL", "used": "DCGM_FI_DEV_FB_USED",
            "free": "DCGM_FI_DEV_FB_FREE"}
 
 
+def query_command(promql: str) -> str:
+    """The kubectl command (after KUBECTL) that asks Prometheus an instant query."""
+    return f"get --raw {shell(QUERY_PATH + '?' + urllib.parse.urlencode({'query': promql}))}"
+
+
 def query(session: Session, promql: str) -> list[dict[str, Any]]:
     """An instant query's result vector: [{"metric": {label: value}, "value": float}], read
     through the first control plane. Prometheus' answer is data: labels become strings, a
     value that is no number is left out."""
-    path = QUERY_PATH + "?" + urllib.parse.urlencode({"query": promql})
     try:
-        raw = run_step(session, session.first_cp, f"{KUBECTL} get --raw '{path}'",
+        raw = run_step(session, session.first_cp, f"{KUBECTL} {query_command(promql)}",
                        f"query Prometheus: {promql}", timeout=60)
     except CommandFailed as exc:
         raise Gpuk8sError(

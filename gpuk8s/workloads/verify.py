@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from gpuk8s.day2.gpuusage import query_command
 from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
@@ -33,8 +33,6 @@ from gpuk8s.workloads.values import WorkloadError, load_values
 
 _TF_GPU = re.compile(r"PhysicalDevice\(name='/physical_device:GPU:(\d+)'")
 _SMI_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-f-]+)\)", re.M)
-PROMETHEUS = ("/api/v1/namespaces/gpuk8s-monitoring/services/http:prometheus:9090/proxy/"
-              "api/v1/query?")
 
 
 @dataclass
@@ -183,8 +181,8 @@ def _slices(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
 
 def _dcgm(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
     """gpu_monitoring: the GPUs of each node Prometheus has DCGM_FI_DEV_GPU_UTIL samples of."""
-    query = urllib.parse.urlencode({"query": "count by (node) (DCGM_FI_DEV_GPU_UTIL)"})
-    rc, out = remote.probe({"dcgm": f"$k get --raw {shell(PROMETHEUS + query)}"})["dcgm"]
+    rc, out = remote.probe({"dcgm": "$k " + query_command(
+        "count by (node) (DCGM_FI_DEV_GPU_UTIL)")})["dcgm"]
     seen: dict[str, int] = {}
     if rc == 0:
         try:

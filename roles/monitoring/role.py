@@ -19,8 +19,6 @@ from gpuk8s.roles import HostContext
 
 NAMESPACE = "gpuk8s-monitoring"
 COMPONENT = "gpu-monitoring"
-#: how gpuk8s reads Prometheus: the API server's service proxy (no port opened on any node)
-QUERY_PATH = f"/api/v1/namespaces/{NAMESPACE}/services/http:prometheus:9090/proxy/api/v1/query"
 
 
 def check_dcgm_version(name: str, value: str) -> VarProblem | None:
