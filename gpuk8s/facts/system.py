@@ -32,6 +32,8 @@ NVSWITCH_IDS = {"0x22a3", "0x1af1", "0x2901"}
 
 #: os-release(5): ID, VERSION_ID and VERSION_CODENAME hold only 0-9, a-z, ".", "_" and "-"
 _OS_RELEASE_ID = re.compile(r"[a-z0-9._-]*")
+#: a Debian package name (Policy 5.6.1), with the architecture dpkg-query adds to some
+PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?")
 OS_RELEASE_IDS = ("ID", "VERSION_ID", "VERSION_CODENAME")
 #: what an identifier that breaks that rule reads as: no OS has it, so preflight refuses it
 INVALID = "?"
@@ -377,12 +379,16 @@ class Packages(Fact[dict[str, PackageState]]):
 
 class DpkgHealth(Fact[dict[str, Any]]):
     """Interrupted dpkg runs (``dpkg --audit``, or journal entries dpkg left in
-    /var/lib/dpkg/updates, which apt refuses to run with) and the processes holding the dpkg
-    frontend lock (from /proc/locks: no fuser needed), as ``["1234 (unattended-upgr)"]``."""
+    /var/lib/dpkg/updates, which apt refuses to run with), the packages such a run left to be
+    reinstalled (half-installed, or flagged reinst-required: dpkg killed inside an unpack;
+    ``dpkg --configure -a`` cannot mend those, and apt refuses to run until they are
+    reinstalled), and the processes holding the dpkg frontend lock (from /proc/locks: no
+    fuser needed), as ``["1234 (unattended-upgr)"]``."""
 
     def command(self) -> str:
         return r"""a=$(dpkg --audit 2>/dev/null | head -n 5); echo "audit=$(echo "$a" | tr '\n' ' ')"
 echo "journal=$(ls /var/lib/dpkg/updates 2>/dev/null | grep -c '^[0-9][0-9]*$')"
+dpkg-query -W -f='${db:Status-Abbrev}|${binary:Package}\n' 2>/dev/null | awk -F'|' 'substr($1, 2, 1) == "H" || substr($1, 3, 1) == "R" {print "reinstall=" $2}'
 i=$(stat -c %i /var/lib/dpkg/lock-frontend 2>/dev/null)
 if [ -n "$i" ]; then
   for p in $(awk -v i=":$i" '$2 != "->" && $5 > 0 && substr($6, length($6) - length(i) + 1) == i {print $5}' /proc/locks 2>/dev/null | sort -un); do
@@ -392,12 +398,14 @@ fi; true"""
     def parse(self, output: str, exit_code: int) -> dict[str, Any]:
         pairs = [line.split("=", 1) for line in output.splitlines() if "=" in line]
         kv = dict(pairs)
-        holders = []
+        holders, reinstall = [], []
         for key, value in pairs:
             if key == "lock" and value.split():
                 pid, _, name = value.strip().partition(" ")
                 holders.append(f"{pid} ({name.strip() or '?'})")
+            elif key == "reinstall" and PACKAGE_NAME.fullmatch(value.strip()):
+                reinstall.append(value.strip())
         journal = kv.get("journal", "0").strip()
         return {"interrupted": bool(kv.get("audit", "").strip())
-                or (journal.isdigit() and int(journal) > 0),
-                "lock_holders": holders}
+                or (journal.isdigit() and int(journal) > 0) or bool(reinstall),
+                "reinstall": reinstall, "lock_holders": holders}

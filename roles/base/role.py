@@ -40,6 +40,31 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
             Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE), Packages(*BASE_PACKAGES)]
 
 
+def _repair_dpkg(reinstall: list[str], ctx: HostContext) -> Op:
+    """Finish what an interrupted package run left: ``dpkg --configure -a`` applies dpkg's
+    journal and configures what was unpacked. A package dpkg was killed in the middle of
+    unpacking is half-installed: only a reinstall mends it (apt refuses every other install
+    until then, and ``--configure -a`` stops at it, after applying the journal apt needs
+    applied), so those are reinstalled from their repositories, then configured again."""
+    op_id = "base | repair interrupted dpkg"
+    if not reinstall:
+        return change(op_id, "+ dpkg --configure -a (an earlier package run was interrupted)",
+                      "dpkg --configure -a")
+    names = " ".join(q(p) for p in reinstall)
+    listed = ", ".join(reinstall)
+    hint = (f"gpuk8s: apt could not reinstall {listed}; reinstall it by hand (apt-get install "
+            f"--reinstall {listed}), or remove it (dpkg --remove --force-remove-reinstreq "
+            f"{listed}), then run again")
+    return change(
+        op_id, f"+ dpkg --configure -a, reinstall {listed} (left half-installed by an "
+        "interrupted package run)",
+        "dpkg --configure -a || echo 'gpuk8s: dpkg --configure -a stopped at a package left "
+        "half-installed; reinstalling it' >&2",
+        ctx.apt.script(f"{ctx.apt.cmd} install --reinstall {names} "
+                       f"|| {{ echo {q(hint)} >&2; exit 1; }}"),
+        "dpkg --configure -a")
+
+
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     sysinfo = f[System()]
@@ -50,8 +75,7 @@ def plan(ctx: HostContext) -> list[Op]:
                         f"{', '.join(dpkg['lock_holders'])}): apt waits up to "
                         f"{ctx.var('apt_lock_timeout')} s (apt_lock_timeout), then fails"))
     if dpkg["interrupted"]:
-        ops.append(change("base | repair interrupted dpkg", "+ dpkg --configure -a (an earlier "
-                          "package run was interrupted)", "dpkg --configure -a"))
+        ops.append(_repair_dpkg(dpkg.get("reinstall", []), ctx))
     file_states = f[Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE)]
     # with package_cache on, every node's apt (the cache host's too) goes through the cache
     cache = ctx.cluster.get("package_cache_url")

@@ -2,9 +2,9 @@
 10 points (before any op, inside a role's script, inside apt with the node's dpkg SIGKILLed
 too, during the driver install, during the driver reboot, during kubeadm init, during the
 join, during the cluster phase, in the middle of the node phase on all hosts, inside the CUDA
-toolkit's dpkg), each time run again; the last re-run exits 0, `plan` then shows 0 changes,
-and the cluster is the one an uninterrupted run gives (4 nodes Ready, nvidia.com/gpu 2 on
-gpu-01 and 1 on gpu-02, none elsewhere).
+toolkit's unpack, leaving it half-installed), each time run again; the last re-run exits 0,
+`plan` then shows 0 changes, and the cluster is the one an uninterrupted run gives (4 nodes
+Ready, nvidia.com/gpu 2 on gpu-01 and 1 on gpu-02, none elsewhere).
 
 Points come in sequence on one restore of the "fresh" snapshot (each re-run is killed at
 the next point, so the partial state of the previous kill is what it starts from): chain A
@@ -34,6 +34,9 @@ ARM_DPKG_KILLER = ("rm -f /run/gpuk8s-test-killed; nohup timeout {t} sh -c 'unti
                    ">/dev/null 2>&1 &")
 #: dpkg left interrupted: packages mid-change, or journal entries not yet applied
 INTERRUPTED = "dpkg --audit; ls /var/lib/dpkg/updates | grep '^[0-9]'"
+#: the lab's cuda-toolkit preinst waits while this file exists (it survives the driver reboot)
+HOLD = Path("/var/lib/gpuk8s-lab/hold-unpack")
+TOOLKIT_STATUS = "dpkg-query -W -f='${db:Status-Abbrev}' cuda-toolkit-13-0"
 
 
 @pytest.fixture
@@ -56,6 +59,24 @@ def kill_remote_dpkg(lab: Lab, host: str, run: Bootstrap, timeout: int = 300) ->
     run.wait_for(f"a dpkg on {host}", killed, timeout)
     run.kill()
     return f"{host}: killed dpkg {said[-1]}"
+
+
+def kill_dpkg_in_unpack(lab: Lab, host: str, run: Bootstrap, timeout: int = 400) -> str:
+    """The lab's CUDA toolkit package holds its unpack while HOLD exists (its preinst); once
+    the run's dpkg is held there, SIGKILL it, apt-get and the bootstrap. Returns its pid."""
+    said: list[str] = []
+
+    def held() -> bool:
+        rc, out, _ = lab.ssh(host, f"cat {HOLD.with_name('held-unpack')}", timeout=30)
+        said.append(out.strip())
+        return rc == 0 and out.strip().isdigit()
+
+    run.wait_for(f"dpkg held inside the toolkit's unpack on {host}", held, timeout)
+    rc, _, err = lab.ssh(host, f"kill -9 {said[-1]}; pkill -9 -x apt-get; "
+                         f"rm -f {HOLD} {HOLD.with_name('held-unpack')}")
+    assert rc == 0, err
+    run.kill()
+    return f"{host}: killed dpkg {said[-1]} inside the unpack of cuda-toolkit-13-0"
 
 
 def settle(lab: Lab) -> None:
@@ -143,15 +164,20 @@ def test_chain_b_two_kill_points(fresh: Lab, tmp_path: Path) -> None:
     run = Bootstrap(inv, runs)
     run.wait_op("cpu-01", "container_runtime |")
     run.kill()
-    # 10: inside the CUDA toolkit's dpkg on gpu-02 (after its driver reboot)
+    # 10: inside the unpack of the CUDA toolkit on gpu-02 (after its driver reboot): dpkg is
+    # SIGKILLed with the package half-installed, which `dpkg --configure -a` cannot mend
+    rc, _, err = fresh.ssh("gpu-02", f"mkdir -p {HOLD.parent} && touch {HOLD}")
+    assert rc == 0, err
     run = Bootstrap(inv, runs)
-    run.wait_op("gpu-02", "cuda |", 400)
-    print(kill_remote_dpkg(fresh, "gpu-02", run))
-    _, audit, _ = fresh.ssh("gpu-02", INTERRUPTED)
-    assert audit.strip(), "dpkg on gpu-02 does not look interrupted"
+    print(kill_dpkg_in_unpack(fresh, "gpu-02", run))
+    _, status, _ = fresh.ssh("gpu-02", TOOLKIT_STATUS)
+    assert status.strip() == "iHR", f"cuda-toolkit-13-0 is {status!r}, not half-installed"
     run = Bootstrap(inv, runs)
     assert run.finish() == 0, run.stderr[-3000:]
     assert first_op(run, "gpu-02") == "base | repair interrupted dpkg", run.log("gpu-02")
+    assert "reinstall cuda-toolkit-13-0 (left half-installed" in run.stdout, run.stdout[-3000:]
+    _, status, _ = fresh.ssh("gpu-02", TOOLKIT_STATUS)
+    assert status.strip() == "ii", status
     assert_converged_like_uninterrupted(fresh, inv, runs)
 
 

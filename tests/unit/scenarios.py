@@ -54,7 +54,7 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
     if kind == "Services":
         return {u: Unit("inactive", "not-found") for u in fact.args}
     if kind == "DpkgHealth":
-        return {"interrupted": False, "lock_holders": []}
+        return {"interrupted": False, "reinstall": [], "lock_holders": []}
     if kind == "Containerd":
         return ContainerdState()
     if kind == "Nvidia":

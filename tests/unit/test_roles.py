@@ -243,3 +243,41 @@ def test_recovering_an_interrupted_init(tmp_path: Path, kubectl: str, etcd_files
     assert ("kubeadm reset -f" in made) is reset
     assert ("kubeadm init --config" in made) is reset
     assert marker.exists() is (rc == 0)
+
+
+def _base_plan(dpkg: dict[str, Any]) -> list[Any]:
+    from gpuk8s.facts import HostFacts
+    from gpuk8s.facts.system import DpkgHealth
+
+    v = default_vars()
+    values = dict(fresh_facts("ubuntu2404", 0, "node", v).items())
+    values[DpkgHealth()] = dpkg
+    ctx = HostContext("node", "base", v, HostFacts("node", values), {}, ("workers",))
+    return load_role("base").plan(ctx)
+
+
+def test_a_package_left_half_installed_is_reinstalled_not_only_configured() -> None:
+    """dpkg killed inside an unpack leaves the package half-installed (iHR): `dpkg --configure
+    -a` stops at it ("very bad inconsistent state", exit 1) and apt refuses every install
+    until it is reinstalled. The fact lists such packages from dpkg-query; a hostile name is
+    dropped, never put in a command."""
+    from gpuk8s.facts.system import DpkgHealth
+
+    out = ("audit=The following packages are in a mess due to serious problems during \n"
+           "journal=1\nreinstall=cuda-toolkit-13-0\nreinstall=libfoo1:amd64\n"
+           "reinstall=x;reboot\n")
+    dpkg = DpkgHealth().parse(out, 0)
+    assert dpkg == {"interrupted": True, "reinstall": ["cuda-toolkit-13-0", "libfoo1:amd64"],
+                    "lock_holders": []}
+    repair = _base_plan(dpkg)[0]
+    assert repair.id == "base | repair interrupted dpkg"
+    assert "reinstall cuda-toolkit-13-0, libfoo1:amd64 (left half-installed" in repair.reason
+    first, reinstall, last = repair.commands
+    assert first.startswith("dpkg --configure -a || echo ")  # stops at the package: go on
+    assert "install --reinstall cuda-toolkit-13-0 libfoo1:amd64 ||" in reinstall
+    assert "dpkg --remove --force-remove-reinstreq" in reinstall  # the hint if apt cannot
+    assert last == "dpkg --configure -a"  # and this one must succeed
+    # only an interrupted journal: configure, nothing to reinstall
+    plain = _base_plan(DpkgHealth().parse("audit=\njournal=2\n", 0))[0]
+    assert plain.commands == ("dpkg --configure -a",)
+    assert _base_plan(DpkgHealth().parse("audit=\njournal=0\n", 0))[0].id != repair.id
