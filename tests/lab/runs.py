@@ -141,6 +141,15 @@ def ssh_ok(lab: Lab, node: str, cmd: str, timeout: float = 120.0) -> str:
     return out
 
 
+def _write_inventory(inv: dict[str, Any], dest: Path) -> Path:
+    import yaml
+
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
 def cut_inventory(lab: Lab, dest: Path, nodes: tuple[str, ...], **variables: Any) -> Path:
     """The lab's inventory cut down to ``nodes``, with extra all.vars; written under dest."""
     import yaml
@@ -154,10 +163,33 @@ def cut_inventory(lab: Lab, dest: Path, nodes: tuple[str, ...], **variables: Any
                 del hosts[name]
     kept = [h for g in inv["all"]["children"].values() for h in (g.get("hosts") or {})]
     assert sorted(kept) == sorted(nodes), kept
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / "inventory.yaml"
-    path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    return path
+    return _write_inventory(inv, dest)
+
+
+def derived_inventory(lab: Lab, dest: Path, hosts: dict[str, dict[str, Any]] | None = None,
+                      **variables: Any) -> Path:
+    """The lab's inventory with extra all.vars and per-host variables (``hosts``:
+    ``{"gpu-02": {"gpu_sharing": {...}}}``; a value of None removes the host's variable);
+    written under dest."""
+    import yaml
+
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    inv["all"]["vars"].update(variables)
+    seen = set()
+    for group in inv["all"]["children"].values():
+        for name, host_vars in (hosts or {}).items():
+            group_hosts = group.get("hosts") or {}
+            if name not in group_hosts:
+                continue
+            seen.add(name)
+            host = group_hosts[name] = dict(group_hosts[name] or {})
+            for key, value in host_vars.items():
+                if value is None:
+                    host.pop(key, None)
+                else:
+                    host[key] = value
+    assert seen == set(hosts or {}), f"not in the lab's inventory: {set(hosts or {}) - seen}"
+    return _write_inventory(inv, dest)
 
 
 def restore_fresh(lab: Lab) -> Lab:

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
 GATES = "feature_gates={InPlacePodVerticalScaling: true, UserNamespacesSupport: true}"
+#: the same, as the inventory variable (the "bootstrapped" snapshot was made with these)
+GATE_VARS = {"InPlacePodVerticalScaling": True, "UserNamespacesSupport": True}
 NODES = ("cp-01", "gpu-01", "gpu-02", "cpu-01")
 #: what a node's state is, for "plan changes nothing": packages and every file under /etc
 STATE_CMD = ("dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n' | sha256sum; "

@@ -18,8 +18,8 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.runs import call, restore_fresh
-from tests.lab.test_bootstrap import GATES, NODES, kubectl_cp, wait_cluster_ready
+from tests.lab.runs import call, derived_inventory, restore_fresh
+from tests.lab.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
 
@@ -75,11 +75,7 @@ def cluster(lab: Lab) -> Lab:
 @pytest.fixture(scope="module")
 def inv(cluster: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The lab inventory with the feature gates the cluster was bootstrapped with."""
-    data = yaml.safe_load(cluster.inventory_path.read_text())
-    data["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
-    path = tmp_path_factory.mktemp("day2") / "inventory.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return derived_inventory(cluster, tmp_path_factory.mktemp("day2"), feature_gates=GATE_VARS)
 
 
 def test_status_shows_the_bootstrapped_cluster(inv: Path) -> None:

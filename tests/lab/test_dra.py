@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuk8s import workloads
 from tests.lab import images, registry
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, call, ssh_ok
-from tests.lab.test_day2 import GATES, restore_bootstrapped
+from tests.lab.runs import bootstrap_inline, call, derived_inventory, ssh_ok
+from tests.lab.test_bootstrap import GATE_VARS
+from tests.lab.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
@@ -34,13 +34,7 @@ def cluster(lab: Lab) -> Lab:
 
 
 def inventory(lab: Lab, dest: Path, mode: str) -> Path:
-    inv = yaml.safe_load(lab.inventory_path.read_text())
-    inv["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
-    inv["all"]["vars"]["gpu_allocation"] = mode
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / "inventory.yaml"
-    path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    return path
+    return derived_inventory(lab, dest, feature_gates=GATE_VARS, gpu_allocation=mode)
 
 
 def kubectl_json(lab: Lab, args: str) -> dict[str, Any]:

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.lab import registry
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, ssh_ok
+from tests.lab.runs import bootstrap_inline, derived_inventory, ssh_ok
 from tests.lab.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
@@ -33,19 +32,7 @@ def cluster(lab: Lab) -> Lab:
 
 def inventory(lab: Lab, dest: Path, sharing: dict[str, Any] | None) -> Path:
     """The lab's inventory with gpu_sharing on gpu-02 (None: the default)."""
-    inv = yaml.safe_load(lab.inventory_path.read_text())
-    for group in inv["all"]["children"].values():
-        host = (group.get("hosts") or {}).get("gpu-02")
-        if host is not None:
-            host = group["hosts"]["gpu-02"] = dict(host or {})
-            if sharing is None:
-                host.pop("gpu_sharing", None)
-            else:
-                host["gpu_sharing"] = sharing
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / "inventory.yaml"
-    path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    return path
+    return derived_inventory(lab, dest, {"gpu-02": {"gpu_sharing": sharing}})
 
 
 def allocatable(lab: Lab, node: str) -> str:

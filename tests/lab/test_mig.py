@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuk8s.errors import PreflightError
 from tests.lab import fakepci, node, registry
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, ssh_ok
-from tests.lab.test_day2 import GATES, restore_bootstrapped
+from tests.lab.runs import bootstrap_inline, derived_inventory, ssh_ok
+from tests.lab.test_bootstrap import GATE_VARS
+from tests.lab.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
@@ -36,24 +36,11 @@ def cluster(lab: Lab) -> Lab:
 
 
 def inventory(lab: Lab, dest: Path, **sharing: dict[str, Any] | None) -> Path:
-    """The lab's inventory with gpu_sharing per host (None: the default)."""
-    inv = yaml.safe_load(lab.inventory_path.read_text())
-    # the gates the "bootstrapped" snapshot was made with: this run changes only what it tests
-    inv["all"]["vars"]["feature_gates"] = yaml.safe_load(GATES.split("=", 1)[1])
-    for group in inv["all"]["children"].values():
-        for name, value in sharing.items():
-            host_name = name.replace("_", "-")
-            hosts = group.get("hosts") or {}
-            if host_name in hosts:
-                host = hosts[host_name] = dict(hosts[host_name] or {})
-                if value is None:
-                    host.pop("gpu_sharing", None)
-                else:
-                    host["gpu_sharing"] = value
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / "inventory.yaml"
-    path.write_text(yaml.safe_dump(inv, sort_keys=False))
-    return path
+    """The lab's inventory with gpu_sharing per host (None: the default) and the gates the
+    "bootstrapped" snapshot was made with: a run changes only what it tests."""
+    return derived_inventory(lab, dest, {name.replace("_", "-"): {"gpu_sharing": value}
+                                         for name, value in sharing.items()},
+                             feature_gates=GATE_VARS)
 
 
 def node_json(lab: Lab, name: str) -> dict[str, Any]:
