@@ -39,6 +39,10 @@ class VarProblem:
     others: tuple[str, ...] = ()  # other variables involved (combination checks)
 
 
+#: a variable's check: (its name, its value) -> what is wrong, or None
+Check = Callable[[str, Any], VarProblem | None]
+
+
 def show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -49,6 +53,40 @@ def check_positive(name: str, value: int) -> VarProblem | None:
         return VarProblem(name, f"{name} must be a positive number, got {value}",
                           f"write {name}: 600 (seconds/units, greater than 0)")
     return None
+
+
+def matching(pattern: str, must_be: str, fix: str, *, or_empty: bool = False) -> Check:
+    """The check of a value that must match ``pattern`` as a whole (``or_empty``: or be ""):
+    "<name> must be <must_be>, got <value>", fixed by "write <name>: <fix>"."""
+    regex = re.compile(pattern)
+
+    def check(name: str, value: str) -> VarProblem | None:
+        if (or_empty and not value) or regex.fullmatch(value):
+            return None
+        return VarProblem(name, f"{name} must be {must_be}, got {value!r}",
+                          f"write {name}: {fix}")
+
+    return check
+
+
+_DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+check_package_version = matching(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+",
+                                 'an apt version like "1.36.2-1.1"',
+                                 '"1.36.2-1.1" or "" for the newest patch', or_empty=True)
+check_driver_version = matching(r"\d{3}\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.+~]+)?",
+                                'a driver package version like "580.159.04-1"',
+                                '"580.159.04-1" or "" for the newest of the branch',
+                                or_empty=True)
+check_major_minor = matching(r"\d+\.\d+", 'major.minor like "13.0"', '"13.0"')
+check_registry = matching(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9._-]+)*",
+                          "a registry host (and optional path) without a scheme", "quay.io")
+check_containerd_version = matching(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?",
+                                    '"" or a version like "2.1.4"', '"2.1.4" or "" for the newest',
+                                    or_empty=True)
+check_duration = matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0",
+                          'a duration like "15m0s" or "1h"', '"15m0s"')
+check_dns_domain = matching(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", "a lower-case DNS domain",
+                            "cluster.local")
 
 
 def check_kubernetes_version(name: str, value: str) -> VarProblem | None:
@@ -73,13 +111,6 @@ def check_kubernetes_version(name: str, value: str) -> VarProblem | None:
     return None
 
 
-def check_package_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+", value):
-        return VarProblem(name, f"{name} must be an apt version like \"1.36.2-1.1\", got "
-                          f"{value!r}", f'write {name}: "1.36.2-1.1" or "" for the newest patch')
-    return None
-
-
 def check_driver_branch(name: str, value: str) -> VarProblem | None:
     branches = ", ".join(SUPPORTED_DRIVER_BRANCHES)
     m = re.fullmatch(r"(\d{3})\.\d+(?:\.\d+)?(?:-.*)?", value)
@@ -93,21 +124,6 @@ def check_driver_branch(name: str, value: str) -> VarProblem | None:
     if value not in SUPPORTED_DRIVER_BRANCHES:
         return VarProblem(name, f"NVIDIA driver branch {value} is not supported "
                           f"(supported: {branches})", f'write {name}: "580"')
-    return None
-
-
-def check_driver_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d{3}\.\d+(?:\.\d+)?(?:-[0-9A-Za-z.+~]+)?", value):
-        return VarProblem(name, f"{name} must be a driver package version like "
-                          f"\"580.159.04-1\", got {value!r}",
-                          f'write {name}: "580.159.04-1" or "" for the newest of the branch')
-    return None
-
-
-def check_major_minor(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"\d+\.\d+", value):
-        return VarProblem(name, f"{name} must be major.minor like \"13.0\", got {value!r}",
-                          f'write {name}: "13.0"')
     return None
 
 
@@ -132,20 +148,6 @@ def check_mtu(name: str, value: int) -> VarProblem | None:
     if value != 0 and not 1280 <= value <= 9000:
         return VarProblem(name, f"{name} must be 0 (detect) or from 1280 to 9000, got {value}",
                           f"write {name}: 0 to let Calico detect it")
-    return None
-
-
-def check_registry(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9._-]+)*", value):
-        return VarProblem(name, f"{name} must be a registry host (and optional path) without "
-                          f"a scheme, got {value!r}", f"write {name}: quay.io")
-    return None
-
-
-def check_containerd_version(name: str, value: str) -> VarProblem | None:
-    if value and not re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?", value):
-        return VarProblem(name, f"{name} must be \"\" or a version like \"2.1.4\", got {value!r}",
-                          f'write {name}: "2.1.4" or "" for the newest')
     return None
 
 
@@ -257,21 +259,6 @@ def check_fingerprint(name: str, value: str) -> VarProblem | None:
     return None
 
 
-def check_duration(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0", value):
-        return VarProblem(name, f"{name} must be a duration like \"15m0s\" or \"1h\", got "
-                          f"{value!r}", f'write {name}: "15m0s"')
-    return None
-
-
-def check_dns_domain(name: str, value: str) -> VarProblem | None:
-    label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-    if not re.fullmatch(rf"{label}(\.{label})*", value):
-        return VarProblem(name, f"{name} must be a lower-case DNS domain, got {value!r}",
-                          f"write {name}: cluster.local")
-    return None
-
-
 def check_str_list(name: str, value: list[Any]) -> VarProblem | None:
     for item in value:
         if not isinstance(item, str):
@@ -311,10 +298,9 @@ class Rule:
     value, the values allowed (choices), and whether it must be the same on every host of a
     cluster (cluster_wide)."""
 
-    check: Callable[[str, Any], VarProblem | None] | None = None
+    check: Check | None = None
     choices: tuple[Any, ...] | None = None
     cluster_wide: bool = False
-
 
 
 #: a registry as images name it: a DNS name or address, maybe a port (docker.io, nvcr.io,

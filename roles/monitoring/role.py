@@ -6,11 +6,10 @@ the next run); turned off, the namespace and its cluster roles are deleted."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, VarProblem, check_positive, check_xyz
+from gpuk8s.checks import Rule, check_positive, check_xyz, matching
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op, change, noop, sha256
@@ -21,19 +20,12 @@ NAMESPACE = "gpuk8s-monitoring"
 COMPONENT = "gpu-monitoring"
 
 
-def check_dcgm_version(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"\d+\.\d+\.\d+-\d+\.\d+\.\d+", value):
-        return VarProblem(name, f"{name} must be <exporter>-<DCGM> like \"4.5.3-4.8.2\" (the "
-                          f"nvcr.io tag without -ubuntu22.04), got {value!r}",
-                          f'write {name}: "4.5.3-4.8.2"')
-    return None
-
-
-def check_retention(name: str, value: str) -> VarProblem | None:
-    if not re.fullmatch(r"([1-9]\d*(ms|s|m|h|d|w|y))+", value):
-        return VarProblem(name, f"{name} must be a Prometheus duration like \"7d\" or \"12h\", "
-                          f"got {value!r}", f'write {name}: "7d"')
-    return None
+#: the nvcr.io tag of dcgm-exporter without its -ubuntu22.04 tail
+check_dcgm_version = matching(r"\d+\.\d+\.\d+-\d+\.\d+\.\d+",
+                              '<exporter>-<DCGM> like "4.5.3-4.8.2" (the nvcr.io tag without '
+                              '-ubuntu22.04)', '"4.5.3-4.8.2"')
+check_retention = matching(r"([1-9]\d*(ms|s|m|h|d|w|y))+",
+                           'a Prometheus duration like "7d" or "12h"', '"7d"')
 
 
 RULES: dict[str, Rule] = {
