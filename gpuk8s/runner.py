@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpuk8s.drain import drain, uncordon
 from gpuk8s.errors import (
     ConnectError,
     Gpuk8sError,
@@ -19,6 +20,7 @@ from gpuk8s.errors import (
 )
 from gpuk8s.executor import HostResult, RoleWork, run_phase
 from gpuk8s.facts.gather import _file_exists, cluster_summary, cluster_values, gather
+from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import System
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
 from gpuk8s.ops import Op
@@ -116,7 +118,7 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
             session.reporter.stop()
         for host, node in drained.items():
             if not results[host].error:
-                _uncordon(session, node)
+                uncordon(session, node)
         if any(results[h].error for h in batch) and n + 1 < len(batches):
             left = [h for b in batches[n + 1:] for h in b]
             session.reporter.print(f"{phase.name}: stopped after a failed batch; not started "
@@ -130,9 +132,6 @@ def _drain(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, st
     those to uncordon afterwards (not those an admin had cordoned before the run)."""
     if not phase.drain_timeout_var:
         return {}
-    from gpuk8s.day2.steps import drain
-    from gpuk8s.facts.kube import Cluster
-
     cluster = session.facts[session.first_cp].get(Cluster())
     drained = {}
     for host in hosts:
@@ -140,17 +139,11 @@ def _drain(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, st
         status = cluster.nodes.get(node) if cluster is not None else None
         if status is None:
             continue  # not in the cluster yet: nothing runs there
-        drain(session, node, int(session.host(host).vars[phase.drain_timeout_var]))
+        drain(session, node, int(session.host(host).vars[phase.drain_timeout_var]),
+              knob=phase.drain_timeout_var)
         if not status.unschedulable:
             drained[host] = node
     return drained
-
-
-def _uncordon(session: Session, node: str) -> None:
-    from gpuk8s.day2.steps import uncordon
-
-    session.reporter.print(f"  [{session.first_cp}] uncordon {node}")
-    uncordon(session, node)
 
 
 def _tally(session: Session, results: Mapping[str, HostResult]) -> None:

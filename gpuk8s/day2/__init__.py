@@ -3,7 +3,8 @@ status, upgrades (driver, Kubernetes) and kubeconfig. Each contacts only the hos
 the first control plane, previews what it will do, and writes the same run folder and report as
 bootstrap.
 
-- steps: what they share (a session with facts, one logged script, drain/uncordon, batches)
+- steps: what they share (a session with facts, one logged script, batches); drain and
+  uncordon are gpuk8s.drain's (bootstrap's MIG phase drains too)
 - nodes: reprovision, add_node, remove_node, reset
 - status: status, kubeconfig; gpuusage: gpu_usage (Prometheus, gpu_monitoring)
 - upgrades: upgrade, upgrade_driver; kubernetes: upgrade_kubernetes

@@ -19,11 +19,11 @@ from gpuk8s.day2.steps import (
     CLEANUP,
     Opener,
     ask_confirmation,
-    drain,
     gathered_session,
     node_name,
     run_step,
 )
+from gpuk8s.drain import drain
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.controlplane import ETCD_PKI, ControlPlaneHealth
 from gpuk8s.facts.kube import Cluster

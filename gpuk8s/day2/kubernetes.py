@@ -25,13 +25,12 @@ from gpuk8s.day2.steps import (
     Opener,
     ask_confirmation,
     chunks,
-    drain,
     gathered_session,
     node_name,
     run_batches,
     run_step,
-    uncordon,
 )
+from gpuk8s.drain import drain, uncordon
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages

@@ -15,11 +15,11 @@ from gpuk8s.day2.steps import (
     Opener,
     ask_confirmation,
     check_one_host,
-    drain,
     gathered_session,
     node_name,
     run_step,
 )
+from gpuk8s.drain import drain
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.executor import HostResult
 from gpuk8s.executor import parallel as in_parallel

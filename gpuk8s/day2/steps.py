@@ -1,23 +1,21 @@
 """Steps every day-2 command shares: a session with facts, one script run on a host (logged,
-redacted, CommandFailed on a non-zero exit), node names, drain and uncordon, confirmation, and
+redacted, CommandFailed on a non-zero exit), node names, confirmation, and
 upgrades batch by batch."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
+from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session
-from gpuk8s.sinks import node_arg
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
 Opener = Callable[[ConnectSpec, Redactor], Any]
@@ -60,30 +58,6 @@ def node_name(session: Session, host: str) -> str:
             if addr.get("address") == address:
                 return str(item["metadata"]["name"])
     return host if host in cluster.nodes else host.lower()
-
-
-def drain(session: Session, node: str, timeout: int) -> None:
-    """Cordon and drain; on failure say which pods block (PodDisruptionBudgets...)."""
-    cp = session.first_cp
-    session.reporter.print(f"  [{cp}] drain {node} (timeout {timeout}s)")
-    try:
-        run_step(session, cp, f"{KUBECTL} drain {node_arg(node)} --ignore-daemonsets "
-                 f"--delete-emptydir-data --timeout={timeout}s", f"drain {node}",
-                 timeout=timeout + 60)
-    except CommandFailed as exc:
-        blocking = sorted(set(re.findall(r'evicting pods?/"?([\w.-]+)"?(?: -n "?([\w.-]+))?',
-                                         exc.stderr_tail)))
-        names = ", ".join(f"{ns or 'default'}/{pod}" for pod, ns in blocking)
-        raise Gpuk8sError(
-            f"{node}: drain did not finish in {timeout}s"
-            + (f"; blocked by {names}" if names else "") + f"\n{exc.stderr_tail}\n"
-            "  fix: relax the PodDisruptionBudget or move the pods, raise --drain-timeout, "
-            "or uncordon the node to give up") from None
-
-
-def uncordon(session: Session, node: str) -> None:
-    run_step(session, session.first_cp, f"{KUBECTL} uncordon {node_arg(node)}",
-             f"uncordon {node}")
 
 
 def gathered_session(inventory: str | Path, limit: str | None, command: str, *,

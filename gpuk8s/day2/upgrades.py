@@ -13,12 +13,11 @@ from gpuk8s.day2.steps import (
     Opener,
     ask_confirmation,
     chunks,
-    drain,
     gathered_session,
     node_name,
     run_batches,
-    uncordon,
 )
+from gpuk8s.drain import drain, uncordon
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.report import Reporter
