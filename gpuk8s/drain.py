@@ -10,7 +10,7 @@ from gpuk8s.errors import CommandFailed, Gpuk8sError
 from gpuk8s.ops import Op
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.session import Session
-from gpuk8s.sinks import node_arg
+from gpuk8s.sinks import node_arg, shell
 
 
 def drain(session: Session, node: str, timeout: int, knob: str = "--drain-timeout") -> None:
@@ -38,3 +38,45 @@ def uncordon(session: Session, node: str) -> None:
     session.reporter.print(f"  [{session.first_cp}] uncordon {node}")
     session.run(session.first_cp, Op(f"uncordon {node}", (f"{KUBECTL} uncordon {node_arg(node)}",),
                                       f"+ uncordon {node}"))
+
+
+#: the node label every GPU DaemonSet selects (device plugin, DRA kubelet plugin, DCGM
+#: exporter), and the value that takes them off a node while its GPUs are repartitioned
+GPU_PRESENT = "nvidia.com/gpu.present"
+PAUSED = "paused-for-mig-change"
+#: the label those DaemonSets' pods carry
+GPU_CLIENT = "gpuk8s.io/gpu-client=true"
+
+
+def pause_gpu_clients(session: Session, node: str, timeout: int,
+                      knob: str = "mig_drain_timeout") -> None:
+    """Take the GPU DaemonSets' pods off ``node`` and wait until none is left: the driver
+    refuses a MIG mode change while a client (NVML in the device plugin, DCGM) has the GPU
+    open. As NVIDIA's MIG manager does, the node's nvidia.com/gpu.present label is set to
+    paused-for-mig-change; resume_gpu_clients sets it back."""
+    cp = session.first_cp
+    session.reporter.print(f"  [{cp}] pause the GPU DaemonSets on {node}")
+    pods = (f"{KUBECTL} get pods -A -l {GPU_CLIENT} "
+            f"--field-selector {shell(f'spec.nodeName={node}')} -o name")
+    script = (f"{KUBECTL} label node {node_arg(node)} {GPU_PRESENT}={PAUSED} --overwrite "
+              f">/dev/null\nend=$(( $(date +%s) + {int(timeout)} ))\n"
+              f"while :; do left=$({pods}) || exit 1; [ -z \"$left\" ] && break\n"
+              f"  if [ \"$(date +%s)\" -ge \"$end\" ]; then echo "
+              f"{shell(f'still on {node} after {int(timeout)}s:')} $left >&2; exit 1; fi\n"
+              "  sleep 2; done")
+    try:
+        session.run(cp, Op(f"pause GPU clients on {node}", (script,),
+                           f"+ pause the GPU DaemonSets on {node}", timeout=timeout + 60))
+    except CommandFailed as exc:
+        raise Gpuk8sError(
+            f"{node}: the GPU DaemonSets' pods did not leave in {timeout}s\n{exc.stderr_tail}\n"
+            f"  fix: see why with kubectl describe pod, raise {knob}, or run again (the node "
+            f"gets {GPU_PRESENT}=true back at the next run)") from None
+
+
+def resume_gpu_clients(session: Session, node: str) -> None:
+    """Bring the GPU DaemonSets back to ``node`` (after pause_gpu_clients)."""
+    session.reporter.print(f"  [{session.first_cp}] resume the GPU DaemonSets on {node}")
+    script = f"{KUBECTL} label node {node_arg(node)} {GPU_PRESENT}=true --overwrite"
+    session.run(session.first_cp, Op(f"resume GPU clients on {node}", (script,),
+                                     f"+ resume the GPU DaemonSets on {node}"))

@@ -31,6 +31,9 @@ class Phase:
     #: drain a joined node before changing it and uncordon it after (unless it was cordoned
     #: before the run); its timeout is the host variable of that name
     drain_timeout_var: str = ""
+    #: with drain_timeout_var: also stop the GPU DaemonSets' pods on the node (device plugin,
+    #: DRA kubelet plugin, DCGM exporter) while the phase changes it, and bring them back after
+    pause_gpu_clients: bool = False
 
 
 PREFLIGHT = "preflight"
@@ -55,10 +58,11 @@ PHASES: tuple[Phase, ...] = (
     # after the control plane phase stored the gates in kube-system/kubelet-config
     Phase("kubelets", "all", ("kubelet",),
           "kubelets: the inventory's feature gates, one node at a time", serial=1),
-    # one node at a time, drained: MIG mode and instances cannot change under running work
+    # one node at a time, drained and with the GPU DaemonSets paused: the driver refuses a MIG
+    # mode change while any process (workload, device plugin, DCGM) has the GPU open
     Phase("gpu-partition", "all", ("mig",),
           "MIG: GPUs split as gpu_sharing asks, one drained node at a time", serial=1,
-          drain_timeout_var="mig_drain_timeout"),
+          drain_timeout_var="mig_drain_timeout", pause_gpu_clients=True),
     Phase("cluster", "first_control_plane", ("gpu_cluster", "monitoring"),
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable; monitoring"),
 )

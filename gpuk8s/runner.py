@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuk8s.drain import drain, uncordon
+from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon
 from gpuk8s.errors import (
     ConnectError,
     Gpuk8sError,
@@ -109,15 +109,17 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
                                                 for i in range(0, len(changing), phase.serial)]
     results: dict[str, HostResult] = {}
     for n, batch in enumerate(batches):
-        drained = _drain(session, phase, [h for h in batch if h in changing])
+        emptied = _empty(session, phase, [h for h in batch if h in changing])
         session.reporter.start([h for h in batch if h in changing])
         try:
             results.update(run_phase({h: work[h] for h in batch},
                                      {h: session.runner(h) for h in batch}))
         finally:
             session.reporter.stop()
-        for host, node in drained.items():
-            if not results[host].error:
+        for host, (node, cordoned_before) in emptied.items():
+            if phase.pause_gpu_clients:
+                resume_gpu_clients(session, node)
+            if not results[host].error and not cordoned_before:
                 uncordon(session, node)
         if any(results[h].error for h in batch) and n + 1 < len(batches):
             left = [h for b in batches[n + 1:] for h in b]
@@ -127,23 +129,25 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
     return results
 
 
-def _drain(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, str]:
-    """Drain the joined nodes among ``hosts`` when the phase asks for it; host -> node name of
-    those to uncordon afterwards (not those an admin had cordoned before the run)."""
+def _empty(session: Session, phase: Phase, hosts: Sequence[str]) -> dict[str, tuple[str, bool]]:
+    """Drain the joined nodes among ``hosts`` when the phase asks for it, and take the GPU
+    DaemonSets off them when it asks for that too; host -> (node name, whether an admin had
+    cordoned it before the run: such a node is not uncordoned after)."""
     if not phase.drain_timeout_var:
         return {}
     cluster = session.facts[session.first_cp].get(Cluster())
-    drained = {}
+    emptied = {}
     for host in hosts:
         node = str(session.cluster["nodes"][host]["name"])
         status = cluster.nodes.get(node) if cluster is not None else None
         if status is None:
             continue  # not in the cluster yet: nothing runs there
-        drain(session, node, int(session.host(host).vars[phase.drain_timeout_var]),
-              knob=phase.drain_timeout_var)
-        if not status.unschedulable:
-            drained[host] = node
-    return drained
+        timeout = int(session.host(host).vars[phase.drain_timeout_var])
+        drain(session, node, timeout, knob=phase.drain_timeout_var)
+        emptied[host] = (node, status.unschedulable)
+        if phase.pause_gpu_clients:
+            pause_gpu_clients(session, node, timeout, knob=phase.drain_timeout_var)
+    return emptied
 
 
 def _tally(session: Session, results: Mapping[str, HostResult]) -> None:

@@ -56,6 +56,9 @@ def test_all_3g_on_gpu_01_drains_splits_and_offers_four(cluster: Lab, tmp_path: 
     result, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG))
     assert all(t["failed"] == 0 for t in result["totals"].values()), text
     assert "[cp-01] drain gpu-01" in text, text
+    # the lab's nvidia-smi refuses MIG mode while the kubelet runs GPU DaemonSet pods there
+    assert "[cp-01] pause the GPU DaemonSets on gpu-01" in text, text
+    assert "[cp-01] resume the GPU DaemonSets on gpu-01" in text, text
     assert "GPU 0: whole -> 3g.40gb + 3g.40gb" in text and "GPU 1: whole" in text, text
     assert "gpu-01 offers 4 nvidia.com/mig-3g.40gb (MIG all-3g.40gb)" in text, text
     assert "drain gpu-02" not in text, text
@@ -65,6 +68,7 @@ def test_all_3g_on_gpu_01_drains_splits_and_offers_four(cluster: Lab, tmp_path: 
     assert alloc.get("nvidia.com/gpu", "0") == "0", alloc
     assert not gpu01["spec"].get("unschedulable"), "gpu-01 left cordoned"
     labels = gpu01["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.present"] == "true", labels
     assert labels["nvidia.com/device-plugin.config"] == "mig-mixed"
     assert labels["nvidia.com/mig.config"] == "all-3g.40gb"
     assert node_json(cluster, "gpu-02")["status"]["allocatable"]["nvidia.com/gpu"] == "1"
@@ -102,6 +106,19 @@ def test_verify_sees_every_gpu_through_its_mig_instances(cluster: Lab, tmp_path:
     gpu01 = result["nodes"]["gpu-01"]
     assert gpu01["ok"] and gpu01["mig"] == "all-3g.40gb" and gpu01["mig_offered"] == 4, result
     assert gpu01["nvidia_smi"] == 2 and result["nodes"]["gpu-02"]["ok"], result
+
+
+def test_mig_mode_is_refused_while_the_gpu_daemonsets_run(cluster: Lab) -> None:
+    """Why gpuk8s pauses them: with the device plugin running on gpu-02 (a whole H200), the
+    lab's nvidia-smi (as the driver) refuses to turn MIG on there."""
+    clients = ssh_ok(cluster, "gpu-02", "cat /run/gpuk8s-lab/gpu-clients")
+    assert "kube-system/nvidia-device-plugin-daemonset-" in clients, clients
+    rc, out, err = cluster.ssh("gpu-02", "nvidia-smi -mig 1")
+    assert rc == 19, (rc, out, err)
+    assert "Unable to enable MIG Mode for GPU" in out and "In use by another client" in out, out
+    modes = ssh_ok(cluster, "gpu-02", "nvidia-smi --query-gpu=mig.mode.current "
+                   "--format=csv,noheader").split()
+    assert modes == ["Disabled"], modes
 
 
 def test_the_layout_comes_back_after_a_reboot(cluster: Lab, tmp_path: Path) -> None:

@@ -818,9 +818,17 @@ class ApiServer:
                 self.create(pods_res, pod)
                 self.event(ds, "Normal", "SuccessfulCreate",
                            f"Created pod: {pod['metadata']['name']}", "daemonset-controller")
+            names = {n["metadata"]["name"] for n in nodes}
             for nn, p in by_node.items():
-                if nn not in eligible:
+                if nn in eligible:
+                    continue
+                if nn not in names:   # the node is gone: the pod GC deletes its pods at once
                     self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
+                elif not p["metadata"].get("deletionTimestamp"):
+                    # graceful: the pod shows Terminating until its kubelet has stopped it
+                    p["metadata"]["deletionTimestamp"] = ts()
+                    p["metadata"]["deletionGracePeriodSeconds"] = 30
+                    self.store.put(self.key(pods_res), p)
             owned = self._owned(ds, self.list(pods_res, ns))
             scheduled = [p for p in owned if p["spec"].get("nodeName")]
             ready = [p for p in owned if pod_ready(p)]

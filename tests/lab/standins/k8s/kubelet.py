@@ -38,6 +38,9 @@ from .common import (
 )
 from .scheduler import pod_requests
 
+#: the pods holding this node's GPUs (note_gpu_clients), read by the nvidia-smi stand-in
+GPU_CLIENTS = "/run/gpuk8s-lab/gpu-clients"
+
 Obj = dict[str, Any]
 #: etcd flags that name files or folders of the node
 PATH_FLAGS = {"--data-dir", "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file",
@@ -790,6 +793,23 @@ class Kubelet:
             return want
         return self.sync_real(pod, handler, want)
 
+    def note_gpu_clients(self, pods: list[Obj]) -> None:
+        """Which running pods hold this node's GPUs, for the nvidia-smi stand-in (a MIG mode
+        change is refused while any does, as the driver refuses it under a client): the GPU
+        DaemonSets' pods (those selecting nvidia.com/gpu.present: the device plugin, DCGM
+        exporter and DRA kubelet plugin keep NVML open) and pods given GPUs. One
+        "namespace/name" a line in GPU_CLIENTS; empty when none."""
+        clients = []
+        for p in pods:
+            if p.get("status", {}).get("phase") != "Running":
+                continue
+            gpu_daemon = "nvidia.com/gpu.present" in (p["spec"].get("nodeSelector") or {})
+            if gpu_daemon or p["metadata"]["uid"] in self.gpu_assign:
+                clients.append(f"{p['metadata']['namespace']}/{p['metadata']['name']}\n")
+        text = "".join(sorted(clients))
+        if read(GPU_CLIENTS) != text:
+            write(GPU_CLIENTS, text)
+
     def sync_system_daemons(self, pods: list[Obj]) -> None:
         """What the emulated system pods on this node do to it: flanneld's lease and routes,
         kube-proxy's Service rules, and (once kubeadm's kube-dns Service exists) the cluster
@@ -926,6 +946,10 @@ class Kubelet:
                  f'{self.creds.server}/api/v1/nodes\\": dial tcp {e}" node="{self.node_name}"',
                  "kubelet_node_status.go:108")
             return
+        # pods the API marked for deletion (a DaemonSet's, off a node it no longer selects):
+        # stopped here, then deleted below, once nothing on the node counts them any more
+        terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+        pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         self.sync_node(pods)
         self.sync_mirror_pods(manifests, pods, api_up)
         cfg = nodeinfo.containerd_config()
@@ -956,6 +980,12 @@ class Kubelet:
                 continue
             for name, n in self.sync_pod(p, cfg, avail, used).items():
                 used[name] = used.get(name, 0) + n
+        self.note_gpu_clients(pods)
+        for p in terminating:
+            md = p["metadata"]
+            with contextlib.suppress(ApiError):
+                self.client.request("DELETE", f"/api/v1/namespaces/{md['namespace']}/pods/"
+                                    f"{md['name']}")
         for uid in list(self.started):
             if uid not in live:
                 del self.started[uid]

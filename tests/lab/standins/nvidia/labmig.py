@@ -7,6 +7,9 @@ sysfs name: {"0000:00:06.0": {"mode": "Enabled", "gis": [{"id": 2, "profile": 9,
 Disabled, no instances. "pending" is there only while it differs from "mode" (Ampere needs a
 GPU reset); "boot_id" is the boot that wrote the entry: MIG mode survives a reboot (the real one
 lives in the InfoROM), GPU and compute instances do not, and a pending mode takes effect.
+A MIG mode change is refused ("In use by another client") while the lab's kubelet lists pods
+holding the node's GPUs in /run/gpuk8s-lab/gpu-clients (its GPU DaemonSets, pods given GPUs),
+as the driver refuses it while NVML clients have the GPU open.
 
 Formats: the real captures in tests/fixtures/nvidia/h200-mig/ and NVIDIA's MIG user guide.
 Profile tables: H200 from the capture; H100 80GB HBM3 and A100-SXM4-80GB from published
@@ -251,6 +254,15 @@ def root_ok() -> bool:
     return os.geteuid() == 0 or labgpu.root() != "/"
 
 
+def gpu_clients() -> list[str]:
+    """The pods the lab's kubelet says hold this node's GPUs (its GPU_CLIENTS file)."""
+    try:
+        with open(labgpu.path("/run/gpuk8s-lab/gpu-clients")) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
 def set_mode(gs: list[labgpu.GPU], value: str) -> tuple[str, int]:
     """nvidia-smi [-i N] -mig 0|1: (output, exit code)."""
     if value.upper() not in ("0", "1", "ENABLED", "DISABLED"):
@@ -268,6 +280,8 @@ def set_mode(gs: list[labgpu.GPU], value: str) -> tuple[str, int]:
             fail = "Insufficient Permissions"
         elif not on and e["gis"]:
             fail = "In use by another client"
+        elif g.architecture != "Ampere" and e["mode"] != word and gpu_clients():
+            fail = "In use by another client"   # Ampere's reset is only left pending: below
         if fail:
             out += [f"Unable to {verb} MIG Mode for GPU {g.bus_id}: {fail}",
                     "Terminating early due to previous errors."]
