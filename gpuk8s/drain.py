@@ -69,7 +69,8 @@ def pause_gpu_clients(session: Session, node: str, timeout: int,
                            f"+ pause the GPU DaemonSets on {node}", timeout=timeout + 60))
     except CommandFailed as exc:
         raise Gpuk8sError(
-            f"{node}: the GPU DaemonSets' pods did not leave in {timeout}s\n{exc.stderr_tail}\n"
+            f"{node}: pausing the GPU DaemonSets failed (their pods must leave within "
+            f"{timeout}s)\n{exc.stderr_tail}\n"
             f"  fix: see why with kubectl describe pod, raise {knob}, or run again (the node "
             f"gets {GPU_PRESENT}=true back at the next run)") from None
 

@@ -78,7 +78,7 @@ def test_a_pod_that_stays_is_named_after_the_timeout(tmp_path: Path) -> None:
     with pytest.raises(Gpuk8sError) as err:
         pause_gpu_clients(session, "gpu-01", 1)  # type: ignore[arg-type]
     text = str(err.value)
-    assert "gpu-01: the GPU DaemonSets' pods did not leave in 1s" in text
+    assert "gpu-01: pausing the GPU DaemonSets failed (their pods must leave within 1s)" in text
     assert "still on gpu-01 after 1s: pod/nvidia-device-plugin-ds-x2k9q" in text
     assert "raise mig_drain_timeout" in text
 

@@ -47,6 +47,8 @@ MANIFESTS = "/etc/kubernetes/manifests"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 #: lab-only: `kubeadm init` dies at the point this file names (see _fault)
 FAULT_FILE = "/run/gpuk8s-lab/kubeadm-init-fault"
+#: kubeadm's constants.EtcdAPICallTimeout and EtcdAPICallRetryInterval (its member add retries)
+ETCD_API_CALL_TIMEOUT, ETCD_API_CALL_RETRY = 120.0, 0.5
 KUBECONFIGS = ("admin.conf", "super-admin.conf", "kubelet.conf", "bootstrap-kubelet.conf",
                "controller-manager.conf", "scheduler.conf")
 
@@ -799,20 +801,35 @@ class Kubeadm:
         etcd_pki = f"{PKI}/etcd"
         members: dict[str, str] = {}
         err = "no control plane node with an address"
-        for ip in peers:
-            e = Etcd(f"https://{ip}:2379", P(f"{etcd_pki}/ca.crt"),
-                     P(f"{etcd_pki}/healthcheck-client.crt"),
-                     P(f"{etcd_pki}/healthcheck-client.key"))
-            try:
-                added = e.call("/v3/cluster/member/add", {"peerURLs": [f"https://{adv}:2380"]})
-            except StoreError as exc:
-                err = str(exc)
-                continue
-            for m in added.get("members") or []:
-                peer = (m.get("peerURLs") or [""])[0]
-                name = m.get("name") or node
-                members[name] = peer.removeprefix("https://").rsplit(":", 1)[0]
-            break
+        # as the real kubeadm: the add is tried again every 500 ms for 2 minutes (etcd refuses
+        # it, "unhealthy cluster", until its leader has been connected to a quorum for 5 s,
+        # e.g. just after the previous member joined); a peer URL already added is listed
+        deadline = time.monotonic() + ETCD_API_CALL_TIMEOUT
+        while not members and peers:
+            for ip in peers:
+                e = Etcd(f"https://{ip}:2379", P(f"{etcd_pki}/ca.crt"),
+                         P(f"{etcd_pki}/healthcheck-client.crt"),
+                         P(f"{etcd_pki}/healthcheck-client.key"))
+                try:
+                    added = e.call("/v3/cluster/member/add",
+                                   {"peerURLs": [f"https://{adv}:2380"]})
+                except StoreError as exc:
+                    err = str(exc)
+                    if "Peer URLs already exists" not in err:
+                        continue
+                    try:
+                        added = e.call("/v3/cluster/member/list", {})
+                    except StoreError as exc2:
+                        err = str(exc2)
+                        continue
+                for m in added.get("members") or []:
+                    peer = (m.get("peerURLs") or [""])[0]
+                    name = m.get("name") or node
+                    members[name] = peer.removeprefix("https://").rsplit(":", 1)[0]
+                break
+            if members or time.monotonic() >= deadline:
+                break
+            time.sleep(ETCD_API_CALL_RETRY)
         if not members:
             raise Fail("error execution phase control-plane-join/etcd: error creating local etcd "
                        f"static pod manifest file: etcdserver: unable to add member: {err}")
