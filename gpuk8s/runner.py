@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon
@@ -21,9 +22,9 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, RoleWork, run_phase
 from gpuk8s.facts.gather import _file_exists, cluster_summary, cluster_values, gather
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.facts.system import System
+from gpuk8s.facts.system import PENDING_HANDLERS, PendingHandlers, System, handler_marker
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
-from gpuk8s.ops import Op
+from gpuk8s.ops import Op, q
 from gpuk8s.playbook import (
     PHASES,
     PREFLIGHT,
@@ -87,13 +88,41 @@ def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
             ctx = context(session, host, name)
             ops = role.plan(ctx)
             handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
-            items.append(RoleWork(name, tuple(ops), handlers))
+            pending = session.facts[host].get(PendingHandlers()) or frozenset()
+            items.append(_persist_notifies(name, ops, handlers, pending))
         work[host] = items
     return work
 
 
 def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
     return {h: [op for rw in items for op in rw.ops] for h, items in work.items()}
+
+
+def _persist_notifies(role: str, ops: Sequence[Op], handlers: Mapping[str, Op],
+                      pending: frozenset[str]) -> RoleWork:
+    """A notification that survives an interrupted run: an op that notifies a handler first
+    leaves the handler's marker on the host (PENDING_HANDLERS), and the handler removes it
+    once it has run; a marker found at plan time (the run that made the change was killed
+    before its handler) puts the handler among the role's ops. Reboot handlers are left out:
+    the driver role plans its reboot from the loaded module."""
+    def marker(name: str) -> str:
+        return q(f"{PENDING_HANDLERS}/{handler_marker(role, name)}")
+
+    marked = []
+    for op in ops:
+        names = [n for n in op.notify if n in handlers and not handlers[n].reboot]
+        if op.commands and names:
+            touch = (f"mkdir -p {q(PENDING_HANDLERS)} && touch "
+                     + " ".join(marker(n) for n in names))
+            op = replace(op, commands=(touch, *op.commands))
+        marked.append(op)
+    runnable = {n: replace(h, commands=(*h.commands, f"rm -f {marker(n)}")) if h.commands else h
+                for n, h in handlers.items()}
+    for name, handler in runnable.items():
+        if handler_marker(role, name) in pending and handler.commands:
+            marked.append(replace(handler, reason=f"{handler.reason} (an interrupted run made "
+                                  "the change and did not get to this)"))
+    return RoleWork(role, tuple(marked), runnable)
 
 
 def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[RoleWork]]

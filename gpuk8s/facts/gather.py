@@ -19,7 +19,7 @@ from gpuk8s.executor import HostResult
 from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
-from gpuk8s.facts.system import Files, PciDevices, System
+from gpuk8s.facts.system import Files, PciDevices, PendingHandlers, System
 from gpuk8s.playbook import (
     ALL_ROLES,
     package_cache_url,
@@ -34,6 +34,7 @@ def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     for role in ALL_ROLES:
         for fact in load_role(role).facts(vars):
             seen.setdefault(fact, None)
+    seen.setdefault(PendingHandlers(), None)  # the runner's, for every role's handlers
     return list(seen)
 
 

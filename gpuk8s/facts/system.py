@@ -409,3 +409,24 @@ fi; true"""
         return {"interrupted": bool(kv.get("audit", "").strip())
                 or (journal.isdigit() and int(journal) > 0) or bool(reinstall),
                 "reinstall": reinstall, "lock_holders": holders}
+
+
+#: where an op that notifies a handler leaves a marker (written before its change) until the
+#: handler has run: a run killed in between leaves the handler to the next run
+PENDING_HANDLERS = "/var/lib/gpuk8s/pending-handlers"
+
+
+def handler_marker(role: str, handler: str) -> str:
+    """The marker file name of ``role``'s ``handler`` ("restart containerd")."""
+    return f"{role}--" + re.sub(r"[^a-z0-9]+", "-", handler.lower()).strip("-")
+
+
+class PendingHandlers(Fact[frozenset[str]]):
+    """The handlers an earlier run notified and never ran (their markers, see
+    handler_marker)."""
+
+    def command(self) -> str:
+        return f"ls -1 {PENDING_HANDLERS} 2>/dev/null; true"
+
+    def parse(self, output: str, exit_code: int) -> frozenset[str]:
+        return frozenset(n for n in output.split() if re.fullmatch(r"[a-z0-9_]+--[a-z0-9-]+", n))

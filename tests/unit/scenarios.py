@@ -53,6 +53,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return {}
     if kind == "Services":
         return {u: Unit("inactive", "not-found") for u in fact.args}
+    if kind == "PendingHandlers":
+        return frozenset()
     if kind == "DpkgHealth":
         return {"interrupted": False, "reinstall": [], "lock_holders": []}
     if kind == "Containerd":

@@ -1,0 +1,66 @@
+"""A handler notified by a run that was killed before the handler ran (containerd's config
+written, containerd not restarted: it keeps serving the package's config, CRI off) is run by
+the next run: the notifying op leaves a marker on the host first, the handler removes it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from gpuk8s.facts.system import PENDING_HANDLERS, PendingHandlers, handler_marker
+from gpuk8s.ops import Op, change, noop
+from gpuk8s.runner import _persist_notifies
+
+RESTART = change("container_runtime | restart containerd", "+ restart containerd",
+                 "systemctl restart containerd")
+REBOOT = Op("nvidia_driver | reboot", (), "+ reboot", reboot=True)
+CONFIG = change("container_runtime | config.toml", "+ write config.toml", "write-it",
+                notify=("restart containerd",))
+MARKER = f"{PENDING_HANDLERS}/container_runtime--restart-containerd"
+
+
+def test_the_notifying_op_marks_first_and_the_handler_unmarks() -> None:
+    work = _persist_notifies("container_runtime", [CONFIG, noop("x", "= ok")],
+                             {"restart containerd": RESTART}, frozenset())
+    config, ok = work.ops
+    assert config.commands == (f"mkdir -p {PENDING_HANDLERS} && touch {MARKER}", "write-it")
+    assert ok.commands == ()
+    assert work.handlers["restart containerd"].commands == ("systemctl restart containerd",
+                                                            f"rm -f {MARKER}")
+    assert handler_marker("container_runtime", "restart containerd") == \
+        "container_runtime--restart-containerd"
+
+
+def test_a_marker_left_by_a_killed_run_puts_the_handler_among_the_ops() -> None:
+    pending = PendingHandlers().parse("container_runtime--restart-containerd\nx;rm -rf /\n", 0)
+    assert pending == frozenset({"container_runtime--restart-containerd"})
+    work = _persist_notifies("container_runtime", [noop("container_runtime | config.toml",
+                                                        "= config.toml up to date")],
+                             {"restart containerd": RESTART}, pending)
+    _, restart = work.ops
+    assert restart.id == "container_runtime | restart containerd" and restart.changes
+    assert "an interrupted run made the change and did not get to this" in restart.reason
+    assert restart.commands[-1] == f"rm -f {MARKER}"
+
+
+def test_reboot_handlers_are_left_to_their_role() -> None:
+    op = change("nvidia_driver | packages", "+ install", "apt-get install x",
+                notify=("reboot",))
+    work = _persist_notifies("nvidia_driver", [op], {"reboot": REBOOT},
+                             frozenset({"nvidia_driver--reboot"}))
+    assert work.ops == (op,) and work.handlers["reboot"] == REBOOT
+
+
+def test_the_marker_commands_work_in_a_real_shell(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    work = _persist_notifies("container_runtime", [CONFIG], {"restart containerd": RESTART},
+                             frozenset())
+    mark = work.ops[0].commands[0].replace(PENDING_HANDLERS, f"{root}{PENDING_HANDLERS}")
+    unmark = work.handlers["restart containerd"].commands[-1].replace(
+        PENDING_HANDLERS, f"{root}{PENDING_HANDLERS}")
+    subprocess.run(["sh", "-c", mark], check=True)
+    listed = subprocess.run(["sh", "-c", PendingHandlers().command().replace(
+        PENDING_HANDLERS, f"{root}{PENDING_HANDLERS}")], capture_output=True, text=True).stdout
+    assert PendingHandlers().parse(listed, 0) == {"container_runtime--restart-containerd"}
+    subprocess.run(["sh", "-c", unmark], check=True)
+    assert not any((root / PENDING_HANDLERS.lstrip("/")).iterdir())
