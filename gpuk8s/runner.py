@@ -116,7 +116,10 @@ def _persist_notifies(role: str, ops: Sequence[Op], handlers: Mapping[str, Op],
                      + " ".join(marker(n) for n in names))
             op = replace(op, commands=(touch, *op.commands))
         marked.append(op)
-    runnable = {n: replace(h, commands=(*h.commands, f"rm -f {marker(n)}")) if h.commands else h
+    # the handler's own commands in a subshell of their own: one that ends with `exit 0`
+    # (restart_containerd's wait does) must not skip the marker's removal
+    runnable = {n: replace(h, commands=("(\n" + "\n".join(h.commands) + "\n)",
+                                        f"rm -f {marker(n)}")) if h.commands else h
                 for n, h in handlers.items()}
     for name, handler in runnable.items():
         if handler_marker(role, name) in pending and handler.commands:

@@ -25,8 +25,8 @@ def test_the_notifying_op_marks_first_and_the_handler_unmarks() -> None:
     config, ok = work.ops
     assert config.commands == (f"mkdir -p {PENDING_HANDLERS} && touch {MARKER}", "write-it")
     assert ok.commands == ()
-    assert work.handlers["restart containerd"].commands == ("systemctl restart containerd",
-                                                            f"rm -f {MARKER}")
+    assert work.handlers["restart containerd"].commands == (
+        "(\nsystemctl restart containerd\n)", f"rm -f {MARKER}")
     assert handler_marker("container_runtime", "restart containerd") == \
         "container_runtime--restart-containerd"
 
@@ -49,6 +49,25 @@ def test_reboot_handlers_are_left_to_their_role() -> None:
     work = _persist_notifies("nvidia_driver", [op], {"reboot": REBOOT},
                              frozenset({"nvidia_driver--reboot"}))
     assert work.ops == (op,) and work.handlers["reboot"] == REBOOT
+
+
+def test_a_handler_that_exits_early_still_removes_its_marker(tmp_path: Path) -> None:
+    """restart_containerd's wait ends with `exit 0`; the op's commands run as build_script
+    runs them (one `set -e` subshell), and the marker goes."""
+    from gpuk8s.executor import build_script
+
+    marker = tmp_path / "marker"
+    marker.touch()
+    handler = change("r | restart", "+ restart", "true", "for i in 1 2; do exit 0; done",
+                     "echo never")
+    work = _persist_notifies("r", [], {"restart": handler}, frozenset())
+    op = work.handlers["restart"]
+    op = Op(op.id, tuple(c.replace(f"{PENDING_HANDLERS}/r--restart", str(marker))
+                         for c in op.commands), op.reason)
+    out = subprocess.run(["bash", "-c", build_script([op], "MARK")], capture_output=True,
+                         text=True)
+    assert "MARK E 0 0 " in out.stdout and "never" not in out.stdout, out.stdout
+    assert not marker.exists()
 
 
 def test_the_marker_commands_work_in_a_real_shell(tmp_path: Path) -> None:
