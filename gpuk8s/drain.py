@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 
 from gpuk8s.errors import CommandFailed, Gpuk8sError
-from gpuk8s.ops import Op
 from gpuk8s.ops.kube import KUBECTL
-from gpuk8s.session import Session
+from gpuk8s.session import Session, run_step
 from gpuk8s.sinks import node_arg, shell
 
 
@@ -21,7 +20,7 @@ def drain(session: Session, node: str, timeout: int, knob: str = "--drain-timeou
     script = (f"{KUBECTL} drain {node_arg(node)} --ignore-daemonsets --delete-emptydir-data "
               f"--timeout={timeout}s")
     try:
-        session.run(cp, Op(f"drain {node}", (script,), f"+ drain {node}", timeout=timeout + 60))
+        run_step(session, cp, script, f"drain {node}", timeout=timeout + 60)
     except CommandFailed as exc:
         blocking = sorted(set(re.findall(r'evicting pods?/"?([\w.-]+)"?(?: -n "?([\w.-]+))?',
                                          exc.stderr_tail)))
@@ -36,8 +35,8 @@ def drain(session: Session, node: str, timeout: int, knob: str = "--drain-timeou
 def uncordon(session: Session, node: str) -> None:
     """Make ``node`` schedulable again."""
     session.reporter.print(f"  [{session.first_cp}] uncordon {node}")
-    session.run(session.first_cp, Op(f"uncordon {node}", (f"{KUBECTL} uncordon {node_arg(node)}",),
-                                      f"+ uncordon {node}"))
+    run_step(session, session.first_cp, f"{KUBECTL} uncordon {node_arg(node)}",
+             f"uncordon {node}")
 
 
 #: the node label every GPU DaemonSet selects (device plugin, DRA kubelet plugin, DCGM
@@ -65,8 +64,8 @@ def pause_gpu_clients(session: Session, node: str, timeout: int,
               f"{shell(f'still on {node} after {int(timeout)}s:')} $left >&2; exit 1; fi\n"
               "  sleep 2; done")
     try:
-        session.run(cp, Op(f"pause GPU clients on {node}", (script,),
-                           f"+ pause the GPU DaemonSets on {node}", timeout=timeout + 60))
+        run_step(session, cp, script, f"pause the GPU DaemonSets on {node}",
+                 timeout=timeout + 60)
     except CommandFailed as exc:
         raise Gpuk8sError(
             f"{node}: pausing the GPU DaemonSets failed (their pods must leave within "
@@ -79,5 +78,4 @@ def resume_gpu_clients(session: Session, node: str) -> None:
     """Bring the GPU DaemonSets back to ``node`` (after pause_gpu_clients)."""
     session.reporter.print(f"  [{session.first_cp}] resume the GPU DaemonSets on {node}")
     script = f"{KUBECTL} label node {node_arg(node)} {GPU_PRESENT}=true --overwrite"
-    session.run(session.first_cp, Op(f"resume GPU clients on {node}", (script,),
-                                     f"+ resume the GPU DaemonSets on {node}"))
+    run_step(session, session.first_cp, script, f"resume the GPU DaemonSets on {node}")

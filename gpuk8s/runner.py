@@ -83,12 +83,12 @@ def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
     work: dict[str, list[RoleWork]] = {}
     for host in hosts:
         items = []
+        pending = session.facts[host].get(PendingHandlers()) or frozenset()
         for name in phase.roles:
             role = load_role(name)
             ctx = context(session, host, name)
             ops = role.plan(ctx)
             handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
-            pending = session.facts[host].get(PendingHandlers()) or frozenset()
             items.append(_persist_notifies(name, ops, handlers, pending))
         work[host] = items
     return work

@@ -177,3 +177,10 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     session.unreachable = dict(errors)
     session.scope = [h for h in session.scope if h not in errors]
     return session
+
+
+def run_step(session: Session, host: str, script: str, what: str, *,
+             timeout: float = 600) -> str:
+    """Run one script on a host through the executor (logged and redacted like a phase's
+    ops); its output; CommandFailed naming ``what`` on a non-zero exit."""
+    return session.run(host, Op(what, (script,), f"+ {what}", timeout=timeout))

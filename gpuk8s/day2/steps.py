@@ -12,10 +12,9 @@ from typing import Any
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.ops import Op
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
-from gpuk8s.session import Session, open_session
+from gpuk8s.session import Session, open_session, run_step
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 
 Opener = Callable[[ConnectSpec, Redactor], Any]
@@ -35,13 +34,6 @@ for link in cni0 flannel.1 vxlan.calico tunl0; do
 done
 if systemctl is-active --quiet containerd; then systemctl restart containerd; fi
 """
-
-
-def run_step(session: Session, host: str, script: str, what: str, *,
-             timeout: float = 600) -> str:
-    """Run one script on a host through the executor (logged and redacted like a phase's
-    ops); its output; CommandFailed naming ``what`` on a non-zero exit."""
-    return session.run(host, Op(what, (script,), f"+ {what}", timeout=timeout))
 
 
 def node_name(session: Session, host: str) -> str:
