@@ -99,6 +99,11 @@ class Role:
     def handlers(self) -> Mapping[str, Callable[[HostContext], Op]]:
         return getattr(self.module, "HANDLERS", {})
 
+    def replanned_handlers(self) -> frozenset[str]:
+        """Handlers the role plans again from the host's state (REPLANNED_HANDLERS): a run
+        killed before one of them needs no marker to have it run next time."""
+        return frozenset(getattr(self.module, "REPLANNED_HANDLERS", ()))
+
 
 @cache
 def load_role(name: str) -> Role:

@@ -24,7 +24,7 @@ from gpuk8s.facts.gather import _file_exists, cluster_summary, cluster_values, g
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import PENDING_HANDLERS, PendingHandlers, System, handler_marker
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
-from gpuk8s.ops import Op, q
+from gpuk8s.ops import Op, change, q
 from gpuk8s.playbook import (
     PHASES,
     PREFLIGHT,
@@ -89,7 +89,8 @@ def plan_phase(session: Session, phase: Phase, hosts: Sequence[str]
             ctx = context(session, host, name)
             ops = role.plan(ctx)
             handlers = {k: fn(ctx) for k, fn in role.handlers().items()}
-            items.append(_persist_notifies(name, ops, handlers, pending))
+            items.append(_persist_notifies(name, ops, handlers, pending,
+                                           role.replanned_handlers()))
         work[host] = items
     return work
 
@@ -99,18 +100,24 @@ def _ops(work: Mapping[str, Sequence[RoleWork]]) -> dict[str, list[Op]]:
 
 
 def _persist_notifies(role: str, ops: Sequence[Op], handlers: Mapping[str, Op],
-                      pending: frozenset[str]) -> RoleWork:
+                      pending: frozenset[str], replanned: frozenset[str] = frozenset()
+                      ) -> RoleWork:
     """A notification that survives an interrupted run: an op that notifies a handler first
     leaves the handler's marker on the host (PENDING_HANDLERS), and the handler removes it
     once it has run; a marker found at plan time (the run that made the change was killed
-    before its handler) puts the handler among the role's ops. Reboot handlers are left out:
-    the driver role plans its reboot from the loaded module."""
+    before its handler, or the change failed half-way) notifies the handler again, so it
+    runs where handlers run: after the role's ops and in the role's handler order (after a
+    reboot the same run asks for). Left out: reboot handlers and those the role names in
+    ``replanned`` (the driver role plans its reboot and its check from the loaded module)."""
     def marker(name: str) -> str:
         return q(f"{PENDING_HANDLERS}/{handler_marker(role, name)}")
 
+    def kept(name: str) -> bool:
+        return name in handlers and not handlers[name].reboot and name not in replanned
+
     marked = []
     for op in ops:
-        names = [n for n in op.notify if n in handlers and not handlers[n].reboot]
+        names = [n for n in op.notify if kept(n)]
         if op.commands and names:
             touch = (f"mkdir -p {q(PENDING_HANDLERS)} && touch "
                      + " ".join(marker(n) for n in names))
@@ -122,9 +129,11 @@ def _persist_notifies(role: str, ops: Sequence[Op], handlers: Mapping[str, Op],
                                         f"rm -f {marker(n)}")) if h.commands else h
                 for n, h in handlers.items()}
     for name, handler in runnable.items():
-        if handler_marker(role, name) in pending and handler.commands:
-            marked.append(replace(handler, reason=f"{handler.reason} (an interrupted run made "
-                                  "the change and did not get to this)"))
+        if kept(name) and handler_marker(role, name) in pending and handler.commands:
+            marked.append(change(f"{role} | pending handler",
+                                 f"+ {handler.reason.removeprefix('+ ')} (an interrupted run "
+                                 "made the change and did not get to this)",
+                                 "true", notify=(name,)))
     return RoleWork(role, tuple(marked), runnable)
 
 

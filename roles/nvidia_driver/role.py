@@ -210,3 +210,7 @@ HANDLERS = {
         "nvidia_driver | verify", "nvidia-smi must see every PCI GPU",
         *verify_commands(sum(d.is_gpu for d in ctx.facts[PciDevices()]))),
 }
+
+#: planned from the loaded module (nvidia-smi): "load installed driver" asks for the reboot,
+#: and a driver that sees fewer GPUs than the PCI bus gets its check
+REPLANNED_HANDLERS = ("reboot", "verify driver")

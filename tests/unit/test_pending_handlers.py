@@ -31,16 +31,57 @@ def test_the_notifying_op_marks_first_and_the_handler_unmarks() -> None:
         "container_runtime--restart-containerd"
 
 
-def test_a_marker_left_by_a_killed_run_puts_the_handler_among_the_ops() -> None:
+def test_a_marker_left_by_a_killed_run_notifies_the_handler_again() -> None:
     pending = PendingHandlers().parse("container_runtime--restart-containerd\nx;rm -rf /\n", 0)
     assert pending == frozenset({"container_runtime--restart-containerd"})
     work = _persist_notifies("container_runtime", [noop("container_runtime | config.toml",
                                                         "= config.toml up to date")],
                              {"restart containerd": RESTART}, pending)
-    _, restart = work.ops
-    assert restart.id == "container_runtime | restart containerd" and restart.changes
-    assert "an interrupted run made the change and did not get to this" in restart.reason
-    assert restart.commands[-1] == f"rm -f {MARKER}"
+    _, again = work.ops
+    assert again.changes and again.notify == ("restart containerd",)
+    assert again.reason == ("+ restart containerd (an interrupted run made the change and "
+                            "did not get to this)")
+    assert work.handlers["restart containerd"].commands[-1] == f"rm -f {MARKER}"
+
+
+def test_a_pending_handler_runs_after_the_reboot_the_run_asks_for() -> None:
+    """CI's chain A: the kill in gpu-02's driver install left "verify driver" pending; run
+    among the ops, it checked nvidia-smi before the reboot that loads the driver."""
+    from gpuk8s.executor import HostRunner
+    ran: list[str] = []
+
+    class Runner(HostRunner):
+        def __init__(self) -> None:
+            self.host = "gpu-02"
+            self.listener = lambda *a: None
+            self.log = lambda text: None
+
+        def run_ops(self, ops, result):  # type: ignore[no-untyped-def]
+            ran.extend(op.id for op in ops)
+            return [op for op in ops if op.commands]
+
+        def reboot(self, op, result):  # type: ignore[no-untyped-def]
+            ran.append(op.id)
+
+    verify = change("r | verify", "+ verify", "check")
+    load = change("r | load", "+ load", "true", notify=("reboot",))
+    work = _persist_notifies("r", [load], {"reboot": REBOOT, "verify": verify},
+                             frozenset({"r--verify"}))
+    Runner().apply([work])
+    assert ran == ["r | load", "r | pending handler", "nvidia_driver | reboot", "r | verify"]
+
+
+def test_handlers_the_role_replans_leave_no_marker() -> None:
+    """A failed driver upgrade must not leave "verify driver" for every later run."""
+    op = change("nvidia_driver | packages", "+ install", "apt-get install x",
+                notify=("reboot", "verify driver"))
+    verify = change("nvidia_driver | verify", "+ check", "nvidia-smi -L")
+    work = _persist_notifies("nvidia_driver", [op], {"reboot": REBOOT, "verify driver": verify},
+                             frozenset({"nvidia_driver--verify-driver"}),
+                             frozenset({"verify driver"}))
+    assert work.ops == (op,)
+    from gpuk8s.roles import load_role
+    assert load_role("nvidia_driver").replanned_handlers() == {"reboot", "verify driver"}
 
 
 def test_reboot_handlers_are_left_to_their_role() -> None:

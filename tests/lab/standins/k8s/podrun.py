@@ -128,7 +128,7 @@ class CNI:
             for plugin in reversed(net["plugins"]):
                 try:
                     self._invoke("DEL", plugin, net, None, ports)
-                except RuntimeError as e:
+                except (RuntimeError, subprocess.SubprocessError) as e:
                     print(f"CNI DEL: {e}", file=sys.stderr)
         except (OSError, RuntimeError, ValueError) as e:
             print(f"CNI DEL: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 
 from .client import ApiError, Client
 from .common import NO_SYSTEMD_ENV, P, parse_quantity, read, run, write
+from .podrun import CNI
 
 Obj = dict[str, Any]
 STATE_DIR = "/run/gpuk8s-lab/pods"
@@ -280,6 +281,16 @@ def stop(uid: str) -> bool:
         else:
             run(["systemctl", "stop", "--no-block", unit_name(uid)])
         return False
+    try:
+        spec = json.loads(read(f"{state_dir(uid)}/spec.json") or "{}")
+    except ValueError:
+        spec = {}
+    cni = CNI(uid)
+    if spec and not spec.get("hostNetwork") and not os.environ.get("GPUK8S_LAB_ROOT") \
+            and os.path.exists(cni.path):
+        # the runner ended without giving the pod's network back (killed at the end of its
+        # stop timeout): removed here, as containerd removes a stopped sandbox's network
+        cni.delete(spec.get("hostPorts") or [])
     shutil.rmtree(P(state_dir(uid)), ignore_errors=True)
     shutil.rmtree(P(f"{PODS_DIR}/{uid}"), ignore_errors=True)
     return True
