@@ -348,6 +348,35 @@ def test_a_wrong_mirror_names_the_image_the_node_and_containerds_error(cluster: 
     assert f"{HOST_IP}:5000" in message and "connection refused" in message
 
 
+def test_a_pod_whose_runner_died_gets_a_new_sandbox_and_leaks_no_network(cluster: Lab) -> None:
+    """The lab kubelet's pod runner SIGKILLed (as systemd ends one that outlives its stop
+    timeout) cannot give the pod's network namespace back; the kubelet stand-in starts the
+    pod again, as the kubelet replaces a dead sandbox, and removes the old namespace first
+    (CI once found one left after undeploy). A new namespace has a new inode."""
+    (pod,) = pods(cluster, "tensorboard")
+    node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
+    netns = f"/var/run/netns/gpuk8s-{uid[:13]}"
+    rc, before, err = cluster.ssh(node, f"stat -L -c %i {netns}")
+    assert rc == 0, err
+    rc, _, err = cluster.ssh(node, f"systemctl kill -s KILL --kill-whom=main "
+                                   f"gpuk8s-lab-pod-{uid}")
+    assert rc == 0, err
+    deadline = time.monotonic() + 150
+    while True:
+        rc, after, _ = cluster.ssh(node, f"systemctl is-active --quiet gpuk8s-lab-pod-{uid} && "
+                                         f"stat -L -c %i {netns}")
+        (now,) = pods(cluster, "tensorboard")
+        ready = all(c.get("ready") for c in now["status"].get("containerStatuses") or [{}])
+        if rc == 0 and after.strip() != before.strip() and ready:
+            break
+        assert time.monotonic() < deadline, f"{node}: no new sandbox for {uid} ({after!r})"
+        time.sleep(3)
+    url = f"http://{NODE_IPS[node]}:30606"
+    assert get_status(f"{url}/data/runs") == 200
+    rc, out, _ = cluster.ssh(node, "ip netns list")
+    assert out.count(f"gpuk8s-{uid[:13]}") == 1, out
+
+
 def test_undeploy_removes_everything(cluster: Lab) -> None:
     # verify keeps its finished Jobs (and so their pods) until the next verify: undeploy them too
     for name in ("jupyter", "tensorflow-job", "distributed-tf", "eval", "tensorboard", "verify",
