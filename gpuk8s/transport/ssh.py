@@ -33,6 +33,11 @@ from gpuk8s.transport.known_hosts import KnownHosts, _HostKeyPolicy, _known_name
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
+#: paramiko's AuthenticationException text when the connection closed during authentication
+#: (auth_handler.py), as opposed to the server refusing the key ("Authentication failed.")
+_DROPPED_IN_AUTH = "transport shut down or saw EOF"
+
+
 class _HopDown(Exception):
     """A bastion could not be reached (worth a retry); the message names the bastion."""
 
@@ -166,7 +171,15 @@ class SSHTransport:
             raise policy.changed(name, exc.key) from None
         except paramiko.AuthenticationException as exc:
             _close_quietly(conn)
-            raise _Refused(f"authentication failed for {conn.user}@{label}: {exc}") from None
+            if _DROPPED_IN_AUTH not in str(exc):
+                raise _Refused(f"authentication failed for {conn.user}@{label}: {exc}") from None
+            # the connection closed under the authentication (sshd going down for a reboot
+            # took it): the host is going away, not refusing the key; retried as a drop
+            dropped = f"connection closed during authentication ({exc})"
+            if is_hop:
+                raise _HopDown(f"cannot connect to {label} ({conn.host}:{conn.port}): "
+                               f"{dropped}") from None
+            raise paramiko.SSHException(dropped) from None
         except (paramiko.SSHException, *_RETRYABLE) as exc:
             _close_quietly(conn)
             if is_hop:
