@@ -38,6 +38,21 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _DROPPED_IN_AUTH = "transport shut down or saw EOF"
 
 
+def _open_telling_drops(conn: Any) -> None:
+    """``conn.open()``; a connection that closed under the authentication (sshd going down
+    for a reboot took it) comes out as the plain SSHException of a drop, retried as one, not
+    as the AuthenticationException of a refused key."""
+    import paramiko
+
+    try:
+        conn.open()
+    except paramiko.AuthenticationException as exc:
+        if _DROPPED_IN_AUTH not in str(exc):
+            raise
+        raise paramiko.SSHException(f"connection closed during authentication ({exc})") \
+            from None
+
+
 class _HopDown(Exception):
     """A bastion could not be reached (worth a retry); the message names the bastion."""
 
@@ -165,21 +180,13 @@ class SSHTransport:
         known.install(conn.client, name)
         conn.client.set_missing_host_key_policy(policy)
         try:
-            conn.open()
+            _open_telling_drops(conn)
         except paramiko.BadHostKeyException as exc:
             _close_quietly(conn)
             raise policy.changed(name, exc.key) from None
         except paramiko.AuthenticationException as exc:
             _close_quietly(conn)
-            if _DROPPED_IN_AUTH not in str(exc):
-                raise _Refused(f"authentication failed for {conn.user}@{label}: {exc}") from None
-            # the connection closed under the authentication (sshd going down for a reboot
-            # took it): the host is going away, not refusing the key; retried as a drop
-            dropped = f"connection closed during authentication ({exc})"
-            if is_hop:
-                raise _HopDown(f"cannot connect to {label} ({conn.host}:{conn.port}): "
-                               f"{dropped}") from None
-            raise paramiko.SSHException(dropped) from None
+            raise _Refused(f"authentication failed for {conn.user}@{label}: {exc}") from None
         except (paramiko.SSHException, *_RETRYABLE) as exc:
             _close_quietly(conn)
             if is_hop:

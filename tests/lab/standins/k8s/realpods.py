@@ -281,10 +281,7 @@ def stop(uid: str) -> bool:
         else:
             run(["systemctl", "stop", "--no-block", unit_name(uid)])
         return False
-    try:
-        spec = json.loads(read(f"{state_dir(uid)}/spec.json") or "{}")
-    except ValueError:
-        spec = {}
+    spec = saved_spec(uid)
     cni = CNI(uid)
     if spec and not spec.get("hostNetwork") and not os.environ.get("GPUK8S_LAB_ROOT") \
             and os.path.exists(cni.path):
@@ -296,13 +293,19 @@ def stop(uid: str) -> bool:
     return True
 
 
+def saved_spec(uid: str) -> Obj:
+    """The spec start() gave the pod's runner ({} when there is none or it is unreadable)."""
+    try:
+        spec: Obj = json.loads(read(f"{state_dir(uid)}/spec.json") or "{}")
+    except ValueError:
+        return {}
+    return spec
+
+
 def checkpointed_gpus(uid: str) -> list[str]:
     """The GPUs a running pod was given (kept in its spec.json, as the kubelet checkpoints
     device allocations), so a restarted kubelet does not hand them out twice."""
-    try:
-        return list(json.loads(read(f"{state_dir(uid)}/spec.json") or "{}").get("gpus") or [])
-    except ValueError:
-        return []
+    return list(saved_spec(uid).get("gpus") or [])
 
 
 def report(uid: str) -> Obj | None:
