@@ -75,8 +75,12 @@ def plan(ctx: HostContext) -> list[Op]:
                         hold=True, apt=ctx.apt))
     config = ctx.template("config.toml.j2", sandbox_image=sandbox_image(ctx.vars),
                           certs_d=CERTS_D)
+    # nvidia-ctk re-marshals config.toml every time it writes its drop-in (go-toml v1: no
+    # comments, sorted keys, every table a header; pkg/config/engine/containerd/
+    # config_drop_in.go@v1.20.0 Save): the same settings in its layout are up to date
     ops.append(files.content(states[CONFIG], "container_runtime | config.toml", config,
-                             notify=("restart containerd",)))
+                             notify=("restart containerd",),
+                             equivalent=files.same_toml(config)))
     ops += mirror_ops(ctx)
     units = f[Services("containerd", "docker")]
     wanted_units = ["containerd"] + (["docker"] if ctx.var("container_runtime") == "docker"

@@ -540,9 +540,10 @@ def test_ctk_configure_v3_real_containerd(root: Path, containerd_bin: Path, tmp_
 def test_ctk_configure_docker_default_config(
     root: Path, containerd_bin: Path, tmp_path: Path
 ) -> None:
-    """Docker's containerd.io config (no version, cri disabled).
-
-    The runtime lands, cri stays disabled."""
+    """Docker's containerd.io config has no `version`: the real tool takes it as version 1
+    (containerd.go parseVersion@v1.20.0), which has no drop-in support, and writes the whole
+    config with the runtime added to the output path (the drop-in path); config.toml is left
+    as it was."""
     install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
     etc = tmp_path / "etc-containerd"
     etc.mkdir()
@@ -558,13 +559,12 @@ def test_ctk_configure_docker_default_config(
         lab_root="/",
     )
     assert res.returncode == 0, res.stderr
-    text = (etc / "config.toml").read_text()
-    assert text.startswith("#   Copyright 2018-2022 Docker Inc.")  # comments kept
-    assert 'disabled_plugins = ["cri"]' in text
-    out = dump(containerd_bin, etc / "config.toml")
-    assert "disabled_plugins = ['io.containerd.grpc.v1.cri']" in out
-    assert "BinaryName = '/usr/bin/nvidia-container-runtime'" in out
-    assert "default_runtime_name = 'runc'" in out
+    assert "INFO[0000] Using config version 1" in res.stderr.splitlines()
+    assert (etc / "config.toml").read_text() == docker_cfg.read_text()
+    dropin = (etc / "conf.d/99-nvidia.toml").read_text()
+    assert 'disabled_plugins = ["cri"]' in dropin
+    assert '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]' in dropin
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dropin
 
 
 def test_ctk_configure_creates_main_config(root: Path, containerd_bin: Path) -> None:
@@ -572,13 +572,37 @@ def test_ctk_configure_creates_main_config(root: Path, containerd_bin: Path) -> 
     res = ctk(root, "runtime", "configure", "--runtime=containerd", "--nvidia-runtime-name=nv")
     assert res.returncode == 0, res.stderr
     assert "INFO[0000] Wrote updated config to /etc/containerd/conf.d/99-nvidia.toml" in res.stderr
+    # no config.toml: version 2 (the builder's default, containerd.go@v1.20.0), sorted keys
     main = (root / "etc/containerd/config.toml").read_text()
-    assert main == 'version = 3\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
+    assert main == 'imports = ["/etc/containerd/conf.d/*.toml"]\nversion = 2\n'
     dropin = (root / "etc/containerd/conf.d/99-nvidia.toml").read_text()
-    assert '[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nv.options]' in dropin
-    # containerd accepts the drop-in itself
+    assert '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nv.options]' in dropin
+    # containerd accepts the drop-in itself (and migrates its version 2 to 3)
     out = dump(containerd_bin, root / "etc/containerd/conf.d/99-nvidia.toml")
     assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nv]" in out
+
+
+CTK_REAL = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-ctk-1.20.0"
+
+
+@pytest.mark.parametrize("default", [False, True])
+def test_ctk_writes_the_bytes_the_real_one_writes(root: Path, default: bool) -> None:
+    """The real v1.20.0's output (tests/fixtures/nvidia-ctk-1.20.0): config.toml re-marshalled
+    in go-toml v1's layout on every run, the drop-in with a copy of the runc runtime."""
+    install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
+    config = root / "etc/containerd/config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_bytes((CTK_REAL / "config.template.toml").read_bytes())
+    config.chmod(0o640)
+    flags = ["--set-as-default"] if default else []
+    for _ in range(2):  # the second run rewrites to the same bytes
+        res = ctk(root, "runtime", "configure", "--runtime=containerd", *flags)
+        assert res.returncode == 0, res.stderr
+        assert config.read_bytes() == (CTK_REAL / "config.after-ctk.toml").read_bytes()
+        want = "99-nvidia.set-as-default.toml" if default else "99-nvidia.plain.toml"
+        assert (root / "etc/containerd/conf.d/99-nvidia.toml").read_bytes() == \
+            (CTK_REAL / want).read_bytes()
+    assert config.stat().st_mode & 0o777 == 0o640  # truncated in place, mode kept
 
 
 def test_ctk_configure_v2(root: Path, containerd_bin: Path, tmp_path: Path) -> None:
