@@ -16,7 +16,19 @@ from gpuk8s.sinks import APT_CONF_HOST
 SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
 
 
-SUPPORTED_DRIVER_BRANCHES = ("535", "550", "570", "575", "580", "590", "595")
+SUPPORTED_DRIVER_BRANCHES = ("535", "550", "570", "575", "580")
+
+#: Branches gpuk8s refuses, with the reason. From 590 NVIDIA's CUDA repository names the Ubuntu
+#: and Debian driver packages without the branch (`nvidia-open`, `cuda-drivers`; "cuda-drivers-580
+#: ... will be removed") and locks a branch with a `nvidia-driver-pinning-<branch>` package
+#: (NVIDIA Driver Installation Guide r590, "Recent updates: Ubuntu 590 and later packages");
+#: Ubuntu's archive made nvidia-driver-590 a transitional package to 595. gpuk8s pins a branch
+#: by package name and has not been checked against that scheme.
+REFUSED_DRIVER_BRANCHES = {
+    b: (f"NVIDIA driver branch {b} is not supported yet: from 590, NVIDIA's CUDA repository "
+        "drops the branch from the driver package names and locks a branch with "
+        f"nvidia-driver-pinning-{b}, which gpuk8s does not install")
+    for b in ("590", "595")}
 
 
 JINJA_MARK = re.compile(r"{{|{%")
@@ -121,6 +133,10 @@ def check_driver_branch(name: str, value: str) -> VarProblem | None:
     if not re.fullmatch(r"\d{3}", value):
         return VarProblem(name, f"{name} must be 3 digits like \"580\", got {value!r}",
                           f'write {name}: "580" (supported: {branches})')
+    if value in REFUSED_DRIVER_BRANCHES:
+        return VarProblem(name, REFUSED_DRIVER_BRANCHES[value],
+                          f'write {name}: "580" (the newest branch gpuk8s installs; supported: '
+                          f'{branches})')
     if value not in SUPPORTED_DRIVER_BRANCHES:
         return VarProblem(name, f"NVIDIA driver branch {value} is not supported "
                           f"(supported: {branches})", f'write {name}: "580"')

@@ -86,7 +86,9 @@ def plan(ctx: HostContext) -> list[Op]:
         return ops + dra.driver_ops(cluster, ctx.facts[Dra()], ctx.template(
             "gpu/nvidia-dra-driver.yaml.j2").decode(), gpu_nodes, expected,
             int(ctx.var("gpu_ready_timeout")))
-    manifest = ctx.template("gpu/nvidia-device-plugin.yaml.j2").decode() + "---\n" + \
+    mig = any(s.mode == "mig" for s in sharing.values())
+    manifest = ctx.template("gpu/nvidia-device-plugin.yaml.j2",
+                            device_plugin_mig=mig).decode() + "---\n" + \
         json.dumps(config_map(sharing.values()), indent=2) + "\n"
     ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin", manifest))
     gpu_timeout = int(ctx.var("gpu_ready_timeout"))

@@ -20,10 +20,11 @@ NAMESPACE = "gpuk8s-monitoring"
 COMPONENT = "gpu-monitoring"
 
 
-#: the nvcr.io tag of dcgm-exporter without its -ubuntu22.04 tail
+#: the nvcr.io tag of dcgm-exporter without its platform tail (-distroless):
+#: <DCGM>-<exporter> (RELEASE.md@4.5.3-4.8.2)
 check_dcgm_version = matching(r"\d+\.\d+\.\d+-\d+\.\d+\.\d+",
-                              '<exporter>-<DCGM> like "4.5.3-4.8.2" (the nvcr.io tag without '
-                              '-ubuntu22.04)', '"4.5.3-4.8.2"')
+                              '<DCGM>-<exporter> like "4.5.3-4.8.2" (the nvcr.io tag without '
+                              '-distroless)', '"4.5.3-4.8.2"')
 check_retention = matching(r"([1-9]\d*(ms|s|m|h|d|w|y))+",
                            'a Prometheus duration like "7d" or "12h"', '"7d"')
 

@@ -26,8 +26,12 @@ from gpuk8s.roles import HostContext
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
 CUDA_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
-#: PCI device ids of GPUs older than Turing: proprietary modules only
-PRE_TURING = {"0x1db4", "0x1db1", "0x1db5", "0x1db6", "0x1b38", "0x15f8", "0x15f7"}
+#: The open kernel modules run on Turing and later GPUs only; the lowest PCI device id in their
+#: compatibility table is TU102's 0x1e02 (NVIDIA/open-gpu-kernel-modules README.md "Compatible
+#: GPUs", every release). Every NVIDIA display-class id below 0x1e00 is Volta (V100, V100S,
+#: TITAN V: 0x1d81-0x1df6), Pascal (P100 0x15f7-0x15f9, P40 0x1b38, P4 0x1bb3, ...) or older
+#: (pci.ids), so those get the proprietary module.
+FIRST_TURING_ID = 0x1E00
 
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
@@ -52,7 +56,27 @@ def flavour(vars: Mapping[str, Any], devices: Any) -> str:
     wanted = str(vars["nvidia_driver_flavor"])
     if wanted != "auto":
         return wanted
-    return "proprietary" if any(d.device in PRE_TURING for d in devices) else "open"
+    return "proprietary" if any(pre_turing(d) for d in devices) else "open"
+
+
+def pre_turing(device: Any) -> bool:
+    """A GPU older than Turing, which the open kernel modules do not drive."""
+    try:
+        return device.is_gpu and int(device.device, 16) < FIRST_TURING_ID
+    except ValueError:
+        return False
+
+
+def fabricmanager_package(vars: Mapping[str, Any], os_: Mapping[str, str]) -> str:
+    """Fabric Manager's package for the driver's source and branch. Ubuntu's archive ships
+    it per branch only (`nvidia-fabricmanager-580`, multiverse, source fabric-manager-580);
+    NVIDIA's CUDA repository names it `nvidia-fabricmanager` from branch 580 on and
+    `nvidia-fabricmanager-<branch>` before (NVIDIA/cloud-native-stack
+    playbooks/nvidia-driver.yaml)."""
+    branch = str(vars["nvidia_driver_branch"])
+    if driver_source(vars, os_) == "cuda" and branch.isdigit() and int(branch) >= 580:
+        return "nvidia-fabricmanager"
+    return f"nvidia-fabricmanager-{branch}"
 
 
 def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: Any,
@@ -81,7 +105,8 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
 def driver_package_names(vars: Mapping[str, Any]) -> list[str]:
     """Every top-level driver package of the branch, whatever the source and flavour."""
     b = vars["nvidia_driver_branch"]
-    return ["nvidia-fabricmanager", f"nvidia-open-{b}", f"cuda-drivers-{b}",
+    return ["nvidia-fabricmanager", f"nvidia-fabricmanager-{b}", f"nvidia-open-{b}",
+            f"cuda-drivers-{b}",
             f"nvidia-driver-{b}-server", f"nvidia-driver-{b}-server-open"]
 
 
@@ -156,9 +181,10 @@ def plan(ctx: HostContext) -> list[Op]:
     nvswitch = any(d.is_nvswitch for d in devices)
     fm = ctx.var("nvidia_fabricmanager")
     if fm is True or fm == "true" or (fm == "auto" and nvswitch):
+        fm_version = (str(ctx.var("nvidia_driver_version")) or upstream
+                      or f"{ctx.var('nvidia_driver_branch')}.")
         ops.append(packages(installed, "nvidia_driver | fabric manager",
-                            {"nvidia-fabricmanager": str(ctx.var("nvidia_driver_version"))
-                             or upstream or f"{ctx.var('nvidia_driver_branch')}."}, hold=True,
+                            {fabricmanager_package(ctx.vars, os_): fm_version}, hold=True,
                             apt=ctx.apt))
         unit = f[Services("nvidia-fabricmanager")]["nvidia-fabricmanager"]
         if unit.active != "active" or unit.enabled != "enabled":
@@ -174,7 +200,8 @@ def _preinstalled(ctx: HostContext, nv: Any, installed: Mapping[str, Any],
                   gpus: int) -> list[Op] | None:
     """A working driver that apt did not install (a vendor image, a runfile, the GPU
     Operator's host driver) of the wanted branch and version is left alone."""
-    ours = [n for n in driver_package_names(ctx.vars) if n != "nvidia-fabricmanager"]
+    ours = [n for n in driver_package_names(ctx.vars)
+            if not n.startswith("nvidia-fabricmanager")]
     if any(n in installed for n in ours) or nv.exit_code != 0 or not nv.loaded_version:
         return None
     branch = nv.loaded_version.split(".")[0]

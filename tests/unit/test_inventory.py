@@ -251,11 +251,12 @@ nodes:
   hosts:
     gpu-01: {ansible_host: 10.0.0.21}
   vars:
-    nvidia_driver_branch: "590"
+    nvidia_driver_branch: "570"
+    cuda_version: "12.8"
 """))
     assert [h.name for h in inv.control_planes] == ["cp-01"]
     assert [h.name for h in inv.workers] == ["gpu-01"]
-    assert inv.hosts["gpu-01"].vars["nvidia_driver_branch"] == "590"
+    assert inv.hosts["gpu-01"].vars["nvidia_driver_branch"] == "570"
 
 
 def test_host_in_several_groups_is_one_host(tmp_path: Path) -> None:
@@ -573,9 +574,10 @@ all:
 def test_group_vars_for_alias_names_apply_to_the_canonical_group(tmp_path: Path) -> None:
     write(tmp_path, "[kube-master]\ncp-01\n[kube-node]\ngpu-01\n", "hosts.ini")
     (tmp_path / "group_vars").mkdir()
-    (tmp_path / "group_vars" / "kube-node.yml").write_text('nvidia_driver_branch: "590"\n')
+    (tmp_path / "group_vars" / "kube-node.yml").write_text(
+        'nvidia_driver_branch: "570"\ncuda_version: "12.8"\n')
     inv = load(tmp_path / "hosts.ini")
-    assert inv.hosts["gpu-01"].vars["nvidia_driver_branch"] == "590"
+    assert inv.hosts["gpu-01"].vars["nvidia_driver_branch"] == "570"
     assert inv.hosts["cp-01"].vars["nvidia_driver_branch"] == "580"
 
 

@@ -168,7 +168,7 @@ def test_what_nvidia_smi_prints_is_untrusted() -> None:
 
 def pod(**spec: Any) -> dict[str, Any]:
     container = {"name": "dcgm-exporter",
-                 "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04",
+                 "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless",
                  "env": [{"name": "DCGM_EXPORTER_LISTEN", "value": ":9400"},
                          {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
                          {"name": "NODE_NAME",

@@ -45,7 +45,7 @@ def test_on_applies_exporter_and_prometheus_then_waits_for_both() -> None:
     pod = ds["spec"]["template"]["spec"]
     assert pod["hostNetwork"] and pod["runtimeClassName"] == "nvidia"
     assert pod["containers"][0]["image"] == \
-        "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04"
+        "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless"
     prom = next(d for d in docs if d["kind"] == "Deployment")
     assert prom["spec"]["template"]["spec"]["containers"][0]["image"] == \
         "quay.io/prometheus/prometheus:v3.5.0"
@@ -73,7 +73,7 @@ def test_turned_off_again_its_objects_are_deleted() -> None:
 
 
 @pytest.mark.parametrize("value, message", [
-    ({"dcgm_exporter_version": "4.5.3"}, "must be <exporter>-<DCGM>"),
+    ({"dcgm_exporter_version": "4.5.3"}, "must be <DCGM>-<exporter>"),
     ({"prometheus_retention": "7 days"}, "must be a Prometheus duration"),
     ({"prometheus_version": "v3.5.0"}, "written without the v"),
 ])

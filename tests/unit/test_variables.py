@@ -113,7 +113,7 @@ def test_other_project_root(tmp_path: Path) -> None:
 GOOD = [
     ("kubernetes_version", "1.34"), ("kubernetes_version", "1.37"),
     ("kubernetes_package_version", "1.36.2-1.1"), ("kubernetes_package_version", ""),
-    ("nvidia_driver_branch", "595"), ("nvidia_driver_branch", 580),
+    ("nvidia_driver_branch", "570"), ("nvidia_driver_branch", 580),
     ("nvidia_driver_version", "580.159.04-1"), ("cuda_version", "12.8"),
     ("nvidia_container_toolkit_version", "1.19.0"), ("containerd_version", "2.1.4-1"),
     ("pod_cidr", "192.168.0.0/16"), ("service_cidr", "fd00:10:96::/108"),
