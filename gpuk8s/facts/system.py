@@ -286,6 +286,8 @@ class FileState:
     owner: str = ""
     sha256: str = ""
     content: bytes | None = None
+    #: last modification (Unix time) of a file whose content was probed; 0: not known
+    mtime: int = 0
 
     @property
     def text(self) -> str | None:
@@ -303,13 +305,15 @@ class Files(Fact[dict[str, FileState]]):
             lines.append(
                 f"if [ -e {q} ]; then echo \"F {path} $(stat -c '%a %U' {q}) "
                 f"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
-                + (f"echo \"C {path} $(base64 -w0 < {q})\"; " if arg.startswith("+") else "")
+                + (f"echo \"C {path} $(base64 -w0 < {q})\"; echo \"T {path} $(stat -c %Y {q})\"; "
+                   if arg.startswith("+") else "")
                 + f"else echo 'N {path}'; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
         states: dict[str, FileState] = {}
         contents: dict[str, bytes] = {}
+        mtimes: dict[str, int] = {}
         for line in output.splitlines():
             kind, _, rest = line.partition(" ")
             if kind == "F":
@@ -317,6 +321,10 @@ class Files(Fact[dict[str, FileState]]):
                 states[path] = FileState(path, True, mode, owner, sha)
             elif kind == "N":
                 states[rest] = FileState(rest, False)
+            elif kind == "T":
+                path, _, stamp = rest.rpartition(" ")
+                if path and stamp.isdigit():
+                    mtimes[path] = int(stamp)
             elif kind == "C":
                 path, _, encoded = rest.rpartition(" ")
                 if not path:
@@ -324,7 +332,8 @@ class Files(Fact[dict[str, FileState]]):
                 contents[path] = base64.b64decode(encoded)
         for path, raw in contents.items():
             old = states[path]
-            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, raw)
+            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, raw,
+                                     mtimes.get(path, 0))
         return states
 
 

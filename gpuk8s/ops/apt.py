@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,49 +89,115 @@ def source_line(url: str, suite: str, components: str, keyring: str) -> str:
     return f"deb [signed-by={keyring}] {url}{tail}\n"
 
 
-def keyring_fingerprints(data: bytes) -> list[str]:
-    """Fingerprints (upper-case hex) of the primary keys in a binary OpenPGP keyring, as
-    ``gpg --show-keys`` prints them: v4 keys by SHA-1, v6 keys by SHA-256 (RFC 9580 5.5.4).
-    Subkeys are not listed. Unparseable data gives what was read before it."""
-    out: list[str] = []
+def _packets(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(tag, body) of each OpenPGP packet in a binary keyring; unparseable data ends it."""
     i = 0
     while i < len(data):
         head = data[i]
         if not head & 0x80:
-            break
+            return
         if head & 0x40:  # new format: tag in the low 6 bits, then a 1, 2 or 5 byte length
             tag = head & 0x3F
             if i + 1 >= len(data):
-                break
+                return
             first = data[i + 1]
             if first < 192:
                 length, start = first, i + 2
             elif first < 224:
                 if i + 2 >= len(data):
-                    break
+                    return
                 length, start = ((first - 192) << 8) + data[i + 2] + 192, i + 3
             elif first == 255:
                 length, start = int.from_bytes(data[i + 2:i + 6], "big"), i + 6
             else:
-                break  # partial lengths never occur in key packets
+                return  # partial lengths never occur in key packets
         else:  # old format: tag in bits 5-2, length type in bits 1-0
             tag, kind = (head >> 2) & 0x0F, head & 0x03
             if kind == 3:
-                break
+                return
             size = (1, 2, 4)[kind]
             length, start = int.from_bytes(data[i + 1:i + 1 + size], "big"), i + 1 + size
         body = data[start:start + length]
         if len(body) < length:
-            break
-        if tag == 6 and body:
-            if body[0] == 4:
-                out.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body,
-                                        usedforsecurity=False).hexdigest().upper())
-            elif body[0] == 6:
-                out.append(hashlib.sha256(b"\x9b" + len(body).to_bytes(4, "big") + body)
-                           .hexdigest().upper())
+            return
+        yield tag, body
         i = start + length
+
+
+def _subpackets(area: bytes) -> dict[int, bytes]:
+    """Signature subpackets by type (RFC 9580 5.2.3.7); the last of a type wins."""
+    out: dict[int, bytes] = {}
+    i = 0
+    while i < len(area):
+        first = area[i]
+        if first < 192:
+            length, i = first, i + 1
+        elif first < 255:
+            if i + 1 >= len(area):
+                break
+            length, i = ((first - 192) << 8) + area[i + 1] + 192, i + 2
+        else:
+            length, i = int.from_bytes(area[i + 1:i + 5], "big"), i + 5
+        if length < 1 or i + length > len(area):
+            break
+        out[area[i] & 0x7F] = area[i + 1:i + length]
+        i += length
     return out
+
+
+@dataclass(frozen=True)
+class KeyringKey:
+    """A primary key of a keyring: its fingerprint and when it expires (Unix time, None:
+    never), as its newest self-signature says (what ``gpg --show-keys`` prints in field 7)."""
+
+    fingerprint: str
+    expires: int | None = None
+
+
+#: self-signatures that carry a primary key's expiry: certifications of its user IDs
+#: (0x10-0x13) and direct-key signatures (0x1F)
+_SELF_SIGS = {0x10, 0x11, 0x12, 0x13, 0x1F}
+
+
+def keyring_keys(data: bytes) -> list[KeyringKey]:
+    """The primary keys of a binary OpenPGP keyring (subkeys are not listed): fingerprints
+    as ``gpg --show-keys`` prints them (v4 keys by SHA-1, v6 by SHA-256, RFC 9580 5.5.4) and
+    their expiry from the newest self-signature's key expiration time (subpacket 9, seconds
+    after the key's creation; RFC 9580 5.2.3.13). pkgs.k8s.io's key is re-published with a
+    later expiry under the same fingerprint, so the fingerprint alone cannot tell an old copy."""
+    keys: list[KeyringKey] = []
+    created = 0
+    newest = -1
+    in_subkey = False
+    for tag, body in _packets(data):
+        if tag == 6 and body and body[0] in (4, 6):
+            h = (hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body,
+                              usedforsecurity=False) if body[0] == 4 else
+                 hashlib.sha256(b"\x9b" + len(body).to_bytes(4, "big") + body))
+            keys.append(KeyringKey(h.hexdigest().upper()))
+            created, newest, in_subkey = int.from_bytes(body[1:5], "big"), -1, False
+        elif tag == 14:
+            in_subkey = True
+        elif tag == 2 and keys and not in_subkey and len(body) > 6 and body[1] in _SELF_SIGS:
+            size = {4: 2, 6: 4}.get(body[0])
+            if size is None:
+                continue
+            hashed_len = int.from_bytes(body[4:4 + size], "big")
+            sub = _subpackets(body[4 + size:4 + size + hashed_len])
+            issuer = sub.get(33, b"")[1:].hex().upper()
+            if issuer and issuer != keys[-1].fingerprint:
+                continue  # a certification by another key
+            when = int.from_bytes(sub.get(2, b"\0"), "big")
+            if when >= newest:
+                newest = when
+                life = int.from_bytes(sub.get(9, b"\0"), "big")
+                keys[-1] = KeyringKey(keys[-1].fingerprint, created + life if life else None)
+    return keys
+
+
+def keyring_fingerprints(data: bytes) -> list[str]:
+    """Fingerprints (upper-case hex) of the primary keys in a binary OpenPGP keyring."""
+    return [k.fingerprint for k in keyring_keys(data)]
 
 
 def normalize_fingerprint(value: str) -> str:
@@ -158,9 +226,37 @@ def _fetch_key(key_url: str, keyring: str, fingerprint: str, variable: str) -> s
             f'install -m 0644 "$t/keyring" {q(keyring)})')
 
 
+#: a keyring whose key expires within this many days is fetched again (pkgs.k8s.io extends its
+#: key's expiry by re-publishing it under the same fingerprint: kubernetes/kubernetes#128609)
+KEY_RENEW_DAYS = 30
+#: while upstream has not extended an expiring key yet, fetch it at most this often
+KEY_RECHECK_SECONDS = 86400
+
+
+def _expiry_reason(key_state: FileState, keys: Sequence[KeyringKey],
+                   now: float) -> tuple[bool, str]:
+    """(fetch again?, why) for a keyring whose keys expired or expire soon."""
+    ends = [k.expires for k in keys if k.expires is not None]
+    if not ends:
+        return False, ""
+    end = min(ends)
+    day = dt.datetime.fromtimestamp(end, dt.UTC).strftime("%Y-%m-%d")
+    if end <= now:
+        return True, (f"the key in {key_state.path} expired on {day} (apt-get update would "
+                      "fail with EXPKEYSIG): fetch it again")
+    left = end - now
+    if left > KEY_RENEW_DAYS * 86400:
+        return False, ""
+    if key_state.mtime and now - key_state.mtime < KEY_RECHECK_SECONDS:
+        return False, (f"key expires on {day}; fetched again within a day and upstream has "
+                       "not extended it yet")
+    return True, (f"the key in {key_state.path} expires on {day}, in {int(left // 86400)} "
+                  "day(s): fetch it again")
+
+
 def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, url: str,
          suite: str, components: str, key_url: str, fingerprint: str = "",
-         fingerprint_var: str = "", apt: Apt = DEFAULT_APT) -> Op:
+         fingerprint_var: str = "", apt: Apt = DEFAULT_APT, now: float | None = None) -> Op:
     """Ensure the apt source ``name`` with its signing key, and refresh its package index.
 
     ``fingerprint`` (from ``fingerprint_var``) pins the key: a fetched key with another
@@ -168,22 +264,29 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     exactly that one is fetched again (``key_state`` must carry the keyring's content).
 
     No-op when: the .list file names this URL and key URL and the keyring exists (holding
-    exactly the pinned key, when one is pinned).
+    exactly the pinned key, when one is pinned) with keys that neither expired nor expire
+    within KEY_RENEW_DAYS (an expiring key fetched less than a day ago counts as fresh).
     """
     keyring = key_state.path
     want = normalize_fingerprint(fingerprint)
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
                                                                        keyring)
     data = text.encode()
-    have = keyring_fingerprints(key_state.content) if key_state.content is not None else None
+    keys = keyring_keys(key_state.content) if key_state.content is not None else None
+    have = [k.fingerprint for k in keys] if keys is not None else None
     key_ok = key_state.exists and (not want or have == [want])
-    if list_state.exists and key_ok and list_state.sha256 == sha256(data):
+    stale, why = (_expiry_reason(key_state, keys, time.time() if now is None else now)
+                  if key_ok and keys else (False, ""))
+    if list_state.exists and key_ok and not stale and list_state.sha256 == sha256(data):
         pinned = f" (key {want[-16:]})" if want else ""
-        return noop(op_id, f"= apt source {name} -> {url}{pinned}")
+        note = f"; {why}" if why else ""
+        return noop(op_id, f"= apt source {name} -> {url}{pinned}{note}")
     reason = f"+ apt source {name} -> {url}"
     if key_state.exists and not key_ok:
         held = ", ".join(h[-16:] for h in have or []) or "no key"
         reason += f" (the keyring holds {held}, not the pinned {want[-16:]}: fetch it again)"
+    elif stale:
+        reason += f" ({why}, checked against the pinned fingerprint)" if want else f" ({why})"
     update = apt.script(apt.update(f"-o Dir::Etc::sourcelist={q(list_state.path)} "
                                    "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"))
     return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
