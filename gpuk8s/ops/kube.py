@@ -92,6 +92,29 @@ def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> O
                   meta={"objects": ",".join(stale)})
 
 
+def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
+                 kubectl: str = KUBECTL) -> str:
+    """Wait until each (namespace, kind/name, pod selector) has rolled out; when one has not
+    within ``timeout`` seconds, say which of its pods are not ready, and why, from their
+    status and the last lines of their logs (a crash-looping agent's own error), and fail."""
+    lines = []
+    not_ready = ("jsonpath='{range .items[?(@.status.containerStatuses[0].ready==false)]}"
+                 "{.metadata.name}{\"\\n\"}{end}'")
+    for ns, what, selector in targets:
+        k = f"{kubectl} -n {q(ns)}"
+        lines += [
+            f"if ! {k} rollout status {q(what)} --timeout={int(timeout)}s >/dev/null 2>&1; then",
+            f"  echo {q(f'{what} in {ns} is not ready after {int(timeout)}s:')} >&2",
+            f"  {k} get pods -l {q(selector)} -o wide >&2 || true",
+            f"  for p in $({k} get pods -l {q(selector)} -o {not_ready} | head -n 2); do",
+            '    echo "--- $p: last log lines" >&2',
+            f'    {k} logs "$p" --all-containers --tail=5 2>&1 | cut -c1-400 >&2 || true',
+            "  done",
+            "  exit 1",
+            "fi"]
+    return "\n".join(lines)
+
+
 def labels(cluster: ClusterState, op_id: str, node: str,
            wanted: Mapping[str, str | None]) -> Op:
     """Ensure a node carries the labels (a None value: the label is absent). No-op when: all

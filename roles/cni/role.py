@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_calico_block_size, check_mtu, check_registry, check_xyz
+from gpuk8s.checks import (
+    Rule,
+    check_calico_block_size,
+    check_mtu,
+    check_positive,
+    check_registry,
+    check_xyz,
+)
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.ops import Op
-from gpuk8s.ops.kube import apply
+from gpuk8s.ops import Op, change
+from gpuk8s.ops.kube import apply, rollout_wait
 from gpuk8s.roles import HostContext
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
@@ -20,6 +27,7 @@ RULES: dict[str, Rule] = {
     "calico_registry": Rule(check_registry, cluster_wide=True),
     "calico_version": Rule(check_xyz, cluster_wide=True),
     "cni": Rule(choices=("flannel", "calico"), cluster_wide=True),
+    "cni_ready_timeout": Rule(check_positive, cluster_wide=True),
     "flannel_version": Rule(check_xyz, cluster_wide=True),
 }
 
@@ -31,6 +39,11 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
 #: the DaemonSet that shows which pod network a cluster runs
 AGENTS = {"flannel": "DaemonSet/kube-flannel/kube-flannel-ds",
           "calico": "DaemonSet/kube-system/calico-node"}
+#: what must be ready after a change: (namespace, kind/name, pod label selector)
+WAIT = {"flannel": (("kube-flannel", "daemonset/kube-flannel-ds", "app=flannel"),),
+        "calico": (("kube-system", "daemonset/calico-node", "k8s-app=calico-node"),
+                   ("kube-system", "deployment/calico-kube-controllers",
+                    "k8s-app=calico-kube-controllers"))}
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -44,4 +57,10 @@ def plan(ctx: HostContext) -> list[Op]:
             f"Set cni: {running[0]} again, or rebuild the cluster with the new one "
             f"(invoke reset, then invoke bootstrap).")
     manifest = ctx.template(f"cni/{cni}.yaml.j2").decode()
-    return [apply(cluster, f"cni | {cni}", cni, manifest)]
+    op = apply(cluster, f"cni | {cni}", cni, manifest)
+    if not op.changes:
+        return [op]
+    timeout = int(ctx.var("cni_ready_timeout"))
+    return [change(op.id, op.reason + "; wait until its agents are ready", *op.commands,
+                   rollout_wait(WAIT[cni], timeout), meta=op.meta,
+                   timeout=len(WAIT[cni]) * timeout + 60)]

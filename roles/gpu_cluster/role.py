@@ -138,5 +138,18 @@ def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,
                   f"{node_arg(name, 'node/')} --timeout={timeout}s || "
                   f"{{ echo {node_arg(name)}\": allocatable {resource} is "
                   f"$({KUBECTL} get node {node_arg(name)} -o "
-                  f"jsonpath={path}), expected {want}\" >&2; exit 1; }}",
+                  f"jsonpath={path}), expected {want}\" >&2; "
+                  f"{plugin_diagnosis(name)}; exit 1; }}",
                   timeout=timeout + 30)
+
+
+def plugin_diagnosis(node: str) -> str:
+    """Shell that prints, to stderr, the device plugin pod of ``node``: its state and the last
+    lines of its log (where a plugin that exits says why: "Insufficient Permissions" on MIG
+    devices it may not read, an NVML error, a config it cannot load)."""
+    pods = (f"{KUBECTL} -n kube-system get pods -l name=nvidia-device-plugin-ds "
+            f"--field-selector {q('spec.nodeName=' + node)}")
+    return (f"for p in $({pods} -o name | head -n 1); do "
+            f"{pods} -o wide >&2; echo \"--- $p: last log lines\" >&2; "
+            f"{KUBECTL} -n kube-system logs \"$p\" -c nvidia-device-plugin-ctr --tail=4 2>&1 "
+            "| cut -c1-400 >&2; done")

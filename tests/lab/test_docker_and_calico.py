@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpuk8s.errors import PlanError
+from gpuk8s.errors import PhaseFailed, PlanError
 from tests.lab.lab import Lab
 from tests.lab.runs import bootstrap_inline, cut_inventory, restore_fresh, ssh_ok
 
@@ -193,3 +193,56 @@ def test_switching_to_flannel_is_refused_and_changes_nothing(
         bootstrap_inline(inventory, sets=["cni=flannel"])
     assert ssh_ok(variant_lab, "cp-01", f"{KUBECTL} get daemonsets -A -o name") == before
     assert "kube-flannel" not in before
+
+
+def _without_bgpconfiguration_create(render: Any) -> Any:
+    """gpuk8s's Calico manifest with the defect it shipped before: calico-node may not create
+    BGPConfigurations (and a new pod template, so that its pods restart, as on a fresh
+    install)."""
+    def broken(role: str, name: str, context: Any) -> str:
+        text = str(render(role, name, context))
+        if name != "cni/calico.yaml.j2":
+            return text
+        for old, new in (("ippools, felixconfigurations, bgpconfigurations, clusterinformations]",
+                          "ippools, felixconfigurations, clusterinformations]"),
+                         ("resources: [bgpconfigurations, bgppeers]", "resources: [bgppeers]"),
+                         ("      labels:\n        k8s-app: calico-node\n    spec:",
+                          "      labels:\n        k8s-app: calico-node\n      annotations:\n"
+                          "        gpuk8s.io/test: without-bgpconfiguration-create\n    spec:")):
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        return text
+    return broken
+
+
+def test_calico_node_refused_its_bgpconfiguration_crash_loops_and_bootstrap_names_it(
+        variant_lab: Lab, inventory: Path, first_run: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab's API server enforces RBAC on ServiceAccount tokens and its calico-node makes
+    calico-node v3.32.1's start-up calls as its ServiceAccount: without `create` on
+    bgpconfigurations it exits (CrashLoopBackOff) with the 403 in its log, and bootstrap's
+    wait for the pod network fails naming it. With gpuk8s's manifest it converges again."""
+    import gpuk8s.roles as roles
+
+    monkeypatch.setattr(roles, "render", _without_bgpconfiguration_create(roles.render))
+    with pytest.raises(PhaseFailed) as err:
+        bootstrap_inline(inventory, sets=["cni_ready_timeout=40"])
+    text = str(err.value)
+    print(text)
+    assert "daemonset/calico-node in kube-system is not ready after 40s" in text
+    assert 'cannot create resource "bgpconfigurations" in API group "crd.projectcalico.org" ' \
+        "at the cluster scope" in text
+    assert "startup/utils.go 47: Terminating" in text
+    pods = json.loads(ssh_ok(variant_lab, "cp-01", f"{KUBECTL} -n kube-system get pods "
+                             "-l k8s-app=calico-node -o json"))["items"]
+    states = [c["state"] for p in pods for c in p["status"]["containerStatuses"]]
+    assert any(s.get("waiting", {}).get("reason") == "CrashLoopBackOff" for s in states), states
+    monkeypatch.undo()
+    result, text = bootstrap_inline(inventory)
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert "wait until its agents are ready" in text
+    ssh_ok(variant_lab, "cp-01", f"{KUBECTL} -n kube-system rollout status daemonset/calico-node "
+           "--timeout=10s")
+    logs = ssh_ok(variant_lab, "cp-01", f"{KUBECTL} -n kube-system logs daemonset/calico-node "
+                  "-c calico-node")
+    assert "Startup complete" in logs and "forbidden" not in logs, logs

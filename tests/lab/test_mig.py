@@ -108,6 +108,53 @@ def test_verify_sees_every_gpu_through_its_mig_instances(cluster: Lab, tmp_path:
     assert gpu01["nvidia_smi"] == 2 and result["nodes"]["gpu-02"]["ok"], result
 
 
+def test_a_device_plugin_that_may_not_read_mig_devices_offers_none_and_gpuk8s_says_why(
+        cluster: Lab, tmp_path: Path) -> None:
+    """The device plugin reads each MIG device's memory through /dev/nvidia-caps: the chart
+    gives it NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN, gpuk8s runs it privileged on MIG
+    clusters. The lab's plugin exits as the real v0.20.0 does without that ("Insufficient
+    Permissions"): put back the DaemonSet gpuk8s shipped before (all capabilities dropped) and
+    gpu-01 offers no MIG device, a bootstrap fails naming the plugin's error, and the next
+    bootstrap with gpuk8s's own manifest brings the 4 instances back."""
+    ds = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system get daemonset "
+                           "nvidia-device-plugin-daemonset -o json"))
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    i = next(n for n, c in enumerate(containers) if c["name"] == "nvidia-device-plugin-ctr")
+    assert containers[i]["securityContext"] == {"privileged": True}
+    env = [e for e in containers[i]["env"] if e["name"] != "NVIDIA_MIG_MONITOR_DEVICES"]
+    patch = json.dumps([
+        {"op": "replace", "path": f"/spec/template/spec/containers/{i}/securityContext",
+         "value": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}},
+        {"op": "replace", "path": f"/spec/template/spec/containers/{i}/env", "value": env}])
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system patch daemonset "
+           f"nvidia-device-plugin-daemonset --type=json -p '{patch}'")
+    deadline = time.monotonic() + 120
+    alloc: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        alloc = node_json(cluster, "gpu-01")["status"]["allocatable"]
+        if alloc.get("nvidia.com/mig-3g.40gb", "0") == "0":
+            break
+        time.sleep(2)
+    assert alloc.get("nvidia.com/mig-3g.40gb", "0") == "0", alloc
+    # the DaemonSet still carries gpuk8s's stamp: bootstrap waits for the MIG devices, then
+    # fails with the plugin's own words
+    from gpuk8s.errors import PhaseFailed
+
+    with pytest.raises(PhaseFailed) as err:
+        bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG),
+                         sets=["gpu_ready_timeout=20"])
+    text = str(err.value)
+    assert "allocatable nvidia.com/mig-3g.40gb is" in text and "expected 4" in text, text
+    assert "error getting device memory info: Insufficient Permissions" in text, text
+    # gpuk8s's manifest again (the test changed the stamped object: re-apply it)
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system annotate daemonset "
+           "nvidia-device-plugin-daemonset gpuk8s.io/sha256- ")
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, gpu_01=MIG))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert node_json(cluster, "gpu-01")["status"]["allocatable"].get(
+        "nvidia.com/mig-3g.40gb") == "4"
+
+
 def test_mig_mode_is_refused_while_the_gpu_daemonsets_run(cluster: Lab) -> None:
     """Why gpuk8s pauses them: with the device plugin running on gpu-02 (a whole H200), the
     lab's nvidia-smi (as the driver) refuses to turn MIG on there."""

@@ -224,6 +224,7 @@ class PluginKubelet:
 
     def __init__(self) -> None:
         self.client = RecordingClient()
+        self.programs: dict[tuple[str, str], list[Any]] = {}
 
     def log_path(self, pod: Obj, container: str) -> str:
         """A node path (GPUK8S_LAB_ROOT applies), as the kubelet's."""
@@ -287,3 +288,27 @@ def test_the_plugin_publishes_updates_and_the_kubelet_wipes(
     now[0] += 2
     dra_node.sync(kubelet, [])
     assert kubelet.client.slices == {} and kubelet.client.calls[-1][0] == "DELETE"
+
+
+def test_a_plugin_whose_container_exits_publishes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu-kubelet-plugin without IMAGE_NAME exits at start (programs.dra_gpu_plugin): it never
+    registers, so no ResourceSlice is published."""
+    from tests.lab.standins.k8s import programs
+
+    for k, v in smi_root(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    kubelet = PluginKubelet()
+    (Path(os.environ["GPUK8S_LAB_ROOT"]) / "var/log/pods").mkdir(parents=True)
+    pod = plugin_pod()
+    container = {**pod["spec"]["containers"][0], "command": ["gpu-kubelet-plugin"],
+                 "env": [{"name": "NODE_NAME", "value": "gpu-01"}]}
+    outcome = programs.dra_gpu_plugin(programs.Api(kubelet.client), pod, container, "gpu-01")
+    assert outcome.state == "crash" and outcome.exit_code == 1
+    assert outcome.log[-1] == 'Error: Required flag "image-name" not set'
+    kubelet.programs[("p", "gpus")] = [outcome, 1, 0.0]
+    dra_node.sync(kubelet, [pod])
+    assert kubelet.client.slices == {} and not dra_node.plugin(kubelet).registered
+    fixed = {**container, "env": [*container["env"], {"name": "IMAGE_NAME", "value": "x:v0.4.0"}]}
+    assert programs.dra_gpu_plugin(programs.Api(kubelet.client), pod, fixed,
+                                   "gpu-01").state == "ok"

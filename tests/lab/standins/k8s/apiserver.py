@@ -30,7 +30,19 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from . import discovery, dra, dra_server, featuregates, merge, pki, schema, svcproxy, tables, wire
+from . import (
+    discovery,
+    dra,
+    dra_server,
+    featuregates,
+    merge,
+    pki,
+    rbac,
+    schema,
+    svcproxy,
+    tables,
+    wire,
+)
 from .common import (
     P,
     git_version,
@@ -242,6 +254,11 @@ class ApiServer:
         # node paths (GPUK8S_LAB_ROOT applies when they are opened)
         self.ca_file = f.get("client-ca-file", "/etc/kubernetes/pki/ca.crt")
         self.ca_key = os.path.join(os.path.dirname(self.ca_file), "ca.key")
+        #: (group, plural) of served custom resources, and of those with a status subresource
+        self.crd_resources: set[tuple[str, str]] = set()
+        self.crd_status: set[tuple[str, str]] = set()
+        self.sa_key_file = f.get("service-account-signing-key-file", "")
+        self._sa_key: bytes | None = None
         self.registry = Registry()
         dra.gate(self.registry, self.version)  # resource.k8s.io/v1 from 1.34
         #: this server's controllers' identity in leader election (kube-controller-manager's
@@ -470,6 +487,12 @@ class ApiServer:
             if sch:
                 schema.CUSTOM[(spec.get("group", ""), v["name"], names.get("kind", ""))] = sch
             if v.get("served", True):
+                key = (spec.get("group", ""), names.get("plural", ""))
+                self.crd_resources.add(key)
+                if "status" in (v.get("subresources") or {}):
+                    self.crd_status.add(key)
+                else:
+                    self.crd_status.discard(key)
                 self.registry.add(Resource(spec.get("group", ""), v["name"], names.get("kind", ""),
                                            names.get("plural", ""),
                                            spec.get("scope") == "Namespaced",
@@ -532,6 +555,9 @@ class ApiServer:
                     groups = ["system:bootstrappers"] + [
                         g for g in data.get("auth-extra-groups", "").split(",") if g]
                     return f"system:bootstrap:{m.group(1)}", [*groups, "system:authenticated"]
+            sa_user = self.service_account_user(tok)
+            if sa_user is not None:
+                return sa_user
             raise HTTPError(401, "Unauthorized", "Unauthorized")
         cert = handler.request.getpeercert() if hasattr(handler.request, "getpeercert") else None
         if cert:
@@ -544,6 +570,59 @@ class ApiServer:
                         orgs.append(v)
             return cn, [*orgs, "system:authenticated"]
         return "system:anonymous", ["system:unauthenticated"]
+
+    def sa_key(self) -> bytes | None:
+        """The key ServiceAccount tokens are signed with (from sa.key; None: no tokens)."""
+        if self._sa_key is None and self.sa_key_file:
+            with contextlib.suppress(OSError), open(P(self.sa_key_file), "rb") as fh:
+                self._sa_key = rbac.signing_key(fh.read())
+        return self._sa_key
+
+    def service_account_user(self, token: str) -> tuple[str, list[str]] | None:
+        """The ServiceAccount a token names, while it, and the pod it is bound to, exist."""
+        key = self.sa_key()
+        c = rbac.claims(key, token) if key else None
+        if c is None:
+            return None
+        k8s = c.get("kubernetes.io") or {}
+        ns, sa_ref = k8s.get("namespace", ""), k8s.get("serviceaccount") or {}
+        sa = self.get(self.R("serviceaccounts"), ns, sa_ref.get("name", ""))
+        if sa is None or sa["metadata"].get("uid") != sa_ref.get("uid"):
+            return None
+        pod_ref = k8s.get("pod")
+        if pod_ref:
+            pod = self.get(self.R("pods"), ns, pod_ref.get("name", ""))
+            if pod is None or pod["metadata"].get("uid") != pod_ref.get("uid"):
+                return None
+        return rbac.user_of(c)
+
+    def token_request(self, ns: str, name: str, body: bytes, h: BaseHTTPRequestHandler
+                      ) -> Obj:
+        """POST serviceaccounts/<name>/token (authentication.k8s.io/v1 TokenRequest)."""
+        req = self._decode(body, h)
+        sa = self.get(self.R("serviceaccounts"), ns, name)
+        if sa is None:
+            raise not_found(self.R("serviceaccounts"), name)
+        key = self.sa_key()
+        if key is None:
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        spec = req.get("spec") or {}
+        ref = spec.get("boundObjectRef") or {}
+        pod = node = None
+        if ref.get("kind") == "Pod":
+            pod = self.get(self.R("pods"), ns, ref.get("name", ""))
+            if pod is None or (ref.get("uid") and pod["metadata"].get("uid") != ref["uid"]):
+                raise HTTPError(400, "BadRequest", f'cannot bind token for serviceaccount '
+                                f'"{name}" to object of kind "Pod"')
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            node = self.get(self.R("nodes"), "", node_name) if node_name else None
+        token, exp = rbac.issue(key, ns, sa, int(spec.get("expirationSeconds") or 3600), pod,
+                                node, spec.get("audiences") or ())
+        return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
+                "spec": {**spec, "audiences": spec.get("audiences") or [rbac.ISSUER]},
+                "status": {"token": token, "expirationTimestamp": dt.datetime.fromtimestamp(
+                    exp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
 
     def authorize(self, user: str, groups: list[str], verb: str, res: Resource | None,
                   ns: str, name: str, sub: str) -> bool:
@@ -561,6 +640,12 @@ class ApiServer:
             if plural in ("nodes", "pods", "events", "leases", "certificatesigningrequests",
                           "resourceslices"):  # the node authorizer: its DRA drivers' slices
                 return True
+            if plural == "serviceaccounts" and sub == "token" and verb == "create":
+                # the node authorizer: tokens of the ServiceAccounts of pods on this node
+                node = user.removeprefix("system:node:")
+                return any((p.get("spec") or {}).get("nodeName") == node and
+                           (p.get("spec") or {}).get("serviceAccountName", "default") == name
+                           for p in self.list(self.R("pods"), ns))
             return verb in ("get", "list", "watch")
         if "system:bootstrappers" in groups:
             if plural == "certificatesigningrequests" and verb in ("create", "get", "list"):
@@ -574,8 +659,17 @@ class ApiServer:
             if plural == "secrets" and verb == "get" and ns == "kube-system" and \
                     name == "kubeadm-certs":
                 return True
-        return plural == "configmaps" and verb == "get" and ns == "kube-public" and \
-            name == "cluster-info"
+        if plural == "configmaps" and verb == "get" and ns == "kube-public" and \
+                name == "cluster-info":
+            return True
+        if res is None:
+            return False
+        return rbac.allows(
+            user, groups, verb, res.group, f"{plural}/{sub}" if sub else plural, ns, name,
+            lambda scope: self.list(self.R("clusterrolebindings")) if scope is None else
+            self.list(self.R("rolebindings"), scope),
+            lambda kind, scope, rname: self.get(self.R("clusterroles"), "", rname)
+            if kind == "ClusterRole" else self.get(self.R("roles"), scope, rname))
 
     @staticmethod
     def _secret_data(sec: Obj) -> dict[str, str]:
@@ -829,12 +923,17 @@ class ApiServer:
                     p["metadata"]["deletionTimestamp"] = ts()
                     p["metadata"]["deletionGracePeriodSeconds"] = 30
                     self.store.put(self.key(pods_res), p)
+            self._roll(ds, tpl, by_node, eligible)
             owned = self._owned(ds, self.list(pods_res, ns))
             scheduled = [p for p in owned if p["spec"].get("nodeName")]
             ready = [p for p in owned if pod_ready(p)]
+            current = template_hash(tpl)
+            updated = [p for p in scheduled
+                       if p["metadata"].get("labels", {}).get("controller-revision-hash") ==
+                       current]
             status = {"desiredNumberScheduled": len(eligible),
                       "currentNumberScheduled": len(scheduled),
-                      "updatedNumberScheduled": len(scheduled),
+                      "updatedNumberScheduled": len(updated),
                       "numberReady": len(ready), "numberAvailable": len(ready),
                       "numberMisscheduled": 0,
                       "observedGeneration": ds["metadata"].get("generation", 1)}
@@ -843,6 +942,34 @@ class ApiServer:
             if ds.get("status") != status:
                 ds["status"] = status
                 self.store.put(self.key(ds_res), ds)
+
+    def _roll(self, ds: Obj, tpl: Obj, by_node: dict[str, Obj], eligible: list[str]) -> None:
+        """RollingUpdate (the default strategy): pods of an older template are deleted
+        (gracefully), those not available first and at once, the available ones while no more
+        than maxUnavailable (default 1, or a percentage) of the nodes lack an available pod;
+        the loop above then creates the new pods."""
+        strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
+        if strategy.get("type", "RollingUpdate") != "RollingUpdate":
+            return  # OnDelete: replaced only when someone deletes them
+        current = template_hash(tpl)
+        raw = str((strategy.get("rollingUpdate") or {}).get("maxUnavailable", 1))
+        limit = max(1, len(eligible) * int(raw[:-1]) // 100) if raw.endswith("%") else \
+            max(1, int(raw) if raw.isdigit() else 1)
+        pods_res = self.R("pods")
+        old = [p for nn, p in by_node.items() if nn in eligible and
+               p["metadata"].get("labels", {}).get("controller-revision-hash") != current and
+               not p["metadata"].get("deletionTimestamp")]
+        unavailable = sum(1 for nn in eligible if nn not in by_node or
+                          by_node[nn]["metadata"].get("deletionTimestamp") or
+                          not pod_ready(by_node[nn]))
+        for p in sorted(old, key=pod_ready):  # not-ready ones first
+            if pod_ready(p):
+                if unavailable >= limit:
+                    break
+                unavailable += 1
+            p["metadata"]["deletionTimestamp"] = ts()
+            p["metadata"]["deletionGracePeriodSeconds"] = 30
+            self.store.put(self.key(pods_res), p)
 
     def deployments(self) -> None:
         rs_res, d_res = self.R("replicasets"), self.R("deployments")
@@ -1693,6 +1820,13 @@ class ApiServer:
             return -2, lambda: self.pod_exec(ns, name, q), ""
         if method == "GET" and (self._one(q, "watch") in ("true", "1")):
             return -1, self.watch(res, ns, name, q, h), js
+        if sub == "status" and (res.group, res.plural) in self.crd_resources and \
+                (res.group, res.plural) not in self.crd_status:
+            # a custom resource without the status subresource has no /status endpoint
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        if sub == "token" and res.plural == "serviceaccounts" and method == "POST":
+            with self.lock:
+                return 201, self.token_request(ns, name, body, h), js
         if sub not in ("", "status", "eviction"):
             raise HTTPError(404, "NotFound", "the server could not find the requested resource")
         with self.lock:

@@ -290,7 +290,10 @@ def sync(kubelet: Any, pods: list[Obj]) -> None:
         _wipe(kubelet, slices)
         slices, state.wiped_at_start = [], True
     pod = _plugin_pod(pods)
-    if pod is None:
+    started = kubelet.programs.get((pod["metadata"]["uid"], "gpus")) if pod else None
+    if pod is None or (started is not None and started[0].state != "ok"):
+        # no plugin pod, or its container exits at start (programs.dra_gpu_plugin: a required
+        # flag missing, its API calls refused): nothing registers with the kubelet
         state.registered, state.pod_uid = False, ""
     elif not state.registered or pod["metadata"]["uid"] != state.pod_uid:
         devices, why = node_devices()

@@ -22,7 +22,18 @@ from typing import Any
 
 import yaml
 
-from . import dcgm, dns, dra_node, featuregates, kubeconfig, nodeinfo, pki, proxy, realpods
+from . import (
+    dcgm,
+    dns,
+    dra_node,
+    featuregates,
+    kubeconfig,
+    nodeinfo,
+    pki,
+    programs,
+    proxy,
+    realpods,
+)
 from .client import ApiError, Client, TLSError, Unreachable
 from .common import (
     NO_SYSTEMD_ENV,
@@ -310,6 +321,9 @@ class Kubelet:
         self.gpu_assign: dict[str, list[str]] = {}
         #: what the device plugin advertises: resource name -> device IDs
         self.devices: dict[str, list[str]] = {}
+        #: emulated programs (programs.py): (pod uid, container) -> [outcome, restarts,
+        #: monotonic time of the next start while it fails]
+        self.programs: dict[tuple[str, str], list[Any]] = {}
 
     @staticmethod
     def _parse(argv: list[str]) -> argparse.Namespace:
@@ -342,6 +356,9 @@ class Kubelet:
                 config = self.plugin_config(p)
                 if config is None:
                     return {}
+                started = self.programs.get((p["metadata"]["uid"], "nvidia-device-plugin-ctr"))
+                if started is not None and started[0].state != "ok":
+                    return {}  # it exited (MIG devices it may not read): nothing registered
                 return nodeinfo.plugin_resources(listing, nodeinfo.nvidia_smi_mig_modes(),
                                                  config, len(pci))
         return {}
@@ -602,7 +619,8 @@ class Kubelet:
         return f"/var/log/pods/{md['namespace']}_{md['name']}_{md['uid']}/{container}/0.log"
 
     def set_status(self, pod: Obj, phase: str, states: dict[str, Obj], ready: bool,
-                   events: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]
+                   events: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
+                   restarts: dict[str, int] | None = None) -> None:
         md = pod["metadata"]
         st = pod.setdefault("status", {})
         host_net = pod["spec"].get("hostNetwork")
@@ -620,7 +638,8 @@ class Kubelet:
         new["containerStatuses"] = [
             {"name": c["name"], "image": c.get("image", ""), "imageID": "",
              "ready": ready and "running" in states.get(c["name"], {}),
-             "restartCount": 0, "started": "running" in states.get(c["name"], {}),
+             "restartCount": (restarts or {}).get(c["name"], 0),
+             "started": "running" in states.get(c["name"], {}),
              "state": states.get(c["name"], {"waiting": {"reason": "ContainerCreating"}})}
             for c in pod["spec"].get("containers") or []]
         cond_ready = "True" if ready else "False"
@@ -864,15 +883,115 @@ class Kubelet:
                     fn(self, pod)
         started_at = ts()
         states: dict[str, Obj] = {}
+        ready = True
+        events: list[tuple[str, str, str]] = []
+        restarts: dict[str, int] = {}
         for c in spec.get("containers") or []:
             if first:
                 log = (self.device_plugin_log(handler, cfg)
                        if "k8s-device-plugin" in c.get("image", "") else "")
                 write(self.log_path(pod, c["name"]), log)
             states[c["name"]] = {"running": {"startedAt": started_at}}
-        self.set_status(pod, "Running", states, True,
-                        [("Normal", "Started", f"Started container {c['name']}")
-                         for c in spec.get("containers") or []] if first else [])
+            prog = self.run_program(pod, c)
+            if prog is None:
+                if first:
+                    events.append(("Normal", "Started", f"Started container {c['name']}"))
+                continue
+            outcome, restarts[c["name"]], fresh = prog
+            if fresh:
+                write(self.log_path(pod, c["name"]), "".join(ln + "\n" for ln in outcome.log))
+            if outcome.state == "crash":
+                ready = False
+                states[c["name"]] = {"waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {int(programs.backoff(restarts[c['name']]))}s "
+                               f"restarting failed container={c['name']} "
+                               f"pod={pod['metadata']['name']}_{pod['metadata']['namespace']}"
+                               f"({pod['metadata']['uid']})"}}
+                if fresh:
+                    events.append(("Warning", "BackOff", "Back-off restarting failed "
+                                   f"container {c['name']} in pod {pod['metadata']['name']}_"
+                                   f"{pod['metadata']['namespace']}({pod['metadata']['uid']})"))
+            elif outcome.state == "unready":
+                ready = False
+                if fresh:
+                    events.append(("Warning", "Unhealthy", "Readiness probe failed: "
+                                   + (outcome.log[-1] if outcome.log else "")))
+            elif fresh:
+                events.append(("Normal", "Started", f"Started container {c['name']}"))
+        self.set_status(pod, "Running", states, ready, events, restarts)
+
+    def run_program(self, pod: Obj, container: Obj
+                    ) -> tuple[programs.Outcome, int, bool] | None:
+        """The container's emulated program (programs.py), run at the pod's start and again
+        after each CrashLoopBackOff pause (or readiness period) while it fails: (outcome,
+        restarts, whether it ran now). None: no program for this image."""
+        fn = programs.program_for(container)
+        device_plugin = "k8s-device-plugin" in (container.get("image") or "") and \
+            container.get("name") == "nvidia-device-plugin-ctr"
+        if fn is None and not device_plugin:
+            return None
+        key = (pod["metadata"]["uid"], container["name"])
+        got = self.programs.get(key)
+        now = time.monotonic()
+        if got is not None and (got[0].state == "ok" or now < got[2]):
+            return got[0], got[1], False
+        if device_plugin:
+            outcome = self.device_plugin_program(pod, container)
+        else:
+            api = self.pod_api(pod)
+            if api is None:
+                outcome = programs.Outcome("crash", [
+                    "unable to load in-cluster configuration: no ServiceAccount token"], 1)
+            else:
+                assert fn is not None
+                outcome = fn(api, pod, container, self.node_name)
+        restarts = (got[1] if got else 0) + (1 if outcome.state == "crash" and got else 0)
+        pause = programs.backoff(restarts + 1) if outcome.state == "crash" else 5.0
+        self.programs[key] = [outcome, restarts, now + pause]
+        if outcome.state != "ok":
+            klog("W", f'"Emulated program failed" pod="{pod["metadata"]["namespace"]}/'
+                 f'{pod["metadata"]["name"]}" container="{container["name"]}" '
+                 f'state="{outcome.state}"', "programs.go:1")
+        return outcome, restarts, True
+
+    def pod_api(self, pod: Obj) -> programs.Api | None:
+        """The API as the pod's ServiceAccount: a token bound to the pod (TokenRequest, as the
+        kubelet's projected service account token volume asks for one)."""
+        md = pod["metadata"]
+        sa = pod["spec"].get("serviceAccountName") or "default"
+        try:
+            got = self.client.request(
+                "POST", f"/api/v1/namespaces/{md['namespace']}/serviceaccounts/{sa}/token",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                 "spec": {"expirationSeconds": 3607, "boundObjectRef": {
+                     "apiVersion": "v1", "kind": "Pod", "name": md["name"],
+                     "uid": md["uid"]}}})
+        except ApiError as e:
+            klog("E", f'"Failed to get service account token" pod="{md["namespace"]}/'
+                 f'{md["name"]}" err="{e}"', "token_manager.go:120")
+            return None
+        token = (got.get("status") or {}).get("token")
+        if not token:
+            return None
+        creds = kubeconfig.Creds(self.creds.server, self.creds.ca_pem, token=token,
+                                 insecure=self.creds.insecure)
+        return programs.Api(Client(creds, timeout=10, agent=pod["metadata"]["name"]))
+
+    def device_plugin_program(self, pod: Obj, container: Obj) -> programs.Outcome:
+        """The device plugin on a node whose GPUs have MIG on, with migStrategy mixed: it
+        reads every MIG device's memory and exits when it may not (programs.py)."""
+        config = self.plugin_config(pod) or {}
+        strategy = (config.get("flags") or {}).get("migStrategy") or "none"
+        mig_on = any(m == "Enabled" for m in nodeinfo.nvidia_smi_mig_modes().values())
+        toolkit = nodeinfo.installed_version("nvidia-container-toolkit")
+        if strategy != "none" and mig_on and \
+                not programs.device_plugin_mig_ok(container, toolkit):
+            return programs.Outcome("crash", [
+                'I1126 00:00:00.000000       1 main.go:235] "Starting NVIDIA Device Plugin"',
+                programs.DEVICE_PLUGIN_MIG_ERROR], 1)
+        return programs.Outcome("ok", (read(self.log_path(pod, container["name"])) or ""
+                                       ).splitlines())
 
     def sync_real(self, pod: Obj, handler: str | None, want: dict[str, int]) -> dict[str, int]:
         """Pods run for real by podrun (a transient unit per pod): start it once, then copy

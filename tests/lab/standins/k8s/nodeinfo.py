@@ -250,3 +250,9 @@ def ipv4() -> str:
         if ":" not in a and not a.startswith("127."):
             return a
     return "127.0.0.1"
+
+
+def installed_version(package: str) -> str:
+    """The installed Debian version of ``package`` ("" when it is not installed)."""
+    p = run(["dpkg-query", "-W", "-f=${Version}", package])
+    return p.stdout.strip() if p.returncode == 0 else ""
