@@ -14,7 +14,7 @@ from typing import Any
 from gpuk8s.facts.dra import DRIVER, DraState
 from gpuk8s.facts.kube import ClusterState
 from gpuk8s.ops import Op, change, noop, q
-from gpuk8s.ops.kube import KUBECTL, apply
+from gpuk8s.ops.kube import KUBECTL, apply, pod_diagnosis
 
 MODES = ("device-plugin", "dra")
 NAMESPACE = "nvidia-dra-driver-gpu"
@@ -85,8 +85,11 @@ def wait_slices(node: str, kind: str, want: int, timeout: int) -> str:
     count = (f"{KUBECTL} get resourceslices -o jsonpath={q(path)} | "
              f"awk '$1 == \"{DRIVER}\" {{ for (i = 2; i <= NF; i++) if ($i == \"{kind}\") n++ }}"
              " END { print n + 0 }'")
+    diagnosis = pod_diagnosis(NAMESPACE, "nvidia-dra-driver-gpu-component=kubelet-plugin", node,
+                              "gpus")
     return (f"end=$(( $(date +%s) + {timeout} )); "
             f"while n=$({count}); [ \"$n\" -ne {want} ]; do "
             f"if [ \"$(date +%s)\" -ge \"$end\" ]; then echo {q(node)}\": the DRA driver "
-            f"publishes $n {kind} device(s), expected {want}\" >&2; exit 1; fi; "
+            f"publishes $n {kind} device(s), expected {want}\" >&2; "
+            f"{diagnosis}; exit 1; fi; "
             "sleep 2; done")

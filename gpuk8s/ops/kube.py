@@ -115,6 +115,19 @@ def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
     return "\n".join(lines)
 
 
+def pod_diagnosis(namespace: str, selector: str, node: str, container: str,
+                  kubectl: str = KUBECTL) -> str:
+    """Shell that prints, to stderr, the pod of ``selector`` on ``node``: its state and the
+    last lines of ``container``'s log, where a plugin that exits says why ("Insufficient
+    Permissions" on MIG devices it may not read, a required flag missing, an NVML error)."""
+    pods = (f"{kubectl} -n {q(namespace)} get pods -l {q(selector)} "
+            f"--field-selector {q('spec.nodeName=' + node)}")
+    return (f"for p in $({pods} -o name | head -n 1); do "
+            f'{pods} -o wide >&2; echo "--- $p: last log lines" >&2; '
+            f'{kubectl} -n {q(namespace)} logs "$p" -c {q(container)} --tail=4 2>&1 '
+            "| cut -c1-400 >&2; done")
+
+
 def labels(cluster: ClusterState, op_id: str, node: str,
            wanted: Mapping[str, str | None]) -> Op:
     """Ensure a node carries the labels (a None value: the label is absent). No-op when: all

@@ -22,7 +22,7 @@ from gpuk8s.gpusharing import (
     sharing_of,
 )
 from gpuk8s.ops import Op, change, noop, q
-from gpuk8s.ops.kube import KUBECTL, apply, labels
+from gpuk8s.ops.kube import KUBECTL, apply, labels, pod_diagnosis
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_arg
 
@@ -132,6 +132,8 @@ def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,
     if got == want:
         return noop(op_id, f"= {name}: {got} {resource} allocatable{slots}")
     path = "'{.status.allocatable." + resource.replace(".", "\\.") + "}'"
+    diagnosis = pod_diagnosis("kube-system", "name=nvidia-device-plugin-ds", name,
+                              "nvidia-device-plugin-ctr")
     return change(op_id, f"+ wait until {name} offers {want} {resource}{slots} "
                   f"(now {got if got is not None else 'none'})",
                   f"{KUBECTL} wait --for=jsonpath={path}={want} "
@@ -139,17 +141,6 @@ def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,
                   f"{{ echo {node_arg(name)}\": allocatable {resource} is "
                   f"$({KUBECTL} get node {node_arg(name)} -o "
                   f"jsonpath={path}), expected {want}\" >&2; "
-                  f"{plugin_diagnosis(name)}; exit 1; }}",
+                  f"{diagnosis}; exit 1; }}",
                   timeout=timeout + 30)
 
-
-def plugin_diagnosis(node: str) -> str:
-    """Shell that prints, to stderr, the device plugin pod of ``node``: its state and the last
-    lines of its log (where a plugin that exits says why: "Insufficient Permissions" on MIG
-    devices it may not read, an NVML error, a config it cannot load)."""
-    pods = (f"{KUBECTL} -n kube-system get pods -l name=nvidia-device-plugin-ds "
-            f"--field-selector {q('spec.nodeName=' + node)}")
-    return (f"for p in $({pods} -o name | head -n 1); do "
-            f"{pods} -o wide >&2; echo \"--- $p: last log lines\" >&2; "
-            f"{KUBECTL} -n kube-system logs \"$p\" -c nvidia-device-plugin-ctr --tail=4 2>&1 "
-            "| cut -c1-400 >&2; done")

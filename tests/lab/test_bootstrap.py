@@ -163,6 +163,50 @@ def test_second_run_as_root_changes_nothing(fresh: Lab) -> None:
     assert node_state(fresh) == before
 
 
+def _expired_copy_of_the_lab_key(home: Path) -> bytes:
+    """The lab's repository key with a newer self-signature that expired it (as a node keeps
+    an old copy of pkgs.k8s.io's key after OBS re-published it with a later expiry)."""
+    from tests.lab.repos import LAB_KEY_FILE
+
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback",
+           "--passphrase", ""]
+    subprocess.run([*gpg, "--import", str(LAB_KEY_FILE)], check=True, capture_output=True)
+    pub = subprocess.run([*gpg, "--with-colons", "--list-keys"], check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    created = int(next(ln for ln in pub if ln.startswith("pub:")).split(":")[5])
+    fpr = next(ln for ln in pub if ln.startswith("fpr:")).split(":")[9]
+    subprocess.run([*gpg, f"--faked-system-time={created + 10}!", "--quick-set-expire", fpr,
+                    "seconds=60"], check=True, capture_output=True)
+    return subprocess.run([*gpg, "--export", fpr], check=True, capture_output=True).stdout
+
+
+def test_an_expired_copy_of_the_pinned_repo_key_is_fetched_again(fresh: Lab,
+                                                                  tmp_path: Path) -> None:
+    """pkgs.k8s.io re-publishes its key with a later expiry under the same fingerprint: a node
+    holding the expired copy fails every `apt-get update` (EXPKEYSIG) until it is fetched
+    again. plan names it first; bootstrap fetches it (still checked against the pin)."""
+    import base64
+
+    keyring = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
+    expired = base64.b64encode(_expired_copy_of_the_lab_key(tmp_path / "gnupg")).decode()
+    rc, _, err = fresh.ssh("gpu-01", f"echo {expired} | base64 -d > {keyring}")
+    assert rc == 0, err
+    update = ("apt-get update -o Dir::Etc::sourcelist=/etc/apt/sources.list.d/kubernetes.list "
+              "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0 2>&1")
+    rc, out, _ = fresh.ssh("gpu-01", update)
+    assert "EXPKEYSIG" in out or "expired" in out, out  # the real apt refuses it
+    _, text = run_api(api.plan, fresh.inventory_path, sets=[GATES])
+    assert f"the key in {keyring} expired on" in text, text
+    assert "checked against the pinned fingerprint" in text, text
+    result, text = run_api(api.bootstrap, fresh.inventory_path, sets=[GATES], yes=True)
+    assert result["changed"] == 1 and "expired on" in text, text
+    rc, out, _ = fresh.ssh("gpu-01", update)
+    assert rc == 0 and "EXPKEYSIG" not in out, out
+    again, text = run_api(api.bootstrap, fresh.inventory_path, sets=[GATES], yes=True)
+    assert again["changed"] == 0, text
+
+
 def test_the_run_page_of_the_bootstrap_shows_every_host_in_chromium(fresh: Lab) -> None:
     """`invoke report` of the first bootstrap, rendered and screenshotted by headless
     Chromium: the four hosts' timelines are drawn, and the cluster table lists them Ready."""

@@ -132,6 +132,42 @@ def test_verify_under_dra_checks_the_slices(cluster: Lab, tmp_path: Path) -> Non
         "gpu-01": (2, 2, True), "gpu-02": (1, 1, True)}, result
 
 
+def test_a_kubelet_plugin_without_image_name_exits_and_gpuk8s_says_why(cluster: Lab,
+                                                                     tmp_path: Path) -> None:
+    """gpu-kubelet-plugin v0.4.0 requires --image-name (IMAGE_NAME), which gpuk8s once left
+    out: the lab's plugin exits as the real one does, with urfave/cli's 'Required flag' line,
+    publishes nothing, and a bootstrap waiting for the slices fails quoting it. gpuk8s's own
+    manifest brings the slices back."""
+    ds = kubectl_json(cluster, "-n nvidia-dra-driver-gpu get daemonset")["items"][0]
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    i = next(n for n, c in enumerate(containers) if c["name"] == "gpus")
+    env = [e for e in containers[i]["env"] if e["name"] != "IMAGE_NAME"]
+    assert len(env) == len(containers[i]["env"]) - 1
+    patch = json.dumps([{"op": "replace", "path": f"/spec/template/spec/containers/{i}/env",
+                         "value": env}])
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} -n nvidia-dra-driver-gpu patch daemonset "
+           f"{ds['metadata']['name']} --type=json -p '{patch}'")
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and slices(cluster).get("gpu-01"):
+        time.sleep(3)  # the kubelet wipes a dead driver's slices 30 s after it stopped
+    assert not slices(cluster).get("gpu-01"), slices(cluster)
+    logs = ssh_ok(cluster, "cp-01", f"{KUBECTL} -n nvidia-dra-driver-gpu logs -l "
+                  "nvidia-dra-driver-gpu-component=kubelet-plugin -c gpus --tail=2")
+    assert 'Error: Required flag "image-name" not set' in logs, logs
+    from gpuk8s.errors import PhaseFailed
+
+    with pytest.raises(PhaseFailed) as err:
+        bootstrap_inline(inventory(cluster, tmp_path, "dra"), sets=["gpu_ready_timeout=15"])
+    text = str(err.value)
+    assert "the DRA driver publishes 0 gpu device(s), expected" in text, text
+    assert 'Required flag "image-name" not set' in text, text
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} -n nvidia-dra-driver-gpu annotate daemonset "
+           f"{ds['metadata']['name']} gpuk8s.io/sha256-")
+    result, text = bootstrap_inline(inventory(cluster, tmp_path, "dra"))
+    assert all(t["failed"] == 0 for t in result["totals"].values()), text
+    assert slices(cluster) == {"gpu-01": ["gpu", "gpu"], "gpu-02": ["gpu"]}
+
+
 def test_back_to_the_device_plugin(cluster: Lab, tmp_path: Path) -> None:
     result, text = bootstrap_inline(inventory(cluster, tmp_path, "device-plugin"))
     assert all(t["failed"] == 0 for t in result["totals"].values()), text

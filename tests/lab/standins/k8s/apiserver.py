@@ -237,6 +237,22 @@ def template_hash(tpl: Obj) -> str:
     return hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _workload_defaults(res: Resource, obj: Obj) -> None:
+    """The API server's defaults of a DaemonSet's update strategy (apps/v1 SetDefaults_DaemonSet:
+    RollingUpdate, maxUnavailable 1, maxSurge 0; revisionHistoryLimit 10), which kubectl's
+    rollout status reads."""
+    if res.plural != "daemonsets":
+        return
+    spec = obj.setdefault("spec", {})
+    strategy = spec.setdefault("updateStrategy", {})
+    strategy.setdefault("type", "RollingUpdate")
+    if strategy["type"] == "RollingUpdate":
+        rolling = strategy.setdefault("rollingUpdate", {})
+        rolling.setdefault("maxUnavailable", 1)
+        rolling.setdefault("maxSurge", 0)
+    spec.setdefault("revisionHistoryLimit", 10)
+
+
 class ApiServer:
     def __init__(self, argv: list[str]) -> None:
         self.flags = self._parse_flags(argv)
@@ -364,6 +380,7 @@ class ApiServer:
                 obj = new
             else:
                 dra.admit(res, obj, HTTPError)
+                _workload_defaults(res, obj)
                 if "status" in old and res.plural not in ("namespaces",):
                     obj["status"] = old["status"]
                 if obj.get("spec") != old.get("spec"):
@@ -403,6 +420,7 @@ class ApiServer:
 
     def _defaults(self, res: Resource, obj: Obj) -> None:
         md = obj["metadata"]
+        _workload_defaults(res, obj)
         if res.plural == "namespaces":
             md.setdefault("labels", {})["kubernetes.io/metadata.name"] = md["name"]
             obj["spec"] = {"finalizers": ["kubernetes"]}
