@@ -225,6 +225,9 @@ def test_calico_node_refused_its_bgpconfiguration_crash_loops_and_bootstrap_name
     import gpuk8s.roles as roles
 
     monkeypatch.setattr(roles, "render", _without_bgpconfiguration_create(roles.render))
+    # as on a fresh install: no default BGPConfiguration yet (the first calico-node made it)
+    ssh_ok(variant_lab, "cp-01", f"{KUBECTL} delete bgpconfigurations.crd.projectcalico.org "
+           "default")
     with pytest.raises(PhaseFailed) as err:
         bootstrap_inline(inventory, sets=["cni_ready_timeout=40"])
     text = str(err.value)
@@ -246,3 +249,5 @@ def test_calico_node_refused_its_bgpconfiguration_crash_loops_and_bootstrap_name
     logs = ssh_ok(variant_lab, "cp-01", f"{KUBECTL} -n kube-system logs daemonset/calico-node "
                   "-c calico-node")
     assert "Startup complete" in logs and "forbidden" not in logs, logs
+    ssh_ok(variant_lab, "cp-01", f"{KUBECTL} get bgpconfigurations.crd.projectcalico.org "
+           "default")
