@@ -108,7 +108,7 @@ def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
             f"  {k} get pods -l {q(selector)} -o wide >&2 || true",
             f"  for p in $({k} get pods -l {q(selector)} -o {not_ready} | head -n 2); do",
             '    echo "--- $p: last log lines" >&2',
-            f'    {k} logs "$p" --all-containers --tail=5 2>&1 | cut -c1-400 >&2 || true',
+            f'    {k} logs "$p" --tail=5 2>&1 | cut -c1-400 >&2 || true',
             "  done",
             "  exit 1",
             "fi"]

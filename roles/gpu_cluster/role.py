@@ -90,7 +90,8 @@ def plan(ctx: HostContext) -> list[Op]:
     manifest = ctx.template("gpu/nvidia-device-plugin.yaml.j2",
                             device_plugin_mig=mig).decode() + "---\n" + \
         json.dumps(config_map(sharing.values()), indent=2) + "\n"
-    ops.append(apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin", manifest))
+    plugin_op = apply(cluster, "gpu_cluster | device plugin", "nvidia-device-plugin", manifest)
+    ops.append(plugin_op)
     gpu_timeout = int(ctx.var("gpu_ready_timeout"))
     # one node at a time: its config label, then its GPUs offered, then the next node
     for host, node in gpu_nodes.items():
@@ -110,8 +111,10 @@ def plan(ctx: HostContext) -> list[Op]:
                               f"name=nvidia-device-plugin-ds --field-selector "
                               f"{q('spec.nodeName=' + node['name'])} --wait=false"))
         for resource, count in want.items():
+            # a changed DaemonSet rolls the plugin's pods on every node: its resources are
+            # registered again, so each node is waited for, not only those short of them
             ops.append(_offer(node, resource, count, got.get(resource), sharing[host],
-                              gpu_timeout))
+                              gpu_timeout, restarted=bool(plugin_op.changes)))
     return ops
 
 
@@ -123,19 +126,21 @@ def _dra_devices(sharing: Sharing, node: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _offer(node: Mapping[str, Any], resource: str, want: int, got: int | None,
-           sharing: Sharing, timeout: int) -> Op:
-    """A no-op when the node offers ``want`` of ``resource``, else a wait for it."""
+           sharing: Sharing, timeout: int, restarted: bool = False) -> Op:
+    """A no-op when the node offers ``want`` of ``resource`` (and the device plugin is not
+    restarting: ``restarted``), else a wait for it."""
     name = node["name"]
     op_id = f"gpu_cluster | {name} allocatable {resource}"
     slots = f" ({node['gpus']} GPU(s) x {sharing.replicas})" if sharing.replicas > 1 else \
         f" (MIG {sharing.layout_name})" if sharing.mode == "mig" else ""
-    if got == want:
+    if got == want and not restarted:
         return noop(op_id, f"= {name}: {got} {resource} allocatable{slots}")
+    again = " again, as the changed device plugin restarts" if got == want else ""
     path = "'{.status.allocatable." + resource.replace(".", "\\.") + "}'"
     diagnosis = pod_diagnosis("kube-system", "name=nvidia-device-plugin-ds", name,
                               "nvidia-device-plugin-ctr")
     return change(op_id, f"+ wait until {name} offers {want} {resource}{slots} "
-                  f"(now {got if got is not None else 'none'})",
+                  f"(now {got if got is not None else 'none'}){again}",
                   f"{KUBECTL} wait --for=jsonpath={path}={want} "
                   f"{node_arg(name, 'node/')} --timeout={timeout}s || "
                   f"{{ echo {node_arg(name)}\": allocatable {resource} is "

@@ -62,10 +62,11 @@ def test_config_map_has_one_config_per_setting_and_none_for_the_rest() -> None:
                                                    "flags": {"migStrategy": "none"}}
 
 
-def _plan(nodes: dict[str, Any], have: dict[str, NodeStatus]) -> list[Any]:
+def _plan(nodes: dict[str, Any], have: dict[str, NodeStatus],
+          managed: dict[str, str] | None = None) -> list[Any]:
     vars = default_vars()
     cluster = {"nodes": nodes}
-    facts = HostFacts("cp-01", {Cluster(): ClusterState(True, "", have)})
+    facts = HostFacts("cp-01", {Cluster(): ClusterState(True, "", have, managed or {})})
     return load_role("gpu_cluster").plan(HostContext("cp-01", "gpu_cluster", vars, facts,
                                                      cluster, ("control_plane",)))
 
@@ -101,12 +102,32 @@ def test_time_slicing_on_one_node_labels_it_and_waits_for_four_slots() -> None:
     assert "device-plugin.config=none" in by_id["gpu_cluster | sharing gpu-01"].reason
 
 
+def _applied(ops: list[Any]) -> dict[str, str]:
+    """The Cluster fact's view of gpuk8s's objects once the plan's manifests were applied."""
+    import yaml
+
+    managed: dict[str, str] = {}
+    for op in ops:
+        if op.changes and "apply --server-side" in op.commands[0]:
+            body = op.commands[0].split("\n", 1)[1].rsplit("\n", 2)[0]
+            for d in yaml.safe_load_all(body):
+                if d:
+                    md = d["metadata"]
+                    managed[f"{d['kind']}/{md.get('namespace', '')}/{md['name']}"] = \
+                        md["annotations"]["gpuk8s.io/sha256"]
+    return managed
+
+
 def test_a_converged_node_is_a_no_op() -> None:
     labels = {CONFIG_LABEL: "time-slicing-4", "nvidia.com/gpu.replicas": "4",
               "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
               "nvidia.com/gpu.product": "NVIDIA-H200"}
-    ops = _plan({"gpu-02": NODES["gpu-02"]}, {"gpu-02": _node("gpu-02", 1, gpu=4,
-                                                               labels=labels)})
+    have = {"gpu-02": _node("gpu-02", 1, gpu=4, labels=labels)}
+    first = _plan({"gpu-02": NODES["gpu-02"]}, have)
+    # while the device plugin's DaemonSet changes, its pods restart: every node is waited for
+    wait = next(op for op in first if op.id == "gpu_cluster | gpu-02 allocatable nvidia.com/gpu")
+    assert wait.changes and wait.reason.endswith("again, as the changed device plugin restarts")
+    ops = _plan({"gpu-02": NODES["gpu-02"]}, have, managed=_applied(first))
     by_id = {op.id: op for op in ops}
     assert not by_id["gpu_cluster | sharing gpu-02"].changes
     wait = by_id["gpu_cluster | gpu-02 allocatable nvidia.com/gpu"]

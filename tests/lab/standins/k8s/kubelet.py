@@ -620,7 +620,8 @@ class Kubelet:
 
     def set_status(self, pod: Obj, phase: str, states: dict[str, Obj], ready: bool,
                    events: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
-                   restarts: dict[str, int] | None = None) -> None:
+                   restarts: dict[str, int] | None = None,
+                   last: dict[str, Obj] | None = None) -> None:
         md = pod["metadata"]
         st = pod.setdefault("status", {})
         host_net = pod["spec"].get("hostNetwork")
@@ -640,7 +641,8 @@ class Kubelet:
              "ready": ready and "running" in states.get(c["name"], {}),
              "restartCount": (restarts or {}).get(c["name"], 0),
              "started": "running" in states.get(c["name"], {}),
-             "state": states.get(c["name"], {"waiting": {"reason": "ContainerCreating"}})}
+             "state": states.get(c["name"], {"waiting": {"reason": "ContainerCreating"}}),
+             **({"lastState": (last or {})[c["name"]]} if c["name"] in (last or {}) else {})}
             for c in pod["spec"].get("containers") or []]
         cond_ready = "True" if ready else "False"
         new["conditions"] = [
@@ -886,6 +888,7 @@ class Kubelet:
         ready = True
         events: list[tuple[str, str, str]] = []
         restarts: dict[str, int] = {}
+        last: dict[str, Obj] = {}
         for c in spec.get("containers") or []:
             if first:
                 log = (self.device_plugin_log(handler, cfg)
@@ -902,6 +905,8 @@ class Kubelet:
                 write(self.log_path(pod, c["name"]), "".join(ln + "\n" for ln in outcome.log))
             if outcome.state == "crash":
                 ready = False
+                last[c["name"]] = {"terminated": {"exitCode": outcome.exit_code,
+                                                  "reason": "Error", "finishedAt": started_at}}
                 states[c["name"]] = {"waiting": {
                     "reason": "CrashLoopBackOff",
                     "message": f"back-off {int(programs.backoff(restarts[c['name']]))}s "
@@ -919,7 +924,7 @@ class Kubelet:
                                    + (outcome.log[-1] if outcome.log else "")))
             elif fresh:
                 events.append(("Normal", "Started", f"Started container {c['name']}"))
-        self.set_status(pod, "Running", states, ready, events, restarts)
+        self.set_status(pod, "Running", states, ready, events, restarts, last)
 
     def run_program(self, pod: Obj, container: Obj
                     ) -> tuple[programs.Outcome, int, bool] | None:
