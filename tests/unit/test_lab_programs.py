@@ -33,23 +33,26 @@ def calico_roles(drop: tuple[str, ...] = (), verb: str = "") -> dict[str, Obj]:
 class RbacApi:
     """A fake API server: RBAC as the stand-in's (rbac.allows), objects kept in memory."""
 
-    def __init__(self, roles: dict[str, Obj], user: str) -> None:
+    def __init__(self, roles: dict[str, Obj], user: str, account: str = "") -> None:
         self.roles, self.user = roles, user
         self.objects: dict[str, Obj] = {}
         self.calls: list[tuple[str, str]] = []
-        binding = {"roleRef": {"kind": "ClusterRole", "name": user.rsplit(":", 1)[1]},
-                   "subjects": [{"kind": "ServiceAccount", "name": user.rsplit(":", 1)[1],
-                                 "namespace": "kube-system"}]}
+        ns, sa = user.split(":")[2:4]
+        binding = {"roleRef": {"kind": "ClusterRole", "name": account or sa},
+                   "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
         self.bindings = [binding]
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
         self.calls.append((method, path))
         parts = path.split("?")[0].strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
         rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if len(rest) > 2 and rest[0] == "namespaces":
+            rest = rest[2:]
         resource, name = rest[0], (rest[1] if len(rest) > 1 else "")
         sub = "/".join(rest[2:])
-        verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update"}[method]
+        verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
+                "PATCH": "patch"}[method]
         groups = ["system:serviceaccounts", "system:authenticated"]
         ok = rbac.allows(self.user, groups, verb, group, f"{resource}/{sub}" if sub else
                          resource, "", name, lambda ns: self.bindings if ns is None else [],
@@ -68,6 +71,9 @@ class RbacApi:
             if key not in self.objects and resource != "nodes":
                 raise ApiError(404, {"reason": "NotFound", "message": "not found"})
             return self.objects.get(key, {"metadata": {"name": name}})
+        if method == "PATCH":
+            self.objects.setdefault(key, {}).setdefault("patches", []).append(body)
+            return self.objects[key]
         self.objects[key] = body or {}
         return body
 
@@ -156,3 +162,37 @@ def test_tokens_name_their_account_and_expire() -> None:
     assert rbac.claims(rbac.signing_key(b"another cluster"), token) is None
     head, body, sig = token.split(".")
     assert rbac.claims(key, f"{head}.{body}x.{sig}") is None
+
+
+def flannel() -> tuple[dict[str, Obj], Obj, Obj]:
+    docs = [d for d in yaml.safe_load_all(render("cni", "cni/flannel.yaml.j2", default_vars()))
+            if d]
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = {"metadata": {"name": "kube-flannel-ds-x", "namespace": "kube-flannel", "uid": "u"},
+           "spec": ds["spec"]["template"]["spec"]}
+    return roles, pod, pod["spec"]["containers"][0]
+
+
+def test_flanneld_leases_with_gpuk8s_rbac_and_exits_without_pod_get() -> None:
+    """flanneld v0.28.9 (kube.go, main.go): its pod, every node, its node, then its lease as
+    annotations on nodes/<n>/status; without `get pods` it exits at once."""
+    user = "system:serviceaccount:kube-flannel:flannel"
+    roles, pod, container = flannel()
+    api = RbacApi(roles, user)
+    api.objects["nodes/gpu-01"] = {"metadata": {"name": "gpu-01", "annotations": {}},
+                                   "spec": {"podCIDR": "10.244.1.0/24"},
+                                   "status": {"addresses": [{"type": "InternalIP",
+                                                             "address": "10.88.0.12"}]}}
+    out = programs.flanneld(programs.Api(api), pod, container, "gpu-01")  # type: ignore[arg-type]
+    assert out.state == "ok", out.log
+    lease, condition = api.objects["nodes/gpu-01"]["patches"]
+    assert lease["metadata"]["annotations"]["flannel.alpha.coreos.com/public-ip"] == \
+        "10.88.0.12"
+    assert condition["status"]["conditions"][0]["reason"] == "FlannelIsUp"
+    for rule in roles["flannel"]["rules"]:
+        rule["resources"] = [r for r in rule["resources"] if r != "pods"]
+    out = programs.flanneld(programs.Api(RbacApi(roles, user)), pod, container,  # type: ignore[arg-type]
+                            "gpu-01")
+    assert out.state == "crash" and "error retrieving pod spec for " \
+        "'kube-flannel/kube-flannel-ds-x': pods \"kube-flannel-ds-x\" is forbidden" in out.log[0]

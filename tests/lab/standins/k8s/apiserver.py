@@ -362,8 +362,8 @@ class ApiServer:
             self._after_write(res, out)
             return out
 
-    def update(self, res: Resource, obj: Obj, status_only: bool = False, dry: bool = False
-               ) -> Obj:
+    def update(self, res: Resource, obj: Obj, status_only: bool = False, dry: bool = False,
+               status_metadata: bool = False) -> Obj:
         with self.lock:
             md = obj["metadata"]
             old = self.get(res, md.get("namespace", ""), md["name"])
@@ -377,6 +377,12 @@ class ApiServer:
                 new["status"] = obj.get("status", {})
                 if "managedFields" in md:
                     new["metadata"]["managedFields"] = md["managedFields"]
+                if status_metadata:
+                    # a PATCH of nodes/<n>/status keeps its metadata changes (the node status
+                    # strategy resets only the spec): flanneld annotates its node so
+                    for k in ("annotations", "labels"):
+                        if k in md:
+                            new["metadata"][k] = md[k]
                 obj = new
             else:
                 dra.admit(res, obj, HTTPError)
@@ -2018,7 +2024,8 @@ class ApiServer:
                                 "Invalid value: field is immutable")
         self._check_rv(res, old, new)
         merge.track_update(old, new, mgr, sch, res.api_version, sub)
-        return self.update(res, new, status_only=(sub == "status"), dry=dry)
+        return self.update(res, new, status_only=(sub == "status"), dry=dry,
+                           status_metadata=res.plural == "nodes")
 
 
 def jws_detached(payload: str, token: str) -> str:

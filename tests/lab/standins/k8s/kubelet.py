@@ -841,7 +841,10 @@ class Kubelet:
                              for c in p["spec"].get("containers") or [])), None)
 
         flannel = running("flannel")
-        if flannel is not None:
+        started = self.programs.get((flannel["metadata"]["uid"], "kube-flannel")) \
+            if flannel is not None else None
+        if flannel is not None and (started is None or started[0].state == "ok"):
+            # flanneld's lease and routes, once its start-up calls (programs.flanneld) passed
             flannel_daemon(self, flannel, self.client.get("/api/v1/nodes")["items"])
         if os.environ.get("GPUK8S_LAB_ROOT"):
             return   # unit tests on the host: no iptables, no port 53

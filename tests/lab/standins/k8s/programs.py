@@ -15,6 +15,8 @@ runs but is never Ready, or runs Ready. The sources, per program, are in tests/l
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,9 +44,11 @@ class Api:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Obj]:
+    def call(self, method: str, path: str, body: Any = None,
+             content_type: str = "application/json") -> tuple[int, Obj]:
         try:
-            got = self.client.request(method, path, body)
+            got = (self.client.request(method, path, body) if method != "PATCH" else
+                   self.client.request(method, path, body, content_type))
             return 200, got if isinstance(got, dict) else {}
         except ApiError as e:
             return e.code, e.body
@@ -245,6 +249,84 @@ def calico_kube_controllers(api: Api, pod: Obj, container: Obj, node: str) -> Ou
     return out
 
 
+# ------------------------------------------------------------------ flannel v0.28.9
+def _klog(level: str, src: str, msg: str) -> str:
+    now = dt.datetime.now(dt.UTC)
+    return f"{level}{now:%m%d %H:%M:%S.%f}       1 {src}] {msg}"
+
+
+FLANNEL_KEYS = ("flannel.alpha.coreos.com/backend-data", "flannel.alpha.coreos.com/backend-type",
+                "flannel.alpha.coreos.com/kube-subnet-manager",
+                "flannel.alpha.coreos.com/public-ip")
+
+
+def flanneld(api: Api, pod: Obj, container: Obj, node: str) -> Outcome:
+    """flanneld --kube-subnet-mgr (pkg/subnet/kube/kube.go, main.go@v0.28.9): its own pod (for
+    spec.nodeName), every node (its informer), its own node, then its lease as annotations
+    PATCHed on nodes/<n>/status (only when they differ) and the NetworkUnavailable=False
+    condition. A refused pod get exits at once; a refused node list retries and exits after
+    10 minutes (here: at once); a refused lease patch exits after 30 s (here: at once); a
+    refused condition patch is only logged."""
+    out = Outcome()
+    md = pod["metadata"]
+    code, body = api.call("GET", f"/api/v1/namespaces/{md['namespace']}/pods/{md['name']}")
+    if code == 403:
+        out.log.append(_klog("E", "main.go:251", "Failed to create SubnetManager: error "
+                             f"retrieving pod spec for '{md['namespace']}/{md['name']}': "
+                             f"{body.get('message', 'Forbidden')}"))
+        out.state, out.exit_code = "crash", 1
+        return out
+    code, body = api.call("GET", "/api/v1/nodes?limit=500&resourceVersion=0")
+    if code == 403:
+        out.log += [
+            _klog("E", "reflector.go:200", '"Failed to watch" err="failed to list *v1.Node: '
+                  + body.get("message", "Forbidden").replace('"', '\\"')
+                  + '" logger="UnhandledError" reflector="pkg/subnet/kube/kube.go:538" '
+                  'type="*v1.Node"'),
+            _klog("E", "main.go:251", "Failed to create SubnetManager: error waiting for "
+                  "nodeController to sync state: context deadline exceeded")]
+        out.state, out.exit_code = "crash", 1
+        return out
+    code, me = api.call("GET", f"/api/v1/nodes/{node}")
+    if code != 200:
+        out.log.append(_klog("E", "kube.go:738", "Failed to get node for backend data: "
+                             + me.get("message", f"HTTP {code}")))
+        me = {}
+    if not (me.get("spec") or {}).get("podCIDR"):
+        out.log.append(_klog("E", "main.go:384", "Error registering network: failed to acquire "
+                             f'lease: node "{node}" pod cidr not assigned'))
+        out.state, out.exit_code = "crash", 1
+        return out
+    ip = next((a["address"] for a in (me.get("status") or {}).get("addresses") or []
+               if a.get("type") == "InternalIP"), "")
+    have = (me.get("metadata") or {}).get("annotations") or {}
+    mac = "aa:" + ":".join(hashlib.sha256(node.encode()).hexdigest()[i:i + 2]
+                           for i in range(0, 10, 2))
+    want = dict(zip(FLANNEL_KEYS, (json.dumps({"VNI": 1, "VtepMAC": mac},
+                                              separators=(",", ":")), "vxlan", "true", ip),
+                    strict=True))
+    changed = {k: v for k, v in want.items() if have.get(k) != v}
+    if changed:
+        code, body = api.call("PATCH", f"/api/v1/nodes/{node}/status",
+                              {"metadata": {"annotations": changed}},
+                              "application/strategic-merge-patch+json")
+        if code == 403:
+            out.log.append(_klog("E", "main.go:384", "Error registering network: failed to "
+                                 "acquire lease: timeout contacting kube-api, failed to patch "
+                                 f'node "{node}". Error: context deadline exceeded'))
+            out.state, out.exit_code = "crash", 1
+            return out
+    code, body = api.call("PATCH", f"/api/v1/nodes/{node}/status", {"status": {"conditions": [
+        {"type": "NetworkUnavailable", "status": "False", "reason": "FlannelIsUp",
+         "message": "Flannel is running on this node"}]}},
+        "application/strategic-merge-patch+json")
+    if code == 403:
+        out.log.append(_klog("E", "main.go:502", "CompleteLease execute error err: "
+                             + body.get("message", "Forbidden")))
+    out.log.append(_klog("I", "main.go:520", "Wrote subnet file to /run/flannel/subnet.env"))
+    return out
+
+
 # ------------------------------------------------------------------ NVIDIA DRA driver v0.4.0
 DRA_FLAGS = (("node-name", "NODE_NAME"), ("image-name", "IMAGE_NAME"))
 
@@ -300,6 +382,7 @@ DEVICE_PLUGIN_MIG_ERROR = (
 
 #: image -> (container name match, program); the DRA driver's gpus container only
 PROGRAMS: tuple[tuple[str, Callable[[Api, Obj, Obj, str], Outcome]], ...] = (
+    ("flannel-io/flannel:", flanneld),
     ("calico/node:", calico_node),
     ("calico/kube-controllers:", calico_kube_controllers),
     ("dra-driver-nvidia-gpu:", dra_gpu_plugin),
