@@ -196,3 +196,12 @@ def test_flanneld_leases_with_gpuk8s_rbac_and_exits_without_pod_get() -> None:
                             "gpu-01")
     assert out.state == "crash" and "error retrieving pod spec for " \
         "'kube-flannel/kube-flannel-ds-x': pods \"kube-flannel-ds-x\" is forbidden" in out.log[0]
+
+
+def test_felix_without_the_kubevirt_rule_is_never_ready_even_without_kubevirt() -> None:
+    """Felix lists KubeVirt's migrations whether or not KubeVirt is installed; authorization
+    comes before routing, so a missing rule is a 403 (never in sync), not a harmless 404."""
+    api = RbacApi(calico_roles(drop=("virtualmachineinstancemigrations",)), SA)
+    pod, container = calico_pod()
+    out = programs.calico_node(programs.Api(api), pod, container, "gpu-01")  # type: ignore[arg-type]
+    assert out.state == "unready" and "ResourceType=KubeVirtLiveMigration" in out.log[-2]

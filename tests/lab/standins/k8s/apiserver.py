@@ -1642,9 +1642,18 @@ class ApiServer:
                 obj = self._decode(body, h)
             return 201, self.review(virtual, obj, user, groups), js
         res = self.registry.by_path(group, version, plural)
-        if res is None:
-            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
         watching = method == "GET" and (q.get("watch") or [""])[0] in ("true", "1")
+        if res is None:
+            # authorization comes before routing: a resource the server does not serve is
+            # 403 to whom RBAC refuses it (Felix's KubeVirt list in a cluster without
+            # KubeVirt), 404 only to whom it allows
+            unknown = Resource(group, version, "", plural, bool(ns))
+            verb = "watch" if watching else {"GET": "get" if name else "list", "POST": "create",
+                                             "PUT": "update", "PATCH": "patch",
+                                             "DELETE": "delete"}.get(method, "get")
+            if not self.authorize(user, groups, verb, unknown, ns, name, sub):
+                raise self.forbidden(user, verb, unknown, ns, name, sub)
+            raise HTTPError(404, "NotFound", "the server could not find the requested resource")
         verb = {"GET": "get" if name else "list", "POST": "create", "PUT": "update",
                 "PATCH": "patch", "DELETE": "delete"}[method]
         if watching:
