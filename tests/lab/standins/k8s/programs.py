@@ -120,13 +120,8 @@ def calico_node(api: Api, pod: Obj, container: Obj, node: str) -> Outcome:
                   f"error={_unauthorized(body)}"))
         return _terminate(out)
     # EnsureInitialized (libcalico-go/lib/clientv3/client.go@v3.32.1 284-323)
-    code, body = api.call("GET", f"{CRD}/clusterinformations/default")
-    if code == 404:
-        code, body = api.call("POST", f"{CRD}/clusterinformations", {
-            "apiVersion": "crd.projectcalico.org/v1", "kind": "ClusterInformation",
-            "metadata": {"name": "default"},
-            "spec": {"calicoVersion": "v3.32.1", "clusterType": "k8s,kubeadm",
-                     "datastoreReady": True}})
+    code, body = _get_or_create(api, "clusterinformations", "ClusterInformation", {
+        "calicoVersion": "v3.32.1", "clusterType": "k8s,kubeadm", "datastoreReady": True})
     if code == 403:
         log(_clog("ERROR", "startup/startup.go 1259", "Unable to initialize global Calico "
                   f"resources error={_unauthorized(body)}"))
@@ -138,22 +133,15 @@ def calico_node(api: Api, pod: Obj, container: Obj, node: str) -> Outcome:
         if code == 403:  # client.go 473: a warning, start-up goes on
             log(_clog("WARNING", "startup/client.go 473", f"Unauthorized to create tier "
                       f"{tier}. error={_unauthorized(body)}"))
-    code, body = api.call("GET", f"{CRD}/felixconfigurations/default")
-    if code == 404:
-        code, body = api.call("POST", f"{CRD}/felixconfigurations", {
-            "apiVersion": "crd.projectcalico.org/v1", "kind": "FelixConfiguration",
-            "metadata": {"name": "default"}, "spec": {"bpfLogLevel": "", "vxlanVNI": 4096}})
+    code, body = _get_or_create(api, "felixconfigurations", "FelixConfiguration",
+                                {"bpfLogLevel": "", "vxlanVNI": 4096})
     if code == 403:
         log(_clog("ERROR", "startup/startup.go 1277", "Unable to set default felix "
                   f"configuration error={_unauthorized(body)}"))
         return _terminate(out)
     # ensureDefaultBGPConfigExists (startup.go 1367-1392): since v3.32.0
-    code, body = api.call("GET", f"{CRD}/bgpconfigurations/default")
-    if code == 404:
-        code, body = api.call("POST", f"{CRD}/bgpconfigurations", {
-            "apiVersion": "crd.projectcalico.org/v1", "kind": "BGPConfiguration",
-            "metadata": {"name": "default"},
-            "spec": {"logSeverityScreen": "Info", "nodeToNodeMeshEnabled": True}})
+    code, body = _get_or_create(api, "bgpconfigurations", "BGPConfiguration",
+                                {"logSeverityScreen": "Info", "nodeToNodeMeshEnabled": True})
     if code not in (200, 409):
         err = _unauthorized(body) if code == 403 else body.get("message", f"HTTP {code}")
         log(_clog("ERROR", "startup/startup.go 1387", "Error creating default "
@@ -163,6 +151,16 @@ def calico_node(api: Api, pod: Obj, container: Obj, node: str) -> Outcome:
         return _terminate(out)
     log(_clog("INFO", "startup/startup.go 238", "Startup complete"))
     return felix(api, out)
+
+
+def _get_or_create(api: Api, plural: str, kind: str, spec: Obj) -> tuple[int, Obj]:
+    """Calico's "default" object of a kind: read, and created when it is not there."""
+    code, body = api.call("GET", f"{CRD}/{plural}/default")
+    if code == 404:
+        code, body = api.call("POST", f"{CRD}/{plural}", {
+            "apiVersion": "crd.projectcalico.org/v1", "kind": kind,
+            "metadata": {"name": "default"}, "spec": spec})
+    return code, body
 
 
 def _terminate(out: Outcome) -> Outcome:
@@ -225,12 +223,9 @@ def calico_kube_controllers(api: Api, pod: Obj, container: Obj, node: str) -> Ou
     and no controller starts. Its readiness check still answers Ready (upstream's behaviour)."""
     out = Outcome()
     path = f"{CRD}/kubecontrollersconfigurations"
-    code, body = api.call("GET", f"{path}/default")
-    if code == 404:
-        code, body = api.call("POST", path, {
-            "apiVersion": "crd.projectcalico.org/v1", "kind": "KubeControllersConfiguration",
-            "metadata": {"name": "default"},
-            "spec": {"controllers": {"node": {"reconcilerPeriod": "5m"}}}})
+    code, body = _get_or_create(api, "kubecontrollersconfigurations",
+                                "KubeControllersConfiguration",
+                                {"controllers": {"node": {"reconcilerPeriod": "5m"}}})
     if code == 403:
         out.log.append(_clog("WARNING", "kube-controllers/runconfig.go 193", "unable to list "
                              f"KubeControllersConfiguration(default) error="
