@@ -111,14 +111,17 @@ def plan(ctx: HostContext) -> list[Op]:
         want = sharing[host].resources(node["gpus"], node["model"])
         got = have.nvidia if have else {}
         if sharing[host].mode == "mig" and have is not None and not label_op.changes and \
-                any(got.get(k) != v for k, v in want.items()):
+                not plugin_op.changes and any(got.get(k) != v for k, v in want.items()):
             # the same config, new MIG instances: the plugin enumerates devices at start only
+            # (a changed DaemonSet has just restarted it). Wait until the old pod is gone, or
+            # the wait below could read the old pod's count just before it is withdrawn.
             ops.append(change(f"gpu_cluster | {node['name']} device plugin restart",
                               f"+ restart the device plugin on {node['name']} to offer its "
                               "new MIG instances",
                               f"{KUBECTL} -n kube-system delete pod -l "
                               f"name=nvidia-device-plugin-ds --field-selector "
-                              f"{q('spec.nodeName=' + node['name'])} --wait=false"))
+                              f"{q('spec.nodeName=' + node['name'])} --wait=true "
+                              f"--timeout={gpu_timeout}s", timeout=gpu_timeout + 30))
         for resource, count in want.items():
             # a changed DaemonSet rolls the plugin's pods on every node: its resources are
             # registered again, so each node is waited for, not only those short of them
