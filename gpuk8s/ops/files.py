@@ -37,11 +37,9 @@ def content(state: FileState, op_id: str, data: bytes, *, mode: str = "0644",
     why = None
     if not same and state.exists and state.content is not None and equivalent is not None:
         why = equivalent(state.content)
-    if why and state.mode == want_mode and state.owner == owner:
-        return noop(op_id, f"= {path} up to date ({why})")
     if same or why:
         if state.mode == want_mode and state.owner == owner:
-            return noop(op_id, f"= {path} up to date")
+            return noop(op_id, f"= {path} up to date" + (f" ({why})" if why else ""))
         return change(op_id, f"~ {path} mode/owner {state.mode} {state.owner} -> {mode} {owner}",
                       f"chown {q(owner)}: {q(path)} && chmod {mode} {q(path)}", notify=notify)
     diff = None

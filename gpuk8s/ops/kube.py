@@ -92,6 +92,13 @@ def apply(cluster: ClusterState, op_id: str, component: str, manifest: str) -> O
                   meta={"objects": ",".join(stale)})
 
 
+def then_wait(op: Op, what: str, wait: str, timeout: int) -> Op:
+    """``op`` (an apply that changes something) followed by ``wait``, in the same op: "<its
+    reason>; wait until <what>", its time limit ``timeout``."""
+    return change(op.id, f"{op.reason}; wait until {what}", *op.commands, wait, meta=op.meta,
+                  timeout=timeout)
+
+
 def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
                  kubectl: str = KUBECTL) -> str:
     """Wait until each (namespace, kind/name, pod selector) has rolled out; when one has not

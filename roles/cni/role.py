@@ -16,8 +16,8 @@ from gpuk8s.checks import (
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.ops import Op, change
-from gpuk8s.ops.kube import apply, rollout_wait
+from gpuk8s.ops import Op
+from gpuk8s.ops.kube import apply, rollout_wait, then_wait
 from gpuk8s.roles import HostContext
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
@@ -61,6 +61,5 @@ def plan(ctx: HostContext) -> list[Op]:
     if not op.changes:
         return [op]
     timeout = int(ctx.var("cni_ready_timeout"))
-    return [change(op.id, op.reason + "; wait until its agents are ready", *op.commands,
-                   rollout_wait(WAIT[cni], timeout), meta=op.meta,
-                   timeout=len(WAIT[cni]) * timeout + 60)]
+    return [then_wait(op, "its agents are ready", rollout_wait(WAIT[cni], timeout),
+                      len(WAIT[cni]) * timeout + 60)]

@@ -22,7 +22,7 @@ from gpuk8s.gpusharing import (
     sharing_of,
 )
 from gpuk8s.ops import Op, change, noop, q
-from gpuk8s.ops.kube import KUBECTL, apply, labels, pod_diagnosis, rollout_wait
+from gpuk8s.ops.kube import KUBECTL, apply, labels, pod_diagnosis, rollout_wait, then_wait
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_arg
 
@@ -95,12 +95,9 @@ def plan(ctx: HostContext) -> list[Op]:
     if plugin_op.changes:
         # a changed DaemonSet replaces the plugin's pods node by node: wait until every GPU
         # node runs the new one, so no later wait sees a node's GPUs just before they go
-        plugin_op = change(plugin_op.id, plugin_op.reason + "; wait until it runs on every GPU "
-                           "node", *plugin_op.commands,
-                           rollout_wait((("kube-system", "daemonset/nvidia-device-plugin-"
-                                          "daemonset", "name=nvidia-device-plugin-ds"),),
-                                        gpu_timeout),
-                           meta=plugin_op.meta, timeout=gpu_timeout + 60)
+        plugin_op = then_wait(plugin_op, "it runs on every GPU node", rollout_wait(
+            (("kube-system", "daemonset/nvidia-device-plugin-daemonset",
+              "name=nvidia-device-plugin-ds"),), gpu_timeout), gpu_timeout + 60)
     ops.append(plugin_op)
     # one node at a time: its config label, then its GPUs offered, then the next node
     for host, node in gpu_nodes.items():

@@ -13,7 +13,7 @@ from gpuk8s.checks import Rule, check_positive, check_xyz, matching
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op, change, noop, sha256
-from gpuk8s.ops.kube import KUBECTL, apply
+from gpuk8s.ops.kube import KUBECTL, apply, then_wait
 from gpuk8s.roles import HostContext
 
 NAMESPACE = "gpuk8s-monitoring"
@@ -98,5 +98,4 @@ def plan(ctx: HostContext) -> list[Op]:
             f"--timeout={timeout}s && "
             f"{KUBECTL} -n {NAMESPACE} rollout status daemonset/dcgm-exporter "
             f"--timeout={timeout}s")
-    return [change(op.id, op.reason + "; wait until Prometheus and every exporter are ready",
-                   *op.commands, wait, meta=op.meta, timeout=2 * timeout + 60)]
+    return [then_wait(op, "Prometheus and every exporter are ready", wait, 2 * timeout + 60)]
