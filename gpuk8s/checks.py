@@ -97,6 +97,13 @@ check_containerd_version = matching(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?",
                                     or_empty=True)
 check_duration = matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0",
                           'a duration like "15m0s" or "1h"', '"15m0s"')
+#: an image reference as containerd and Docker parse it: [registry[:port]/]path[:tag][@digest]
+IMAGE_REF = (r"(?:[a-z0-9]([a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(?::\d{1,5})?/)?"
+             r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
+check_image_ref = matching(IMAGE_REF, 'an image reference like "registry.k8s.io/pause:3.10"',
+                           '"registry.k8s.io/pause:3.10" or "" for the one kubeadm expects',
+                           or_empty=True)
 check_dns_domain = matching(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", "a lower-case DNS domain",
                             "cluster.local")
 
