@@ -97,6 +97,10 @@ check_containerd_version = matching(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?",
                                     or_empty=True)
 check_duration = matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0",
                           'a duration like "15m0s" or "1h"', '"15m0s"')
+#: the gpuk8s lab's repo signing key (tests/lab/keys/, whose private key is committed, so
+#: anyone can sign for it) and the lab's subnet: preflight refuses a pin to that key elsewhere
+LAB_KEY_FINGERPRINT = "4DB64E86A138065762E9BAA291D795CA270F06CD"
+LAB_SUBNET = ipaddress.ip_network("10.88.0.0/24")
 #: an image reference as containerd and Docker parse it: [registry[:port]/]path[:tag][@digest]
 IMAGE_REF = (r"(?:[a-z0-9]([a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(?::\d{1,5})?/)?"
              r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuk8s import mig
-from gpuk8s.checks import Rule, check_str_list
+from gpuk8s.checks import LAB_KEY_FINGERPRINT, LAB_SUBNET, Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.controlplane import Reaches
 from gpuk8s.facts.kube import Containerd, RegistryAnswers
@@ -31,10 +31,10 @@ CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 
 #: checks whose failure makes a run unsafe, not just unwise: preflight_ignore cannot lift them
-NEVER_IGNORED = {"hostname", "init", "gpu_sharing"}
+NEVER_IGNORED = {"hostname", "init", "gpu_sharing", "lab_signing_key"}
 #: checks whose failure leaves nothing to plan for the host: `plan` stops at them too, instead
 #: of listing steps (enable kubelet, modprobe ...) that cannot run there
-UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing"})
+UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing", "lab_signing_key"})
 #: kernel modules the node needs: the base role's, which it persists and loads
 NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
@@ -110,6 +110,37 @@ def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
                            f"check the URL, the registry and the network from the node: "
                            f"curl -sk {url}/v2/ (it answers 200, or 401 when it wants a login)"))
     return errors, warnings
+
+
+def _host_address(ctx: HostContext) -> str:
+    """The host's inventory address (cluster_values records it before preflight runs)."""
+    node = (ctx.cluster.get("nodes") or {}).get(ctx.host) or {}
+    return str(node.get("address") or ctx.vars.get("ansible_host") or ctx.host)
+
+
+def lab_key_problems(vars: Mapping[str, Any], address: str) -> list[Problem]:
+    """A repo pinned to the gpuk8s lab's signing key, whose private key is public
+    (tests/lab/keys/): refused unless the host's inventory ``address`` is in the lab's subnet,
+    or the inventory says lab_signing_key_allowed: true. Reads the inventory only (no fact):
+    `invoke check` can run it with each host's merged vars and address."""
+    pins = sorted(name for name, value in vars.items()
+                  if name.endswith("_key_fingerprint") and isinstance(value, str)
+                  and "".join(value.split()).upper() == LAB_KEY_FINGERPRINT)
+    if not pins or vars.get("lab_signing_key_allowed") is True:
+        return []
+    try:
+        in_lab = ipaddress.ip_address(address.strip("[]")) in LAB_SUBNET
+    except ValueError:
+        in_lab = False
+    if in_lab:
+        return []
+    return [("lab_signing_key", f"{', '.join(pins)} pin(s) the gpuk8s lab's repo signing key "
+             f"{LAB_KEY_FINGERPRINT}, whose private key is public (tests/lab/keys/): anyone "
+             f"could sign the packages this host installs as root; {address} is not in the "
+             f"lab's subnet {LAB_SUBNET}",
+             "pin your own repositories' signing keys (or drop those lines for the upstream "
+             "defaults); for a throwaway lab of your own served by tests/lab's repos, set "
+             "lab_signing_key_allowed: true")]
 
 
 def _init_problems(sysinfo: SystemInfo) -> list[Problem]:
@@ -220,6 +251,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     errors: list[Problem] = _init_problems(sysinfo)
     errors += _module_problems(sysinfo, f[KernelModules(*NEEDED_MODULES)])
     errors += _endpoint_address_problems(ctx)
+    errors += lab_key_problems(ctx.vars, _host_address(ctx))
     warnings: list[Problem] = []
     os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
     invalid = [k for k in OS_RELEASE_IDS if f"{k}_AS_FOUND" in os_]
