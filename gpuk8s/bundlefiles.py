@@ -136,8 +136,11 @@ def _from_git(root: Path) -> Source:
     for mode, _kind, _oid, path in entries:
         if mode not in ("100644", "100755"):
             withheld[path] = "a symlink" if mode == "120000" else "a submodule"
-    changed = _z(_git(root, "diff", "--name-only", "-z", "--no-renames", head, "--"))
-    untracked = _z(_git(root, "ls-files", "-z", "--others", "--exclude-standard"))
+    diff = _z(_git(root, "diff", "--name-only", "-z", "--no-renames", head, "--"))
+    committed = {e[3] for e in entries}
+    changed = [p for p in diff if p in committed]
+    untracked = [p for p in diff if p not in committed]  # staged, never committed
+    untracked += _z(_git(root, "ls-files", "-z", "--others", "--exclude-standard"))
     return Source(files, f"commit {head[:12]} (HEAD)", changed, untracked, withheld)
 
 
@@ -233,10 +236,11 @@ def _names(paths: Sequence[str], limit: int = 6) -> str:
 def left_out(source: Source) -> list[str]:
     """The summary's lines naming what the bundle does not carry, and why."""
     lines = []
-    if source.changed:
-        kept = ("the committed version is packed" if source.origin != MANIFEST
-                else "not packed")
-        lines.append(f"    left out, changed since {source.origin} ({kept}): "
+    if source.changed and source.origin == MANIFEST:
+        lines.append(f"    left out, changed since the bundle was made (not as {MANIFEST} "
+                     f"lists them): {len(source.changed)} file(s): {_names(source.changed)}")
+    elif source.changed:
+        lines.append(f"    uncommitted changes left out (packed as in {source.origin}): "
                      f"{len(source.changed)} file(s): {_names(source.changed)}")
     if source.untracked:
         lines.append(f"    left out, not in {source.origin}: {len(source.untracked)} file(s): "

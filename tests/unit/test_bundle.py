@@ -222,6 +222,8 @@ def _checkout(tmp_path: Path) -> Path:
     (repo / "inventories/prod/hosts.yaml").write_text(f"# {SECRET}\n")
     (repo / "runs/20260101-000000-bootstrap").mkdir(parents=True)
     (repo / "runs/20260101-000000-bootstrap/cp-01.log").write_text(SECRET)
+    (repo / "inventories/staged.yaml").write_text(f"# {SECRET}\n")
+    _git(repo, "add", "inventories/staged.yaml")  # staged, never committed
     return repo
 
 
@@ -251,13 +253,14 @@ def test_a_bundle_packs_the_committed_files_only(tmp_path: Path) -> None:
                 or p.endswith(".key") or p == "docs/notes.txt"]
     # every change and every file left behind is named
     assert result["changed"] == ["inventories/lab.yaml", "roles/base/role.py"]
-    assert result["untracked"] == ["inventories/prod/artifacts/admin.conf",
+    assert result["untracked"] == ["inventories/staged.yaml",
+                                   "inventories/prod/artifacts/admin.conf",
                                    "inventories/prod/hosts.yaml"]  # runs/ is ignored
     assert set(result["withheld"]) == {  # type: ignore[arg-type]
         "inventories/old/artifacts/admin.conf", "inventories/keys/deploy.key",
         "docs/notes.txt"}
-    assert "changed since commit" in summary and "inventories/lab.yaml" in summary
-    assert "committed version is packed" in summary
+    assert ("uncommitted changes left out (packed as in commit " in summary
+            and "(HEAD)): 2 file(s): inventories/lab.yaml, roles/base/role.py" in summary)
     assert "not in commit" in summary and "inventories/prod/hosts.yaml" in summary
     assert "never packed" in summary and "docs/notes.txt (holds a private key)" in summary
     # the manifest lists what was packed, as sha256sum checks it
@@ -292,6 +295,8 @@ def test_rebundling_from_a_bundles_checkout_carries_no_local_files(tmp_path: Pat
     assert result["untracked"] == ["inventories/prod/artifacts/admin.conf",
                                    "inventories/prod/hosts.yaml"]  # runs/, .venv/: unnamed
     assert "inventories/prod/artifacts/admin.conf" in summary
+    assert ("left out, changed since the bundle was made (not as BUNDLE-FILES.sha256 lists "
+            "them): 1 file(s): inventories/lab.yaml") in summary
     # a changed file gpuk8s needs: refused, not left out
     (checkout / "tasks.py").write_text("# edited\n")
     with pytest.raises(BundleError, match=r"tasks\.py") as err:
