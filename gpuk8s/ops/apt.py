@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, sha256, write_file
-from gpuk8s.sinks import apt_conf_host, apt_conf_string
+from gpuk8s.sinks import UnsafeValue, apt_conf_host, apt_conf_string
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,12 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     exactly the pinned key, when one is pinned) with keys that neither expired nor expire
     within KEY_RENEW_DAYS (an expiring key fetched less than a day ago counts as fresh).
     """
+    for what, value in (("repository", url), ("key", key_url)):
+        if "@" in value.partition("://")[2].partition("/")[0]:
+            raise UnsafeValue(f"the {what} URL of apt source {name} holds a user name or "
+                              "password, which would reach curl's command line and a "
+                              "world-readable sources.list file on every node; remove it "
+                              "(apt takes logins from /etc/apt/auth.conf.d, man apt_auth.conf)")
     keyring = key_state.path
     want = normalize_fingerprint(fingerprint)
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
