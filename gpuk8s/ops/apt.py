@@ -325,7 +325,7 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
             commands.append(apt.script(apt.update()))
         commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
-        commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
+        commands.append("apt-mark hold " + " ".join(q(n) for n in wanted) + " >/dev/null")
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
     return change(op_id, reason, *commands, timeout=1800)
@@ -358,8 +358,9 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
         empty = " || ".join(f'[ -z "${var[n]}" ]' for n in pinned)
         lines.append(f"{resolve}\nif {empty}; then {apt.update()}; {resolve}; fi")
         for n, p in pinned.items():
-            lines.append(f'[ -n "${var[n]}" ] || {{ echo "no {n} version matching '
-                         f'\\"{p}\\" in the configured apt sources" >&2; exit 100; }}')
+            # name and prefix may come from a node (the installed driver's version): data
+            lines.append(f'[ -n "${var[n]}" ] || {{ printf \'no %s version matching "%s" in '
+                         f"the configured apt sources\\n' {q(n)} {q(p)} >&2; exit 100; }}")
     specs = []
     for name in missing:
         if name in pinned:
