@@ -388,8 +388,8 @@ def check_registry_mirrors(name: str, value: dict[Any, Any]) -> VarProblem | Non
                 return VarProblem(name, problem.message, problem.fix, subkey=registry)
             parts = urllib.parse.urlsplit(url)
             if parts.username or parts.password or parts.query or parts.fragment:
-                return VarProblem(name, f"{name}: mirror {url!r} of {registry} may hold only "
-                                  "scheme, host, port and path (credentials belong in "
+                return VarProblem(name, f"{name}: mirror {masked_url(url)!r} of {registry} may "
+                                  "hold only scheme, host, port and path (credentials belong in "
                                   "containerd's auth settings, never in the inventory)",
                                   example, subkey=registry)
             host_problem = registry_host_problem(parts.netloc)

@@ -120,7 +120,7 @@ def registry_host_problem(netloc: str) -> str | None:
 
 def registry_host(netloc: str) -> str:
     """``netloc`` itself, once checked by :func:`registry_host_problem`: it names a file on
-    every node (the mirror's CA certificate) and a host in containerd's and Docker's files."""
+    every node (the mirror's CA certificate)."""
     problem = registry_host_problem(netloc)
     if problem:
         raise UnsafeValue(f"registry mirror host {netloc!r} is refused: {problem}; write the "

@@ -77,10 +77,14 @@ def test_urls_refuse_shell_characters_and_say_how_to_encode_them(char: str) -> N
     assert f"%{ord(char):02X}" in problem.fix
 
 
-def test_a_refused_proxy_url_never_shows_its_password() -> None:
+def test_a_refused_url_never_shows_its_password() -> None:
     problem = check_url("apt_proxy", "http://bob:Pa$$w0rd@proxy:3128", allow_empty=True)
     assert problem is not None and "Pa$$w0rd" not in problem.message + problem.fix
     assert "bob:***@proxy:3128" in problem.message
+    problem = check_registry_mirrors("registry_mirrors", {"docker.io": [
+        "https://bob:s3cr3t@reg.lab:5000"]})
+    assert problem is not None and "s3cr3t" not in problem.message + problem.fix
+    assert "credentials belong in containerd's auth settings" in problem.message
 
 
 # --------------------------------------------------------------------------- L7: ca_file
