@@ -254,10 +254,12 @@ class KernelModules(Fact[dict[str, bool]]):
     def command(self) -> str:
         lines = ['b="/lib/modules/$(uname -r)/modules.builtin"']
         for m in self.args:
-            test = f'[ -d /sys/module/{m} ] || grep -q "/{m}.ko" "$b" 2>/dev/null'
+            # the name is data: one quoted word in $m, printed with printf, never code
+            test = '[ -d "/sys/module/$m" ] || grep -qF "/$m.ko" "$b" 2>/dev/null'
             if m in _MODULE_EVIDENCE:
                 test += f" || {_MODULE_EVIDENCE[m]}"
-            lines.append(f'if {test}; then echo "{m} 1"; else echo "{m} 0"; fi')
+            lines.append(f"m={shell(m)}; if {test}; then printf '%s 1\\n' \"$m\"; "
+                         "else printf '%s 0\\n' \"$m\"; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, bool]:
@@ -269,8 +271,8 @@ class Sysctls(Fact[dict[str, str]]):
     """Current values of sysctl keys (absent keys are missing from the dict)."""
 
     def command(self) -> str:
-        return "for k in " + " ".join(self.args) + \
-            '; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done; true'
+        return "for k in " + " ".join(shell(k) for k in self.args) + \
+            '; do v=$(sysctl -n "$k" 2>/dev/null) && printf \'%s=%s\\n\' "$k" "$v"; done; true'
 
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
         return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
@@ -301,13 +303,16 @@ class Files(Fact[dict[str, FileState]]):
         lines = []
         for arg in self.args:
             path = arg.lstrip("+")
+            # the path is data: one quoted word, printed by printf's %s, never part of a
+            # format or of a double-quoted string the shell would expand
             q = shell(path)
             lines.append(
-                f"if [ -e {q} ]; then echo \"F {path} $(stat -c '%a %U' {q}) "
-                f"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
-                + (f"echo \"C {path} $(base64 -w0 < {q})\"; echo \"T {path} $(stat -c %Y {q})\"; "
+                f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} \"$(stat -c '%a %U' {q})\" "
+                f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
+                + (f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
+                   f"printf 'T %s %s\\n' {q} \"$(stat -c %Y {q})\"; "
                    if arg.startswith("+") else "")
-                + f"else echo 'N {path}'; fi")
+                + f"else printf 'N %s\\n' {q}; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
@@ -347,9 +352,9 @@ class Services(Fact[dict[str, Unit]]):
     """``systemctl is-active`` / ``is-enabled`` of units."""
 
     def command(self) -> str:
-        return "for u in " + " ".join(self.args) + \
-            '; do echo "$u $(systemctl is-active "$u" 2>/dev/null | head -n1) ' \
-            '$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
+        return "for u in " + " ".join(shell(u) for u in self.args) + \
+            '; do printf \'%s %s %s\\n\' "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" ' \
+            '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
 
     def parse(self, output: str, exit_code: int) -> dict[str, Unit]:
         units = {}
