@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +95,75 @@ def test_status_shows_the_bootstrapped_cluster(inv: Path) -> None:
     assert status["gpu-01"]["cuda"].startswith("13.0")
     assert all(r["drift"] == 0 for r in status.values()), {h: r["drift"] for h, r in
                                                             status.items()}
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: Rich's box drawing; a terminal's escape sequences (colour, cursor) and carriage returns
+BOX = re.compile(r"[\u2500-\u257f]")
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+def invoke_status(inv: Path, *args: str, tty: bool) -> str:
+    """The real `invoke status` with COLUMNS=80, its output through a pipe or on a terminal
+    (a pty 80 columns wide), escape sequences removed."""
+    argv = [sys.executable, "-m", "invoke", "status", "--inventory", str(inv), *args]
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO), "TERM": "xterm"}
+    if not tty:
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=slave, stderr=slave,
+                            stdin=subprocess.DEVNULL)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    out = b"".join(chunks).decode()
+    assert proc.wait(timeout=120) == 0, out
+    return ESCAPES.sub("", out)
+
+
+def test_invoke_status_reads_at_80_columns_on_a_terminal_and_in_a_pipe(inv: Path) -> None:
+    """Issue 30: status wrapped 12 columns into a grid of three-letter cells at 80 columns
+    and in a pipe. The default view fits 80 columns with every cell whole; a pipe gets
+    plain aligned text (no box drawing). (-o wide's columns: tests/unit/test_tables.py.)"""
+    started = time.monotonic()
+    piped = invoke_status(inv, tty=False)
+    lines = piped.splitlines()
+    assert not BOX.search(piped), piped
+    assert max(len(x) for x in lines) <= 80, piped
+    head = lines.index(next(x for x in lines if x.startswith("HOST ")))
+    assert lines[head].split() == ["HOST", "ROLE", "STATE", "GPUS", "OFFERED", "PLAN"]
+    table = {x.split()[0]: x.split() for x in lines[head + 1:head + 1 + len(NODES)]}
+    assert sorted(table) == sorted(NODES), piped
+    assert table["cp-01"] == ["cp-01", "control-plane", "Ready", "0", "-", "in", "sync"]
+    assert table["gpu-01"] == ["gpu-01", "worker", "Ready", "2", "2", "in", "sync"]
+    assert table["gpu-02"] == ["gpu-02", "worker", "Ready", "1", "1", "in", "sync"]
+    assert table["cpu-01"] == ["cpu-01", "worker", "Ready", "0", "-", "in", "sync"]
+
+    on_tty = invoke_status(inv, tty=True)
+    tty_lines = [x for x in on_tty.splitlines() if x.strip()]
+    assert max(len(x) for x in tty_lines) <= 80, on_tty
+    for host in NODES:  # each host's row, whole, with its cells whole
+        row = next(x for x in tty_lines if re.search(rf"\b{host}\b", x))
+        assert "Ready" in row and "in sync" in row, on_tty
+
+    print(f"{piped}\n{on_tty}\ntwo invoke status runs: {time.monotonic() - started:.1f}s")
 
 
 def test_reprovision_touches_only_the_target_and_the_control_plane(cluster: Lab,
