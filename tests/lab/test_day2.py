@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.runs import call, derived_inventory, restore_fresh
+from tests.lab.runs import BOX, call, derived_inventory, invoke_at, restore_fresh
 from tests.lab.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
@@ -97,45 +94,10 @@ def test_status_shows_the_bootstrapped_cluster(inv: Path) -> None:
                                                             status.items()}
 
 
-REPO = Path(__file__).resolve().parents[2]
-#: Rich's box drawing; a terminal's escape sequences (colour, cursor) and carriage returns
-BOX = re.compile(r"[\u2500-\u257f]")
-ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-
-
 def invoke_status(inv: Path, *args: str, tty: bool) -> str:
-    """The real `invoke status` with COLUMNS=80, its output through a pipe or on a terminal
-    (a pty 80 columns wide), escape sequences removed."""
-    argv = [sys.executable, "-m", "invoke", "status", "--inventory", str(inv), *args]
-    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO), "TERM": "xterm"}
-    if not tty:
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=slave, stderr=slave,
-                            stdin=subprocess.DEVNULL)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(master)
-    out = b"".join(chunks).decode()
-    assert proc.wait(timeout=120) == 0, out
-    return ESCAPES.sub("", out)
+    rc, out = invoke_at(80, "status", "--inventory", str(inv), *args, tty=tty)
+    assert rc == 0, out
+    return out
 
 
 def test_invoke_status_reads_at_80_columns_on_a_terminal_and_in_a_pipe(inv: Path) -> None:
