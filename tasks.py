@@ -6,7 +6,7 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from gpuk8s.cli import run
+from gpuk8s.cli import run, table_output
 
 INVENTORY = "inventories/lab.yaml"
 
@@ -89,17 +89,27 @@ def reset(c, inventory=INVENTORY, yes=False):
     _done(run("reset", inventory=inventory, yes=yes))
 
 
-@task(help={"inventory": "inventory file", "json": "print JSON instead of a table"})
-def status(c, inventory=INVENTORY, json=False):
-    """One table: nodes, Ready, versions, GPUs, allocatable nvidia.com/gpu, drift."""
-    _done(run("status", inventory=inventory, as_json=json))
+def _table_output(output: str, json: bool) -> dict[str, bool]:
+    try:
+        return table_output(output, json)
+    except ValueError as exc:
+        raise Exit(f"error: {exc}", code=2) from None
+
+
+@task(help={"inventory": "inventory file", "json": "print JSON instead of a table",
+            "output": "wide: every column (the default view fits 80 columns); json: as --json"})
+def status(c, inventory=INVENTORY, json=False, output=""):
+    """One line per host: role, Ready, GPUs and allocatable nvidia.com/gpu, what plan would do
+    (in sync, N changes, refused by preflight); -o wide adds versions and GPU use."""
+    _done(run("status", inventory=inventory, **_table_output(output, json)))
 
 
 @task(name="gpu-usage", help={"inventory": "inventory file",
-                              "json": "print JSON instead of a table"})
-def gpu_usage(c, inventory=INVENTORY, json=False):
+                              "json": "print JSON instead of a table",
+                              "output": "wide: every column (model, UUID); json: as --json"})
+def gpu_usage(c, inventory=INVENTORY, json=False, output=""):
     """GPU utilisation, memory and pods per GPU, from the cluster's Prometheus (gpu_monitoring)."""
-    _done(run("gpu_usage", inventory=inventory, as_json=json))
+    _done(run("gpu_usage", inventory=inventory, **_table_output(output, json)))
 
 
 @task(help={"inventory": "inventory file", "driver": "NVIDIA driver version, e.g. 580.159.04",

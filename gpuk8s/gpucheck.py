@@ -137,20 +137,26 @@ def computation(row: dict[str, Any]) -> str:
 
 
 def _print(rep: Reporter, rows: list[dict[str, Any]]) -> None:
-    """The table; every value but the counts comes from the node, so each cell is a
-    :meth:`Reporter.cell` (plain text, control characters escaped), never markup."""
-    from rich.table import Table
+    """The table, a line per host; then each host's computation (several lines: how, then
+    each GPU's line and times) and a failure's text under it. Every value but the counts
+    comes from the node, so each is plain text (control characters escaped), never markup."""
     from rich.text import Text
 
-    table = Table(title="node GPU check", title_justify="left")
-    for col in ("host", "PCI GPUs", "nvidia-smi", "driver", "computation", "result"):
-        table.add_column(col)
+    from gpuk8s.report import Column
+
+    cols = [Column("host"), Column("PCI GPUs", justify="right"),
+            Column("nvidia-smi", justify="right"), Column("driver"), Column("result")]
+    rep.table("node GPU check", cols, [
+        [r["host"], str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]), r["driver"],
+         Text("ok", style="green") if r["ok"] else Text("FAILED", style="red")] for r in rows])
     for r in rows:
-        result = Text("ok", style="green") if r["ok"] else \
-            Text.assemble(("FAILED", "red"), "\n", rep.cell(r["error"]))
-        table.add_row(rep.cell(r["host"]), str(r["pci_gpus"]), str(r["nvidia_smi_gpus"]),
-                      rep.cell(r["driver"]), rep.cell(computation(r)), result)
-    rep.console.print(table)
+        how = computation(r).replace("\n", "\n  ")
+        rep.console.print(Text.assemble(rep.cell(r["host"], "bold"), ": ", rep.cell(how)),
+                          soft_wrap=True)
+        if not r["ok"]:
+            error = r["error"].replace("\n", "\n    ")
+            rep.console.print(Text.assemble("  ", ("FAILED", "red"), ": ", rep.cell(error)),
+                              soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

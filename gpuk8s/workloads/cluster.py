@@ -10,12 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op, kube
 from gpuk8s.ops.kube import apply_script
-from gpuk8s.report import Reporter
+from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
 from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
@@ -268,15 +266,19 @@ def wait(remote: Remote, namespace: str, selector: str, timeout: float,
         time.sleep(2.0)
 
 
+#: a workload's pods (deploy, verify): kubectl get pods' columns, the GPUs each holds and
+#: what it waits for
+POD_COLUMNS = (Column("pod"), Column("node"), Column("phase"), Column("gpus", justify="right"),
+               Column("detail"))
+
+
 def pod_table(reporter: Reporter, title: str, result: WaitResult) -> None:
-    table = Table(title=reporter.cell(title), title_justify="left")
-    for col in ("pod", "node", "phase", "GPUs", "detail"):
-        table.add_column(col)
+    rows: list[list[Cell]] = []
     for row in sorted(result.pods, key=lambda r: r.name):
         style = {"Running": "green", "Succeeded": "green", "Failed": "red"}.get(row.phase,
                                                                                "yellow")
-        table.add_row(reporter.cell(row.name), reporter.cell(row.node or "-"),
-                      reporter.cell(row.phase, style), str(row.gpus), reporter.cell(row.detail))
-    reporter.console.print(table)
+        rows.append([row.name, row.node or "-", reporter.cell(row.phase, style),
+                     str(row.gpus), row.detail])
+    reporter.table(title, POD_COLUMNS, rows)
     for key, state in result.objects.items():
         reporter.print(f"  {key}: {state}")

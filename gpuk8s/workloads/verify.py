@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from gpuk8s.day2.gpuusage import query_command
 from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
-from gpuk8s.report import Reporter
+from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.sinks import shell
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 from gpuk8s.workloads.cluster import Remote, _json, open_control_plane, wait
@@ -236,21 +235,23 @@ def _run_stages(remote: Remote, values: Mapping[str, Any], nodes: list[dict[str,
 
 
 def _print(rep: Reporter, checks: Any, with_tf: bool) -> None:
+    """The table, a line per node (a failed node's result is FAIL), then each failure's
+    reason under it: a sentence needs a line of its own, not a table cell."""
     checks = list(checks)
-    table = Table(title="verify: GPUs per node", title_justify="left")
-    cols = ["node", "PCI GPUs", "offered", "nvidia-smi", "TensorFlow"]
+    cols = [Column("node"), Column("PCI GPUs", justify="right"), Column("offered"),
+            Column("nvidia-smi", justify="right"), Column("TensorFlow")]
     dcgm = any(c.dcgm is not None for c in checks)
-    cols += ["DCGM (Prometheus)"] if dcgm else []
-    for col in (*cols, "result"):
-        table.add_column(col)
-    for c in checks:
-        models = sorted(set(c.smi))
+    cols += [Column("DCGM", justify="right")] if dcgm else []
+    rows: list[list[Cell]] = []
+    for c in checks:  # nvidia-smi's count: the model names would take the line past 80
         tf = "skipped" if not with_tf else "skipped (MIG)" if c.mig else \
             "-" if c.tf is None else str(c.tf)
-        row: list[Any] = [rep.cell(c.node), str(c.expected), rep.cell(c.offered_text),
-               rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models else "")), tf]
+        row: list[Cell] = [c.node, str(c.expected), c.offered_text, str(len(c.smi)), tf]
         row += [str(c.dcgm)] if dcgm else []
-        table.add_row(*row, Text("ok", style="green") if c.ok else
-                      Text.assemble(("FAIL", "red"), " ",
-                                    rep.cell(c.problem or "counts differ")))
-    rep.console.print(table)
+        rows.append([*row, Text("ok", style="green") if c.ok else Text("FAIL", style="red")])
+    rep.table("verify: GPUs per node", [*cols, Column("result")], rows)
+    for c in checks:
+        if not c.ok:
+            rep.console.print(Text.assemble("  ", rep.cell(c.node), ": ", ("FAIL", "red"), " ",
+                                            rep.cell(c.problem or "counts differ")),
+                              soft_wrap=True)

@@ -185,7 +185,7 @@ def test_status_and_pod_tables_print_cluster_text_literally() -> None:
     _print_status(rep, [{"host": "gpu-01", "role": "worker", "state": "Ready",
                          "kubelet": f"v1.36[/x]{CLEAR}", "containerd": "2.1[bold]",
                          "driver": "580", "cuda": "", "gpus": 1, "gpu_model": "H100",
-                         "allocatable_gpu": 1, "drift": ""}], False)
+                         "allocatable_gpu": 1, "drift": ""}], False, wide=True)
     pod_table(rep, "pods [/x]", WaitResult(True, [PodRow("p[/x]", "n", f"Fail[/x]{CLEAR}", 1,
                                                           "[red]boom")], [], {}))
     out = _clean(buf.getvalue())
