@@ -31,11 +31,13 @@ KUBEADM_IMAGES = {
     "1.36": ("v1.14.2", "3.10.2", "3.6.8-0"),
     "1.37": ("v1.14.6", "3.10.2", "3.7.0-0"),
 }
-#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass (read by the Dra fact, only
-#: on clusters that serve resource.k8s.io)
+#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass and the DRA driver's
+#: ValidatingAdmissionPolicy(Binding) (read by the Dra fact, only on clusters that serve
+#: resource.k8s.io)
 _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "service", "clusterrole",
                   "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
-                  "customresourcedefinition", "deviceclass"}
+                  "customresourcedefinition", "deviceclass", "validatingadmissionpolicy",
+                  "validatingadmissionpolicybinding"}
 
 
 #: the label on every object gpuk8s applies (cluster add-ons and workloads alike)
