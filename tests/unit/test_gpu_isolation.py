@@ -120,3 +120,36 @@ def test_extra_env_refuses_nvidia_variables_from_a_values_file(tmp_path: Path) -
 def test_other_extra_env_still_passes() -> None:
     values = w.load_values("tensorflow-job", sets=["extraEnv.CUDA_CACHE_PATH=abc"])
     assert values["extraEnv"] == {"CUDA_CACHE_PATH": "abc"}
+
+
+# ------------------------------------------------------------------ the lab plays it as upstream
+def test_lab_runtime_honours_the_strategy_and_the_toolkit_settings() -> None:
+    """The lab's pod runner (podrun) gives a container the devices nvidia-container-runtime
+    v1.20.0 would: a pod's own NVIDIA_VISIBLE_DEVICES=all wins with the toolkit's defaults and
+    the envvar strategy (the attack), and is ignored once hardened with volume mounts."""
+    from tests.lab.standins.k8s import podrun, programs
+
+    uuid = "GPU-11111111-2222-3333-4444-555555555555"
+    hardened = podrun.toolkit_settings(
+        "accept-nvidia-visible-devices-as-volume-mounts = true\n"
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
+    defaults = podrun.toolkit_settings(STANDIN_CONFIG.read_text())
+    assert (hardened, defaults) == ((False, True), (True, False))
+    plugin = plugin_container()
+
+    def devices(container: dict[str, Any], settings: tuple[bool, bool],
+                privileged: bool = False) -> list[str] | None:
+        alloc = programs.device_plugin_allocation(container, [uuid])
+        env = {**alloc["envs"], "NVIDIA_VISIBLE_DEVICES": "all"}   # the pod's env wins
+        mounts = [{"src": m["hostPath"], "dst": m["containerPath"]} for m in alloc["mounts"]]
+        return podrun.runtime_devices(env, mounts, privileged, settings)
+
+    assert devices(plugin, hardened) == [uuid]
+    assert devices({}, defaults) is None            # envvar strategy, defaults: every GPU
+    assert devices({}, hardened) == []              # a strategy the toolkit no longer takes
+    assert devices({}, hardened, privileged=True) is None   # CAP_SYS_ADMIN: still honoured
+    # the plugin still offers its GPUs (SYS_ADMIN); without it, hardened, it would see none
+    assert programs.device_plugin_sees_gpus(plugin, STANDIN_CONFIG.read_text())
+    hardened_text = ("accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
+    assert programs.device_plugin_sees_gpus(plugin, hardened_text)
+    assert not programs.device_plugin_sees_gpus({"securityContext": {}}, hardened_text)
