@@ -327,7 +327,7 @@ def test_a_pods_own_nvidia_visible_devices_gets_it_no_other_gpu(cluster: Lab) ->
     toolkit gpuk8s configured ignores the variable in unprivileged containers and takes the
     device plugin's volume mounts (the lab's runtime and device plugin play v1.20.0 and
     v0.20.0, tests/lab/CONTRACT.md)."""
-    config = cluster.ssh("gpu-01", "cat /etc/nvidia-container-runtime/config.toml")[1]
+    config = "\n" + cluster.ssh("gpu-01", "cat /etc/nvidia-container-runtime/config.toml")[1]
     assert "\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n" in config
     assert "\naccept-nvidia-visible-devices-as-volume-mounts = true\n" in config
     cuda = "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"
