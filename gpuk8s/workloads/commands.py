@@ -285,10 +285,18 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
     if spec.get("type") != "NodePort" or not ports or not ports[0].get("nodePort"):
         session.reporter.print(f"  service {name}: {spec.get('clusterIP', '')}:"
                                f"{ports[0].get('port') if ports else ''} (inside the cluster)")
-        return
-    ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
-        session.host(session.first_cp).address
-    url = f"http://{ip}:{ports[0]['nodePort']}/"
+        if not ports:
+            return
+        # not on the network (security review 2, L5): through the API server to this machine
+        port = ports[0].get("port")
+        session.reporter.print(f"  open it from your machine with kubectl -n "
+                               f"{svc['metadata'].get('namespace')} port-forward "
+                               f"service/{name} {port}:{port} (it runs until Ctrl-C), then:")
+        url = f"http://127.0.0.1:{port}/"
+    else:
+        ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
+            session.host(session.first_cp).address
+        url = f"http://{ip}:{ports[0]['nodePort']}/"
     if token is None:
         session.reporter.print(f"  {name}: {url}")
         return

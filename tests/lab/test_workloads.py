@@ -214,7 +214,10 @@ def test_distributed_tf_trains_across_two_gpu_nodes(cluster: Lab) -> None:
 
 def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
                                                               tf_venv: Path) -> None:
-    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True)
+    # NodePort is the documented opt-in (the default is a ClusterIP and a port-forward line,
+    # which the lab's API server does not serve): this host reaches it as a browser would
+    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True,
+                       sets=["service.type=NodePort"])
     (pod,) = result["pods"]
     assert pod["phase"] == "Running" and pod["node"] in GPU_NODES
     secret = json.loads(kubectl(cluster, "get secret jupyter-token -n ml -o json"))
@@ -239,8 +242,25 @@ def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
     assert "0 GPU(s):" in cells[0]["output"]
     # nvidia-smi inside the pod sees exactly the one GPU it was given
     assert cells[1]["output"].count("NVIDIA H") == 1, cells[1]["output"]
+    # the notebook server runs as nobody (security review 2, L5)
+    name = pods(cluster, "jupyter")[0]["metadata"]["name"]
+    assert "uid=65534" in kubectl(cluster, f"exec -n ml {name} -- id")
+    # the default: no NodePort, a port-forward line instead
     _again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
     assert token not in text2 and "token=<redacted>" in text2
+    assert "port-forward service/jupyter 8888:8888" in text2, text2
+    svc = json.loads(kubectl(cluster, "get service jupyter -n ml -o json"))["spec"]
+    assert svc["type"] == "ClusterIP" and "nodePort" not in svc["ports"][0]
+    deadline = time.monotonic() + 15   # kube-proxy drops the NodePort's rules
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
+        except urllib.error.HTTPError:
+            pass
+        except OSError:
+            break
+        assert time.monotonic() < deadline, f"{base} still answers"
+        time.sleep(1)
     run(workloads.undeploy, cluster.inventory_path, "jupyter")
 
 
@@ -250,15 +270,22 @@ def test_tensorboard_serves_the_training_runs_scalars(cluster: Lab) -> None:
     (pod,) = pods(cluster, "tensorboard")
     assert pod["spec"]["nodeName"] != "cp-01"   # the control plane keeps its taint
     assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
-    url = f"http://{NODE_IPS[pod['spec']['nodeName']]}:30606"
-    assert f"{url}/" in text
-    assert get_status(f"{url}/data/runs") == 200
-    with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=30) as resp:
-        tags = json.load(resp)
+    # a ClusterIP (security review 2, L5): reached from inside the cluster, here a node
+    svc = json.loads(kubectl(cluster, "get service tensorboard -n ml -o json"))["spec"]
+    assert svc["type"] == "ClusterIP" and "nodePort" not in svc["ports"][0]
+    assert "port-forward service/tensorboard 6006:6006" in text, text
+    url = f"http://{svc['clusterIP']}:6006"
+
+    def get_json(path: str) -> Any:
+        rc, out, err = cluster.ssh("cp-01", f"curl -sf --retry 10 --retry-connrefused "
+                                   f"--retry-delay 1 -m 30 '{url}{path}'")
+        assert rc == 0, (path, out, err)
+        return json.loads(out)
+
+    assert isinstance(get_json("/data/runs"), list)
+    tags = get_json("/data/plugin/scalars/tags")
     assert {"loss", "accuracy"} <= set(tags["mnist"])
-    with urllib.request.urlopen(f"{url}/data/plugin/scalars/scalars?run=mnist&tag=accuracy",
-                                timeout=30) as resp:
-        points = json.load(resp)
+    points = get_json("/data/plugin/scalars/scalars?run=mnist&tag=accuracy")
     assert len(points) == int(EPOCHS) and all(0 <= p[2] <= 1 for p in points)
 
 
@@ -292,6 +319,54 @@ def test_verify_runs_nvidia_smi_in_real_pods(cluster: Lab) -> None:
                             key=lambda p: p.stat().st_mtime).read_text())
     assert {n: v["tensorflow"] for n, v in report["verify"].items()} == {"gpu-01": 0,
                                                                           "gpu-02": 0}
+
+
+def test_a_pods_own_nvidia_visible_devices_gets_it_no_other_gpu(cluster: Lab) -> None:
+    """Security review 2, L6: on gpu-01 (2 H100s) a pod that asks for 1 GPU and sets
+    NVIDIA_VISIBLE_DEVICES=all sees its 1 GPU only, and one that asks for none sees none: the
+    toolkit gpuk8s configured ignores the variable in unprivileged containers and takes the
+    device plugin's volume mounts (the lab's runtime and device plugin play v1.20.0 and
+    v0.20.0, tests/lab/CONTRACT.md)."""
+    config = "\n" + cluster.ssh("gpu-01", "cat /etc/nvidia-container-runtime/config.toml")[1]
+    assert "\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n" in config
+    assert "\naccept-nvidia-visible-devices-as-volume-mounts = true\n" in config
+    cuda = "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"
+
+    def pod(name: str, gpus: int) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
+                                                                "namespace": "default"},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-01"},
+                         "runtimeClassName": "nvidia", "restartPolicy": "Never",
+                         "containers": [{
+                             "name": "c", "image": cuda,
+                             "command": ["sh", "-c", "nvidia-smi -L || echo no nvidia-smi"],
+                             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                             "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus
+                             else {}}]}}
+
+    names = {"grab-one": 1, "grab-none": 0}
+    started = time.monotonic()
+    manifest = "\n---\n".join(json.dumps(pod(n, g)) for n, g in names.items())
+    rc, out, err = cluster.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf "
+                               f"apply -f - <<'EOF'\n{manifest}\nEOF")
+    assert rc == 0, out + err
+    try:
+        deadline = time.monotonic() + 60
+        phases: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            phases = {n: json.loads(kubectl(cluster, f"get pod {n} -o json")).get(
+                "status", {}).get("phase", "") for n in names}
+            if all(p in ("Succeeded", "Failed") for p in phases.values()):
+                break
+            time.sleep(1)
+        assert phases == {"grab-one": "Succeeded", "grab-none": "Succeeded"}, phases
+        one = kubectl(cluster, "logs grab-one")
+        assert one.count("GPU ") == 1 and "NVIDIA H100" in one, one
+        none = kubectl(cluster, "logs grab-none")
+        assert "no nvidia-smi" in none and "GPU " not in none, none
+        assert time.monotonic() - started < 20
+    finally:
+        kubectl(cluster, "delete pod grab-one grab-none --ignore-not-found --wait=false")
 
 
 def test_a_failing_job_shows_its_exit_code(cluster: Lab, tmp_path: Path) -> None:

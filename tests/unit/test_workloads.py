@@ -24,6 +24,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "storage-default": ("storage", ["nfs.server=10.0.0.5"]),
     "storage-class": ("storage", ["storageClassName=nfs-csi", "size=1Ti"]),
     "jupyter-default": ("jupyter", []),
+    "jupyter-nodeport": ("jupyter", ["service.type=NodePort"]),
     "jupyter-custom": ("jupyter", ["gpus=2", "service.nodePort=null", "namespace=team-a",
                                    "nodeSelector.gpu-type=h100", "storage.enabled=false"]),
     "tensorflow-job-default": ("tensorflow-job", []),
@@ -133,7 +134,7 @@ def test_jupyter_token_comes_from_the_secret_not_argv() -> None:
                                                                   "key": "token"}
     assert "token" not in " ".join(c["command"]).lower()
     svc = _by_kind(rendered("jupyter-default"), "Service")
-    assert svc["spec"]["ports"][0]["nodePort"] == 30888
+    assert svc["spec"]["type"] == "ClusterIP" and "nodePort" not in svc["spec"]["ports"][0]
     assert "nodePort" not in _by_kind(rendered("jupyter-custom"), "Service")["spec"]["ports"][0]
     nb = json.loads(_by_kind(rendered("jupyter-default"), "ConfigMap")["data"]["gpus.ipynb"])
     assert "list_physical_devices('GPU')" in "".join(nb["cells"][1]["source"])
@@ -253,7 +254,7 @@ def test_values_precedence(tmp_path: Path) -> None:
     f.write_text("gpus: 2\nservice: {nodePort: 31000}\nnodeSelector: {pool: a100}\n")
     v = w.load_values("jupyter", [f], ["gpus=3"])
     assert v["gpus"] == 3                       # --set beats the file
-    assert v["service"] == {"type": "NodePort", "port": 8888, "nodePort": 31000}  # deep merge
+    assert v["service"] == {"type": "ClusterIP", "port": 8888, "nodePort": 31000}  # deep merge
     assert v["nodeSelector"] == {"pool": "a100"}  # free-form mapping
     assert v["namespace"] == "ml"               # shared default
     assert w.load_values("jupyter", sets=["cpu=4"])["cpu"] == "4"

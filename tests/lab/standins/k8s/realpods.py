@@ -188,7 +188,8 @@ class Resolver:
                           "hostPath volumes are supported in the lab")
 
 
-def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str]) -> Obj:
+def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str],
+                   pod_sc: Obj | None = None) -> Obj:
     mounts = []
     for m in c.get("volumeMounts") or []:
         src = volumes[m["name"]]
@@ -197,10 +198,19 @@ def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str]) -> Obj:
             os.makedirs(P(src), exist_ok=True)
         mounts.append({"src": P(src), "dst": m["mountPath"], "ro": bool(m.get("readOnly"))})
     limits = (c.get("resources") or {}).get("limits") or {}
-    return {"name": c["name"], "image": c.get("image", ""),
+    sc = c.get("securityContext") or {}
+    # runAsUser/runAsGroup: the container's, else the pod's (the image's USER otherwise)
+    uid = sc.get("runAsUser", (pod_sc or {}).get("runAsUser"))
+    gid = sc.get("runAsGroup", (pod_sc or {}).get("runAsGroup"))
+    return {"name": c["name"],
+            "user": None if uid is None else f"{uid}:{gid if gid is not None else 0}",
+            "image": c.get("image", ""),
             "imagePullPolicy": c.get("imagePullPolicy"),
             "command": c.get("command"), "args": c.get("args"), "env": env,
             "workingDir": c.get("workingDir"), "mounts": mounts,
+            # the toolkit counts CAP_SYS_ADMIN as privileged (privileged.go@v1.20.0)
+            "privileged": bool(sc.get("privileged")) or
+            "SYS_ADMIN" in ((sc.get("capabilities") or {}).get("add") or []),
             "memory": int(parse_quantity(limits["memory"])) if "memory" in limits else None,
             "cpus": float(parse_quantity(limits["cpu"])) if "cpu" in limits else None}
 
@@ -215,7 +225,8 @@ def prepare(client: Client, pod: Obj, node_ip: str, gpus: list[str], gpu_runtime
     volumes = {v["name"]: r.volume(v, base) for v in spec.get("volumes") or []}
     groups: dict[str, list[Obj]] = {}
     for group in ("initContainers", "containers"):
-        groups[group] = [container_spec(c, r.env(c, node_ip), volumes)
+        groups[group] = [container_spec(c, r.env(c, node_ip), volumes,
+                                        spec.get("securityContext"))
                          for c in spec.get(group) or []]
     ports = [{"hostPort": p["hostPort"], "containerPort": p["containerPort"],
               "protocol": p.get("protocol", "TCP").lower()}
