@@ -7,7 +7,7 @@ merged into stdout; the executor and the probe delimit their sections with marke
 Trust: every hop (the host and each bastion, from the inventory or from ``~/.ssh/config``) has its
 host key checked against the same known_hosts files with the same policy. Output from a node is
 untrusted text: at most ``MAX_OUTPUT_BYTES`` of it is read per command. The sudo password is sent
-only to a host whose sudo asks for one (``sudo -n true`` fails there).
+only to a host whose sudo asks for one (``sudo -k -n -- sh -c true`` fails there).
 """
 
 from __future__ import annotations

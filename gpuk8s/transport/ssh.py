@@ -322,7 +322,8 @@ class SSHTransport:
 
     def check_sudo(self) -> None:
         """Fail early, with one clear error, when sudo refuses us. The first command asks
-        ``sudo -n true``: where sudo needs no password, the password is never sent."""
+        ``sudo -k -n -- sh -c true``: where sudo needs no password, the password is never
+        sent."""
         result = self.run("id -u")
         if result.stdout.strip().splitlines()[-1:] != ["0"]:
             why = self.redact(result.stdout.strip()) or f"exit {result.exit_code}"

@@ -443,7 +443,7 @@ def test_open_all_never_loses_a_host(home: Path) -> None:
 # -- finding 11: the sudo password only where sudo asks for it ------------------------------
 def sudo_host(nopasswd: bool) -> Handler:
     def handler(command: str, stdin: bytes) -> tuple[int, bytes | list[bytes]]:
-        if command == "sudo -k -n -- true":
+        if command == "sudo -k -n -- sh -c true":
             return (0, b"") if nopasswd else (1, b"sudo: a password is required\n")
         return 0, b"0\n"
     return handler
@@ -456,7 +456,7 @@ def test_password_never_sent_where_sudo_needs_none(home: Path, servers: Any) -> 
     t.check_sudo()
     t.run("echo again")
     t.close()
-    assert [e.command for e in sshd.execs] == ["sudo -k -n -- true", "sudo -n -- sh -s",
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true", "sudo -n -- sh -s",
                                                "sudo -n -- sh -s"]
     assert all(PASSWORD.encode() not in e.stdin for e in sshd.execs)
 
@@ -467,7 +467,7 @@ def test_password_on_stdin_where_sudo_asks(home: Path, servers: Any) -> None:
     t = connect(spec_for(home, sshd, user="ops", become=True, become_password=PASSWORD))
     t.check_sudo()
     t.close()
-    assert [e.command for e in sshd.execs] == ["sudo -k -n -- true",
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true",
                                                "sudo -k -S -p '' -- sh -s"]
     assert sshd.execs[0].stdin == b""
     assert sshd.execs[1].stdin == f"{PASSWORD}\nid -u".encode()
@@ -495,7 +495,7 @@ def sudo_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
         log = folder / "argv.log"
         (folder / "sudo").write_text(
             '#!/bin/sh\nfor a; do printf "[%s]" "$a"; done >> "$SUDO_LOG"; echo >> "$SUDO_LOG"\n'
-            f'[ "$*" = "-k -n -- true" ] && exit {probe_rc}\n'
+            f'[ "$*" = "-k -n -- sh -c true" ] && exit {probe_rc}\n'
             'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n')
         (folder / "sudo").chmod(0o755)
         monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
@@ -511,7 +511,7 @@ def test_local_transport_never_feeds_the_password_to_sh(sudo_shim: Any) -> None:
                                    become_password=PASSWORD, local=True))
     result = t.run("echo ran")
     assert result.stdout == "ran\n"  # no "s3cret: not found", no `id -un` output
-    assert log.read_text().splitlines() == ["[-k][-n][--][true]", "[-n][--][sh][-s]"]
+    assert log.read_text().splitlines() == ["[-k][-n][--][sh][-c][true]", "[-n][--][sh][-s]"]
 
 
 def test_local_transport_argv_is_a_list(sudo_shim: Any) -> None:
@@ -521,6 +521,73 @@ def test_local_transport_argv_is_a_list(sudo_shim: Any) -> None:
     t.run("true")
     # sudo gets an empty prompt argument, not the two characters ''
     assert "[-k][-S][-p][][--][sh][-s]" in log.read_text().splitlines()
+
+
+#: a sudo that acts on a sudoers granting ``sh`` NOPASSWD and everything else only with a
+#: password (review 2, residual of #11): ``sh`` runs at once, its stdin untouched (the real
+#: sudo reads no password there); any other command, or -S for a command other than sh, wants
+#: the password. Logs each argv as [arg][arg] to $SUDO_LOG.
+SH_ONLY_SUDO = r"""#!/bin/sh
+for a; do printf "[%s]" "$a"; done >> "$SUDO_LOG"; echo >> "$SUDO_LOG"
+stdin_pw=0; nonint=0
+while [ "$1" != "--" ]; do
+  case $1 in -S) stdin_pw=1;; -n) nonint=1;; esac; shift
+done
+shift
+case $1 in
+  sh|/bin/sh|/usr/bin/sh) exec "$@";;
+esac
+[ "$nonint" = 1 ] && { echo "sudo: a password is required"; exit 1; }
+if [ "$stdin_pw" = 1 ]; then IFS= read -r pw; [ "$pw" = "$SUDO_PW" ] || exit 1; exec "$@"; fi
+exit 1
+"""
+
+
+@pytest.fixture
+def sh_only_sudo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "sh-only"
+    folder.mkdir()
+    (folder / "sudo").write_text(SH_ONLY_SUDO)
+    (folder / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.setenv("SUDO_LOG", str(folder / "argv.log"))
+    monkeypatch.setenv("SUDO_PW", PASSWORD)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    return folder / "argv.log"
+
+
+def test_the_sudo_probe_asks_about_sh_the_command_the_scripts_run(
+        sh_only_sudo: Path) -> None:
+    """Review 2, residual note on #11: a sudoers granting ``sh`` without a password but not
+    ``true`` made the old probe (``sudo -k -n -- true``) fail, so the password was sent, and
+    root's sh (which sudo started without reading it) ran the password as a command line. The
+    probe asks about ``sh`` itself; the scripts run in a real shell here."""
+    t = LocalTransport(ConnectSpec(name="me", address="localhost", user="ops", become=True,
+                                   become_password=PASSWORD, local=True))
+    result = t.run("echo ran")
+    assert result.stdout == "ran\n", result.stdout  # no "s3cret: not found", no `id -un`
+    assert sh_only_sudo.read_text().splitlines() == ["[-k][-n][--][sh][-c][true]",
+                                                     "[-n][--][sh][-s]"]
+
+
+def test_the_sudo_probe_over_ssh_runs_in_a_real_shell(home: Path, servers: Any,
+                                                       sh_only_sudo: Path) -> None:
+    """The same sudoers behind sshd: each command line runs in a real ``sh -c`` with that
+    sudo first on PATH, as sshd runs it."""
+    def real_shell(command: str, stdin: bytes) -> tuple[int, bytes | list[bytes]]:
+        proc = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
+                              timeout=30, check=False)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    sshd = servers(real_shell)
+    known_hosts(home, sshd.line())
+    t = connect(spec_for(home, sshd, user="ops", become=True, become_password=PASSWORD))
+    t.check_sudo()
+    assert t.run("echo ran").stdout == "ran\n"
+    t.close()
+    assert all(PASSWORD.encode() not in e.stdin for e in sshd.execs)
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true", "sudo -n -- sh -s",
+                                               "sudo -n -- sh -s"]
 
 
 # -- finding 11 (inventory): where a password may come from -----------------------------------
