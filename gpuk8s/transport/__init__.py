@@ -31,10 +31,13 @@ from gpuk8s.transport.local import LocalTransport
 from gpuk8s.transport.ssh import SSHTransport
 
 
-def open_transport(spec: ConnectSpec, redact: Redactor) -> SSHTransport | LocalTransport:
-    """A connected transport for one host (raises ConnectError)."""
+def open_transport(spec: ConnectSpec, redact: Redactor,
+                   notify: Callable[[str], None] | None = None) -> SSHTransport | LocalTransport:
+    """A connected transport for one host (raises ConnectError). ``notify`` gets a line to
+    show when connecting waits (a host still booting); the default is stderr."""
     transport: SSHTransport | LocalTransport
-    transport = LocalTransport(spec, redact) if spec.local else SSHTransport(spec, redact)
+    transport = LocalTransport(spec, redact) if spec.local else \
+        SSHTransport(spec, redact, notify=notify)
     transport.connect()
     if spec.user != "root" and spec.become:
         transport.check_sudo()
