@@ -165,12 +165,21 @@ def undeploy(c, name, inventory=INVENTORY, values=None, set=None):
             "set": "key.sub=value (repeatable)",
             "local": "node-level check on the hosts themselves (no cluster): nvidia-smi sees "
                      "every PCI GPU and a CUDA computation is right on each",
-            "limit": "host pattern (with --local)"}, iterable=["values", "set"])
-def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=None):
+            "limit": "host pattern (with --local)",
+            "python": "with --local: the Python interpreter whose PyTorch (with CUDA) the "
+                      "PyTorch path uses, e.g. /opt/torch/.venv/bin/python3",
+            "without_nvcc": "with --local: leave nvcc out, to run the PyTorch path"},
+      iterable=["values", "set"])
+def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=None, python=None,
+           without_nvcc=False):
     """Smoke-test every GPU node: a Job per node (nvidia-smi, then TensorFlow listing its GPUs),
     or with --local the node-level check over SSH / on this machine."""
+    if (python or without_nvcc) and not local:
+        raise Exit("--python and --without-nvcc are options of the node-level check: add "
+                   "--local", code=1)
     if local:
-        _done(run("verify_local", inventory=inventory, limit=limit))
+        _done(run("verify_local", inventory=inventory, limit=limit, python=python,
+                  nvcc=not without_nvcc))
     else:
         _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuk8s import mig
@@ -40,6 +40,20 @@ NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
+
+
+#: a rule that needs only the inventory: the host's variables, groups and the inventory's
+#: cluster values (ctx.facts is empty where `gpuk8s check` runs it)
+InventoryRule = Callable[[HostContext], list[Problem]]
+#: every such rule, in the order they report: preflight runs them on each host, and
+#: `gpuk8s check` runs the same ones before any host is contacted (register with
+#: @inventory_rule; tests/unit/test_check.py fails on a vars-only rule left out)
+INVENTORY_RULES: list[InventoryRule] = []
+
+
+def inventory_rule(rule: InventoryRule) -> InventoryRule:
+    INVENTORY_RULES.append(rule)
+    return rule
 
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
@@ -143,6 +157,11 @@ def lab_key_problems(vars: Mapping[str, Any], address: str) -> list[Problem]:
              "lab_signing_key_allowed: true")]
 
 
+@inventory_rule
+def _lab_key_rule(ctx: HostContext) -> list[Problem]:
+    return lab_key_problems(ctx.vars, _host_address(ctx))
+
+
 def _init_problems(sysinfo: SystemInfo) -> list[Problem]:
     """The kubelet and containerd run as systemd services: a host whose PID 1 is not systemd
     (a container, a microVM or sandbox started without an init, WSL without systemd) is
@@ -189,6 +208,7 @@ def _headers_problems(ctx: HostContext, sysinfo: SystemInfo) -> list[Problem]:
              "NVIDIA driver yourself before bootstrapping (a loaded driver is left as it is)")]
 
 
+@inventory_rule
 def _endpoint_address_problems(ctx: HostContext) -> list[Problem]:
     """With one control plane the API endpoint is its inventory address: a loopback one (a
     local connection to `localhost`) is an endpoint no other node reaches."""
@@ -218,14 +238,33 @@ def plan(ctx: HostContext) -> list[Op]:
     return []
 
 
-def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
-    """A MIG layout this host's GPUs cannot take: refused before any host changes."""
-    sharing = sharing_of(ctx.var("gpu_sharing"))
-    if sharing.mode == "time-slicing" and ctx.var("gpu_allocation") == "dra":
+@inventory_rule
+def _sharing_allocation_problems(ctx: HostContext) -> list[Problem]:
+    """Time-slicing is the device plugin's: it cannot go with gpu_allocation dra."""
+    if sharing_of(ctx.var("gpu_sharing")).mode == "time-slicing" and \
+            ctx.var("gpu_allocation") == "dra":
         return [("gpu_sharing", "gpu_sharing time-slicing is a setting of NVIDIA's device "
                  "plugin, and gpu_allocation is dra (no device plugin runs)",
                  "use gpu_sharing: {mode: none} or {mode: mig, ...} with dra, or "
                  "gpu_allocation: device-plugin for time-slicing")]
+    return []
+
+
+@inventory_rule
+def _dra_version_problems(ctx: HostContext) -> list[Problem]:
+    """DRA's resource.k8s.io/v1 is in Kubernetes 1.34 and newer."""
+    k8s_minor = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split(".")[:2])
+    if ctx.var("gpu_allocation") == "dra" and k8s_minor < (1, 34):
+        return [("gpu_allocation", f"gpu_allocation dra needs Kubernetes 1.34 or newer "
+                 f"(resource.k8s.io/v1); kubernetes_version is "
+                 f"{ctx.var('kubernetes_version')}", "set kubernetes_version: \"1.36\" "
+                 "or gpu_allocation: device-plugin")]
+    return []
+
+
+def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
+    """A MIG layout this host's GPUs cannot take: refused before any host changes."""
+    sharing = sharing_of(ctx.var("gpu_sharing"))
     if sharing.mode != "mig":
         return []
     models = sorted({g.model for g in gpus})
@@ -250,8 +289,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     gpus = [d for d in f[PciDevices()] if d.is_gpu]
     errors: list[Problem] = _init_problems(sysinfo)
     errors += _module_problems(sysinfo, f[KernelModules(*NEEDED_MODULES)])
-    errors += _endpoint_address_problems(ctx)
-    errors += lab_key_problems(ctx.vars, _host_address(ctx))
+    errors += [p for rule in INVENTORY_RULES for p in rule(ctx)]
     warnings: list[Problem] = []
     os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
     invalid = [k for k in OS_RELEASE_IDS if f"{k}_AS_FOUND" in os_]
@@ -324,16 +362,22 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
-    k8s_minor = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split(".")[:2])
-    if ctx.var("gpu_allocation") == "dra" and k8s_minor < (1, 34):
-        errors.append(("gpu_allocation", f"gpu_allocation dra needs Kubernetes 1.34 or newer "
-                       f"(resource.k8s.io/v1); kubernetes_version is "
-                       f"{ctx.var('kubernetes_version')}", "set kubernetes_version: \"1.36\" "
-                       "or gpu_allocation: device-plugin"))
     for more_errors, more_warnings in (_mirror_problems(ctx), _endpoint_problems(ctx)):
         errors += more_errors
         warnings += more_warnings
+    return _ignored(ctx, errors, warnings)
+
+
+def inventory_check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) of the rules that need only the inventory (INVENTORY_RULES), with
+    preflight_ignore applied: what `gpuk8s check` reports for a host before contacting it."""
+    errors = [p for rule in INVENTORY_RULES for p in rule(ctx)]
+    return _ignored(ctx, errors, [])
+
+
+def _ignored(ctx: HostContext, errors: list[Problem], warnings: list[Problem]
+             ) -> tuple[list[Problem], list[Problem]]:
+    """A check listed in preflight_ignore (and not in NEVER_IGNORED) becomes a warning."""
     ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
-    warnings += [p for p in errors if p[0] in ignore]
-    errors = [p for p in errors if p[0] not in ignore]
-    return errors, warnings
+    return ([p for p in errors if p[0] not in ignore],
+            warnings + [p for p in errors if p[0] in ignore])
