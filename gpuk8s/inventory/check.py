@@ -92,7 +92,8 @@ def preflight_problems(inv: Inventory, *, skip_broken: bool = False
     for host in inv.hosts.values():
         if host.absent or not (host.is_control_plane or host.is_worker):
             continue
-        vars = collections.ChainMap({"ansible_user": host.user}, dict(host.vars))
+        vars = collections.ChainMap({"ansible_user": host.user, "ansible_host": host.address},
+                                     dict(host.vars))
         ctx = HostContext(host.name, "preflight", vars, HostFacts(host.name, {}),
                           dict(cluster), host.groups)
         try:

@@ -137,9 +137,10 @@ def lab_key_problems(vars: Mapping[str, Any], address: str) -> list[Problem]:
     (tests/lab/keys/): refused unless the host's inventory ``address`` is in the lab's subnet,
     or the inventory says lab_signing_key_allowed: true. Reads the inventory only (no fact):
     `invoke check` can run it with each host's merged vars and address."""
-    pins = sorted(name for name, value in vars.items()
-                  if name.endswith("_key_fingerprint") and isinstance(value, str)
-                  and "".join(value.split()).upper() == LAB_KEY_FINGERPRINT)
+    # only the pins are read: other values (repo URLs) render from the host's facts
+    pins = sorted(name for name in vars if name.endswith("_key_fingerprint")
+                  and isinstance(vars[name], str)
+                  and "".join(vars[name].split()).upper() == LAB_KEY_FINGERPRINT)
     if not pins or vars.get("lab_signing_key_allowed") is True:
         return []
     try:
