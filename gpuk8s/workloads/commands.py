@@ -25,6 +25,7 @@ from gpuk8s.workloads.cluster import (
     _control_plane,
     open_control_plane,
     pod_table,
+    progress_printer,
     wait,
 )
 from gpuk8s.workloads.nfs import _setup_nfs
@@ -180,7 +181,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         out = remote.apply([_namespace_doc(ns), *docs])
         for line in out.splitlines():
             rep.print(f"  {line}", style="dim")
-        result = wait(remote, ns, selector, timeout, pending_grace)
+        result = wait(remote, ns, selector, timeout, pending_grace, progress_printer(rep))
         pod_table(rep, f"{name}: pods", result)
         results = _job_results(session, remote, ns, result) if any(
             k.startswith("Job/") for k in result.objects) else {}
