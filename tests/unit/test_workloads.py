@@ -249,6 +249,77 @@ def test_gpu_nodes_from_node_list() -> None:
     assert not w.NodeCheck("gpu-03", 1, 1, smi=["NVIDIA H200"], tf=1, replicas=4).ok
 
 
+def _gpu_pod(ns: str, name: str, node: str, gpus: int, phase: str = "Running",
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name, "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+def test_verify_asks_only_for_the_gpus_that_running_pods_leave_free() -> None:
+    """A Jupyter server holds one GPU of gpu-01 (2 GPUs): verify's Job there asks for the
+    other one (asking for both, it stayed Pending until the timeout), gpu-02's whole GPU is
+    held so it is not checked, and both say by which pods; pods that ended, verify's own and
+    unbound ones hold nothing."""
+    from gpuk8s.workloads.verify import _print, gpu_holders, leave_held
+    pods = {"items": [
+        _gpu_pod("ml", "jupyter-abc", "gpu-01", 1),
+        _gpu_pod("ml", "train-1", "gpu-01", 1, phase="Succeeded"),
+        _gpu_pod("gpu-verify", "verify-smi-gpu-01-x", "gpu-01", 2,
+                 labels={"gpuk8s.io/workload": "verify"}),
+        _gpu_pod("ml", "eval-x", "gpu-02", 1),
+        _gpu_pod("ml", "pending-x", "", 1, phase="Pending"),
+        {"metadata": {"namespace": "kube-system", "name": "cpu-only"},
+         "spec": {"nodeName": "gpu-01", "containers": [{"name": "c"}]},
+         "status": {"phase": "Running"}}]}
+    holders = gpu_holders(pods)
+    assert holders == {"gpu-01": {"ml/jupyter-abc": {"nvidia.com/gpu": 1}},
+                       "gpu-02": {"ml/eval-x": {"nvidia.com/gpu": 1}}}
+    one = {"name": "gpu-01", "gpus": 2, "limits": {"nvidia.com/gpu": 2}}
+    assert leave_held(one, {"nvidia.com/gpu": 2}, holders["gpu-01"]) == {"ml/jupyter-abc": 1}
+    assert one["limits"] == {"nvidia.com/gpu": 1}
+    two = {"name": "gpu-02", "gpus": 1, "limits": {"nvidia.com/gpu": 1}}
+    leave_held(two, {"nvidia.com/gpu": 1}, holders["gpu-02"])
+    assert two["limits"] == {}
+    # the Job renders with the free count
+    (doc,) = w.render("verify", w.load_values("verify"), gpu_nodes=[one], stage="smi")
+    limits = doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": 1}
+
+    half = w.NodeCheck("gpu-01", 2, 2, smi=["NVIDIA H100 80GB HBM3"], with_tf=False,
+                       held={"ml/jupyter-abc": 1}, checked=1)
+    full = w.NodeCheck("gpu-02", 1, 1, with_tf=False, held={"ml/eval-x": 1}, checked=0)
+    assert half.ok and not half.skipped and full.ok and full.skipped
+    # the free GPU must still show: none seen is a failure
+    assert not w.NodeCheck("gpu-01", 2, 2, smi=[], with_tf=False, held={"ml/j": 1},
+                           checked=1).ok
+    out = io.StringIO()
+    rep = Reporter(out)
+    rep.console.width = 80
+    _print(rep, [half, full], with_tf=False)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    flat = " ".join(text.replace("│", " ").split())
+    assert "1 (free: 1 of 2)" in flat
+    assert "gpu-01: 1 GPU held by ml/jupyter-abc; verified the 1 free" in flat
+    assert ("gpu-02: all 1 GPU held by ml/eval-x; not checked: run verify again when one is "
+            "free") in flat
+    assert "not checked: every GPU held" in flat
+
+
+def test_verify_says_in_a_sentence_why_its_pod_cannot_be_placed() -> None:
+    from gpuk8s.workloads.verify import scheduler_words
+    msg = ("0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated "
+           "taint {node-role.kubernetes.io/control-plane: }, 2 node(s) didn't match Pod's node "
+           "affinity/selector. preemption: 0/4 nodes are available: 1 No preemption victims "
+           "found for incoming pod, 3 Preemption is not helpful for scheduling.")
+    assert scheduler_words(msg) == (
+        "0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated "
+        "taint {node-role.kubernetes.io/control-plane: }, 2 node(s) didn't match Pod's node "
+        "affinity/selector")
+
+
 # -- values -------------------------------------------------------------------------------------
 def test_values_precedence(tmp_path: Path) -> None:
     f = tmp_path / "v.yaml"
