@@ -301,7 +301,11 @@ def test_verify_asks_only_for_the_gpus_that_running_pods_leave_free() -> None:
     text = out.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80
     flat = " ".join(text.replace("│", " ").split())
-    assert "1 (free: 1 of 2)" in flat
+    wide = io.StringIO()
+    rep = Reporter(wide)
+    rep.console.width = 200
+    _print(rep, [half, full], with_tf=False)
+    assert "1 (free: 1 of 2) (NVIDIA H100 80GB HBM3)" in wide.getvalue()
     assert "gpu-01: 1 GPU held by ml/jupyter-abc; verified the 1 free" in flat
     assert ("gpu-02: all 1 GPU held by ml/eval-x; not checked: run verify again when one is "
             "free") in flat
