@@ -198,8 +198,9 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
                 session.redact(p) for p in result.problems))
         for svc in result.services:
             _print_service(session, svc, result, token, show_secret)
-        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s); run folder: "
-                  f"{session.runlog.path}", style="green")
+        # two lines: a run folder's path is long, and a line of the default view fits 80
+        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s)", style="green")
+        rep.print(f"  run folder: {session.runlog.path}", style="dim")
         return summary
     except Gpuk8sError as exc:
         session.runlog.write_report(workload=name, error=session.redact(str(exc)))
