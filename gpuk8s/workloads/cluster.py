@@ -300,7 +300,10 @@ def snapshot(remote: Remote, namespace: str, selector: str,
                 first = unschedulable_since.setdefault(key, now)
                 if now - first >= max(pending_grace, problem.grace):
                     node = row.node or "(no node)"
-                    problems.append(f"pod {name} on node {node}: {row.detail}\n"
+                    # the kubelet's text can span lines (a mount's command and output):
+                    # indented under the pod's line, then the fix
+                    text = "\n    ".join(row.detail.strip().splitlines())
+                    problems.append(f"pod {name} on node {node}: {text}\n"
                                     f"    fix: {problem.fix}")
             elif (detail := container_detail(item)):
                 row.detail = detail

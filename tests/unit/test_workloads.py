@@ -516,7 +516,7 @@ def test_a_volume_that_cannot_mount_is_a_problem_after_the_mount_grace_time() ->
                        pending_grace=20)
     (problem,) = later.problems
     assert problem.startswith("pod tensorboard-x on node gpu-01: FailedMount: "
-                              + MOUNT_ERR.strip())
+                              + MOUNT_ERR.strip().replace("\n", "\n    ") + "\n    fix: ")
     assert "fix: the node cannot mount the volume" in problem
     assert 45 <= MOUNT_GRACE <= 60
 
