@@ -125,13 +125,21 @@ def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
 
 def pod_diagnosis(namespace: str, selector: str, node: str, container: str,
                   kubectl: str = KUBECTL) -> str:
-    """Shell that prints, to stderr, the pod of ``selector`` on ``node``: its state and the
-    last lines of ``container``'s log, where a plugin that exits says why ("Insufficient
-    Permissions" on MIG devices it may not read, a required flag missing, an NVML error)."""
+    """Shell that prints, to stderr, the pod of ``selector`` on ``node``: its state, its
+    latest Warning events (a pod that never started says why there: FailedMount,
+    FailedCreatePodSandBox, an image it cannot pull) and the last lines of ``container``'s log,
+    where a plugin that exits says why ("Insufficient Permissions" on MIG devices it may not
+    read, a required flag missing, an NVML error). Its JSON form, for the workload waits that
+    read the pod and its events themselves: :func:`pod_problem`."""
     pods = (f"{kubectl} -n {q(namespace)} get pods -l {q(selector)} "
             f"--field-selector {q('spec.nodeName=' + node)}")
+    events = (f'{kubectl} -n {q(namespace)} get events --field-selector '
+              '"involvedObject.name=${p#pod/},type=Warning" --sort-by=.lastTimestamp '
+              "-o jsonpath='{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}'")
     return (f"for p in $({pods} -o name | head -n 1); do "
-            f'{pods} -o wide >&2; echo "--- $p: last log lines" >&2; '
+            f'{pods} -o wide >&2; echo "--- $p: latest warning events" >&2; '
+            f"{events} 2>&1 | tail -n 3 | cut -c1-400 >&2; "
+            f'echo "--- $p: last log lines" >&2; '
             f'{kubectl} -n {q(namespace)} logs "$p" -c {q(container)} --tail=4 2>&1 '
             "| cut -c1-400 >&2; done")
 
