@@ -177,9 +177,8 @@ def leave_held(node: dict[str, Any], allocatable: Mapping[str, int],
 
 def scheduler_words(message: str) -> str:
     """The scheduler's FailedScheduling message without its preemption half (which repeats
-    the node counts) and without the dump of every other node's reason."""
-    head = message.split(" preemption:")[0].strip().rstrip(".")
-    return head
+    the node counts): one sentence of why no node fits."""
+    return message.split(" preemption:")[0].strip().rstrip(".")
 
 
 def verify(inventory: str | Path, *, reporter: Reporter | None = None,
