@@ -246,8 +246,16 @@ def snapshot(remote: Remote, namespace: str, selector: str,
         name, spec, st = meta.get("name", ""), item.get("spec", {}), item.get("status", {})
         if kind == "Deployment":
             want, have = int(spec.get("replicas", 1)), int(st.get("availableReplicas") or 0)
-            objects[f"Deployment/{name}"] = f"{have}/{want} available"
-            ready = ready and have >= want
+            # as `kubectl rollout status` judges it (staging/src/k8s.io/kubectl/pkg/
+            # polymorphichelpers/rollout_status.go at v1.35.0): the controller has seen this
+            # spec, every replica runs the new template and no old one is left; a redeploy
+            # that changes the pod template is not ready on the old pods' availability
+            seen = int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+            updated = int(st.get("updatedReplicas") or 0)
+            rolled = seen and updated >= want and int(st.get("replicas") or 0) <= updated
+            objects[f"Deployment/{name}"] = f"{have}/{want} available" + (
+                "" if rolled or have < want else f", {updated if seen else 0}/{want} updated")
+            ready = ready and rolled and have >= want
         elif kind == "Job":
             done, failed = _cond(item, "Complete"), _cond(item, "Failed")
             if failed and failed.get("status") == "True":

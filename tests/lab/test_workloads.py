@@ -412,8 +412,12 @@ def test_a_volume_that_cannot_mount_fails_within_90s_naming_the_event_pod_and_no
     """A claim bound to an NFS export the server does not have: the kubelet cannot mount it
     and the pod stays ContainerCreating with FailedMount events (the real kubelet's text).
     deploy shows the pod's progress as it goes and gives up within 90 s (not after its 600 s
-    timeout), naming the event, the pod, its node and a fix."""
+    timeout), naming the event, the pod, its node and a fix. It is a redeploy over a working
+    tensorboard, as a person changing a value would do: the old pod's availability does not
+    make the new template ready (the full module's run saw that)."""
     assert not (shared_dir() / HOST_IP / "srv/no-such-export").exists()
+    run(workloads.deploy, cluster.inventory_path, "tensorboard",
+        sets=["storage.enabled=false"], timeout=300)
     rc, out, err = cluster.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf "
                                f"apply -f - <<'EOF'\n{BROKEN_SHARE}EOF\n")
     assert rc == 0, out + err

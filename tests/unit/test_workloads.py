@@ -618,6 +618,34 @@ def test_progress_lines_fit_the_terminal_and_stay_plain_text() -> None:
     assert w.cluster.progress_printer(Reporter(io.StringIO(), quiet=True)) is None
 
 
+def test_a_redeploy_that_changes_the_pod_template_waits_for_the_new_pods() -> None:
+    """A Deployment whose template the apply just changed still shows the old pod available:
+    ready only once the controller has observed the new generation and every replica is
+    updated, with no old one left (as kubectl rollout status), not at once on the old pod
+    (the lab saw a redeploy with a broken claim called ready in 1.3 s)."""
+    def deployment(generation: int, **status: int) -> dict[str, Any]:
+        return {"kind": "Deployment", "metadata": {"name": "tensorboard",
+                                                   "generation": generation},
+                "spec": {"replicas": 1}, "status": status}
+    old_pod = {"kind": "Pod", "metadata": {"name": "tensorboard-a"},
+               "spec": {"nodeName": "cpu-01"},
+               "status": {"phase": "Running", "containerStatuses": [
+                   {"name": "tensorboard", "state": {"running": {}}}]}}
+    unseen = w.snapshot(_fake_remote([deployment(2, observedGeneration=1, replicas=1,
+                                                 updatedReplicas=1, availableReplicas=1),
+                                      old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert not unseen.ready
+    assert unseen.objects == {"Deployment/tensorboard": "1/1 available, 0/1 updated"}
+    rolling = w.snapshot(_fake_remote([deployment(2, observedGeneration=2, replicas=2,
+                                                  updatedReplicas=1, availableReplicas=1),
+                                       old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert not rolling.ready
+    done = w.snapshot(_fake_remote([deployment(2, observedGeneration=2, replicas=1,
+                                               updatedReplicas=1, availableReplicas=1),
+                                    old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert done.ready and done.objects == {"Deployment/tensorboard": "1/1 available"}
+
+
 def test_snapshot_shows_how_a_job_pod_ended() -> None:
     def pod(name: str, state: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "Pod", "metadata": {"name": name, "ownerReferences": [{"kind": "Job"}]},
