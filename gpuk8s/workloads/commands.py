@@ -27,6 +27,7 @@ from gpuk8s.workloads.cluster import (
     _control_plane,
     open_control_plane,
     pod_table,
+    progress_printer,
     wait,
 )
 from gpuk8s.workloads.nfs import _setup_nfs
@@ -209,7 +210,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         out = remote.apply([_namespace_doc(ns), *docs])
         for line in out.splitlines():
             rep.print(f"  {line}", style="dim")
-        result = wait(remote, ns, selector, timeout, pending_grace)
+        result = wait(remote, ns, selector, timeout, pending_grace, progress_printer(rep))
         pod_table(rep, f"{name}: pods", result)
         results = _job_results(session, remote, ns, result) if any(
             k.startswith("Job/") for k in result.objects) else {}
@@ -227,8 +228,9 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         for svc in result.services:
             _print_service(session, svc, result, token, show_secret,
                            token_secret=values.get("tokenSecret", "jupyter-token"))
-        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s); run folder: "
-                  f"{session.runlog.path}", style="green")
+        # two lines: a run folder's path is long, and a line of the default view fits 80
+        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s)", style="green")
+        rep.print(f"  run folder: {session.runlog.path}", style="dim")
         return summary
     except Gpuk8sError as exc:
         session.runlog.write_report(workload=name, error=session.redact(str(exc)))

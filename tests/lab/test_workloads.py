@@ -18,8 +18,10 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -450,6 +452,129 @@ def test_a_pod_whose_runner_died_gets_a_new_sandbox_and_leaks_no_network(cluster
     assert get_status(f"{url}/data/runs") == 200
     rc, out, _ = cluster.ssh(node, "ip netns list")
     assert out.count(f"gpuk8s-{uid[:13]}") == 1, out
+
+
+#: a claim whose NFS export the server does not have: the lab's share lacks its folder
+BROKEN_SHARE = f"""apiVersion: v1
+kind: Namespace
+metadata: {{name: ml}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: ml-broken-share}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  mountOptions: [nfsvers=4.1, hard]
+  nfs: {{server: "{HOST_IP}", path: /srv/no-such-export}}
+  claimRef: {{namespace: ml, name: broken-share}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: broken-share, namespace: ml}}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: ml-broken-share
+  resources: {{requests: {{storage: 1Gi}}}}
+"""
+
+
+def test_a_volume_that_cannot_mount_fails_within_90s_naming_the_event_pod_and_node(
+        cluster: Lab) -> None:
+    """A claim bound to an NFS export the server does not have: the kubelet cannot mount it
+    and the pod stays ContainerCreating with FailedMount events (the real kubelet's text).
+    deploy shows the pod's progress as it goes and gives up within 90 s (not after its 600 s
+    timeout), naming the event, the pod, its node and a fix. It is a redeploy over a working
+    tensorboard, as a person changing a value would do: the old pod's availability does not
+    make the new template ready (the full module's run saw that)."""
+    assert not (shared_dir() / HOST_IP / "srv/no-such-export").exists()
+    run(workloads.deploy, cluster.inventory_path, "tensorboard",
+        sets=["storage.enabled=false"], timeout=300)
+    rc, out, err = cluster.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf "
+                               f"apply -f - <<'EOF'\n{BROKEN_SHARE}EOF\n")
+    assert rc == 0, out + err
+    started = time.monotonic()
+    try:
+        with pytest.raises(workloads.WorkloadError) as exc:
+            run(workloads.deploy, cluster.inventory_path, "tensorboard",
+                sets=["storage.claimName=broken-share"])
+        elapsed = time.monotonic() - started
+        (pod,) = pods(cluster, "tensorboard")
+        node = pod["spec"]["nodeName"]
+        state = pod["status"]["containerStatuses"][0]["state"]
+        events = json.loads(kubectl(cluster, "get events -n ml --field-selector "
+                                             f"involvedObject.name={pod['metadata']['name']},"
+                                             "reason=FailedMount -o json"))["items"]
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "tensorboard")
+        kubectl(cluster, "delete pvc broken-share -n ml --ignore-not-found")
+        kubectl(cluster, "delete pv ml-broken-share --ignore-not-found")
+    message = str(exc.value)
+    assert elapsed < 90, f"deploy took {elapsed:.0f}s to give up"
+    assert state == {"waiting": {"reason": "ContainerCreating"}}
+    assert events and events[-1]["message"].startswith(
+        'MountVolume.SetUp failed for volume "ml-broken-share" : mount failed: exit status 32\n'
+        "Mounting command: mount\nMounting arguments: -t nfs -o nfsvers=4.1,hard "
+        f"{HOST_IP}:/srv/no-such-export /var/lib/kubelet/pods/{pod['metadata']['uid']}/")
+    assert f"pod {pod['metadata']['name']} on node {node}: FailedMount: MountVolume.SetUp " \
+           'failed for volume "ml-broken-share"' in message
+    assert "reason given by server: No such file or directory" in message
+    assert "fix: the node cannot mount the volume" in message
+
+
+def test_deploy_fits_80_columns_in_a_pipe_and_shows_progress(cluster: Lab) -> None:
+    """`deploy` as a person runs it, with COLUMNS=80 and its output through a pipe: every
+    line of the default view fits 80 columns (progress lines are cut, not wrapped into a
+    grid) and the pods' progress shows as it happens."""
+    runs = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))   # a short run-folder path
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuk8s.cli", "deploy", "tensorboard", "-i",
+             str(cluster.inventory_path), "--set", "storage.enabled=false"],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=600, env={**os.environ, "COLUMNS": "80", "GPUK8S_RUNS_DIR": str(runs)})
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "tensorboard")
+        shutil.rmtree(runs, ignore_errors=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(
+        line for line in lines if len(line) > 80)
+    assert any(line.lstrip().startswith("tensorboard-") and ": Running" in line
+               for line in lines), out
+    assert "tensorboard ready (" in out and "Traceback" not in out
+
+
+def test_verify_leaves_gpus_held_by_pods_and_names_the_holder(cluster: Lab,
+                                                            tmp_path: Path) -> None:
+    """A Jupyter server holds one of gpu-01's two GPUs: verify's Job there asks for the other
+    (asking for both, it stayed Pending and the table printed the scheduler's message), checks
+    it, and says which pod holds the first."""
+    on_gpu01 = values_file(tmp_path, gpus=1, storage={"enabled": False},
+                           nodeSelector={"kubernetes.io/hostname": "gpu-01"})
+    run(workloads.deploy, cluster.inventory_path, "jupyter", values_files=[on_gpu01],
+        timeout=300)
+    try:
+        (holder,) = pods(cluster, "jupyter")
+        started = time.monotonic()
+        result, text = run(workloads.verify, cluster.inventory_path,
+                           sets=["tensorflow=false"])
+        elapsed = time.monotonic() - started
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "jupyter")
+    name = f"ml/{holder['metadata']['name']}"
+    gpu01, gpu02 = result["nodes"]["gpu-01"], result["nodes"]["gpu-02"]
+    assert gpu01["ok"] and gpu01["held"] == {name: 1} and gpu01["checked"] == 1
+    assert gpu01["nvidia_smi"] == 1 and gpu01["expected"] == 2
+    assert gpu02["ok"] and gpu02["held"] == {} and gpu02["nvidia_smi"] == 1
+    flat = " ".join(text.split())
+    assert f"gpu-01: 1 GPU held by {name}; verified the 1 free" in flat
+    assert "preemption" not in text and "FailedScheduling" not in text
+    assert elapsed < 120, f"verify took {elapsed:.0f}s"
 
 
 def test_undeploy_removes_everything(cluster: Lab) -> None:
