@@ -146,3 +146,28 @@ def test_preflight_names_the_h200_host_a_vm_without_an_init() -> None:
     found = problems(context(**{**SANDBOX, "virt": "vm", "hypervisor": True}))
     assert found["init"] == ("no systemd (PID 1 is process_api): gpuk8s needs a systemd host; "
                              "this looks like a VM started without an init system")
+
+
+H200_SESSION = FIXTURES / "real" / "h200-ubuntu2404" / "session-2026-11-28"
+
+
+def test_the_h200_hosts_own_kernel_command_line_is_a_microvms(tmp_path: Path) -> None:
+    """The command line captured on the H200 host itself (2026-11-28), with the hypervisor
+    flag taken away so that the command line alone decides."""
+    root = _root(tmp_path, cpu_flag=False)
+    (root / "proc" / "cmdline").write_text((H200_SESSION / "proc-cmdline.txt").read_text())
+    virt, _source, evidence, flag = _virt(root, _bin(tmp_path, nvidia=False))
+    assert (virt, flag) == ("vm", False)
+    assert evidence.startswith("a microVM's kernel command line;"), evidence
+
+
+def test_the_h200_sessions_facts_check_and_plan_agree() -> None:
+    """What the bundle printed on the H200 host (2026-11-28): facts read a VM, and check
+    refuses the loopback endpoint with the same text plan's preflight gives."""
+    facts = (H200_SESSION / "facts.txt").read_text()
+    assert "  virt               vm (guessed" in facts and "virt               docker" not in facts
+    check, plan = ((H200_SESSION / name).read_text() for name in ("check.txt", "plan.txt"))
+    endpoint = ("the control plane's address is localhost, so the API endpoint would be "
+                "localhost:6443: loopback")
+    assert endpoint in check and endpoint in plan
+    assert check.rstrip().endswith("(exit code 1)") and plan.rstrip().endswith("(exit code 3)")
