@@ -248,8 +248,12 @@ def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
     name = pods(cluster, "jupyter")[0]["metadata"]["name"]
     assert "uid=65534" in kubectl(cluster, f"exec -n ml {name} -- id")
     # the default: no NodePort, a port-forward line instead
-    _again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
+    again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
     assert token not in text2 and "token=<redacted>" in text2
+    # the redeploy read the existing Secret: neither the token nor its base64 reaches its run
+    # folder (security review 2, L2)
+    written2 = "".join(p.read_text() for p in Path(again["run_dir"]).iterdir())
+    assert token not in written2 and secret["data"]["token"] not in written2
     assert "port-forward service/jupyter 8888:8888" in text2, text2
     svc = json.loads(kubectl(cluster, "get service jupyter -n ml -o json"))["spec"]
     assert svc["type"] == "ClusterIP" and "nodePort" not in svc["ports"][0]
