@@ -95,7 +95,9 @@ def test_status_and_gpu_usage_show_utilisation(cluster: Lab, tmp_path: Path) -> 
     assert [(r["node"], r["gpu"]) for r in rows] == [("gpu-01", "0"), ("gpu-01", "1"),
                                                      ("gpu-02", "0")], text
     assert all(r["util"] is not None and r["used"] is not None for r in rows), rows
-    assert "NVIDIA H200" in text
+    # the model is a wide column (the default view fits 80 columns)
+    _rows, wide = call(day2.gpu_usage, inv, wide=True)
+    assert "NVIDIA H200" in wide and "NVIDIA H200" not in text
     status, text = call(day2.status, inv)
     util = {r["host"]: r.get("gpu_util") for r in status}
     assert util["gpu-01"] is not None and util["gpu-02"] is not None, text
