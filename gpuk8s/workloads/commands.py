@@ -291,9 +291,10 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
             return
         # not on the network (security review 2, L5): through the API server to this machine
         port = ports[0].get("port")
-        session.reporter.print(f"  open it from your machine with kubectl -n "
-                               f"{svc['metadata'].get('namespace')} port-forward "
-                               f"service/{name} {port}:{port} (it runs until Ctrl-C), then:")
+        # two lines: the command stays whole (copy-pastable) within 80 columns
+        session.reporter.print("  open it from your machine (runs until Ctrl-C):")
+        session.reporter.print(f"    kubectl -n {svc['metadata'].get('namespace')} "
+                               f"port-forward service/{name} {port}:{port}")
         url = f"http://127.0.0.1:{port}/"
     else:
         ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
