@@ -88,6 +88,43 @@ def test_no_import_cycle_in_gpuk8s() -> None:
     assert cycles(import_graph()) == []
 
 
+def package_of(module: str) -> str:
+    """A module's package-level node: gpuk8s.facts.kube -> facts, gpuk8s.session -> session."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]] | None = None
+                  ) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """(package -> the packages it imports, (package, imported) -> the module imports that make
+    the edge): gpuk8s's top-level modules and subpackages as nodes, gpuk8s/__init__ left out."""
+    graph = import_graph() if graph is None else graph
+    packages: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], list[str]] = {}
+    for module, targets in sorted(graph.items()):
+        if module == "gpuk8s":
+            continue
+        source = package_of(module)
+        packages.setdefault(source, set())
+        for target in sorted(targets):
+            if (imported := package_of(target)) != source:
+                packages[source].add(imported)
+                why.setdefault((source, imported), []).append(f"{module} -> {target}")
+    return packages, why
+
+
+def test_no_import_cycle_between_packages() -> None:
+    """Packages (facts/, ops/, session.py...) form layers: no package reaches itself back
+    through the others, even when each module-level import is fine on its own."""
+    packages, why = package_graph()
+    loops = cycles(packages)
+    edges = [f"  {a} -> {b}: {', '.join(why[a, b])}" for loop in loops for a in loop
+             for b in sorted(packages[a]) if b in loop]
+    assert loops == [], "a package-level import loop through " + "; ".join(
+        ", ".join(loop) for loop in loops) + "; its edges:\n" + "\n".join(edges) + \
+        "\nmove the thing imported the wrong way to the layer it belongs to (see ALLOWED)"
+
+
 #: the modules that may run a command on a host's transport themselves: the transport, the
 #: executor, and the fact probe (facts/gather.py); everything else goes through the executor
 MAY_RUN = {"gpuk8s/transport/__init__.py", "gpuk8s/transport/base.py",
