@@ -17,10 +17,11 @@ from gpuk8s.errors import ConnectError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.gather import gather
 from gpuk8s.facts.system import PciDevices, System
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge, fail_budget
 from gpuk8s.session import open_session
-from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import ConnectSpec, open_transport
 
 
 def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,

@@ -13,8 +13,9 @@ from typing import Any
 
 from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost, Gpuk8sError
 from gpuk8s.ops import Op
+from gpuk8s.redact import Redactor
 from gpuk8s.sections import split_sections
-from gpuk8s.transport import CommandResult, Redactor, Transport
+from gpuk8s.transport import CommandResult, Transport
 
 PREAMBLE = ("exec 2>&1\nexport LC_ALL=C DEBIAN_FRONTEND=noninteractive "
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")

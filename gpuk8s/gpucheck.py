@@ -22,9 +22,10 @@ from gpuk8s.gpucheck_script import (
     local_pythons,
 )
 from gpuk8s.ops import Op
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.session import open_session
-from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import ConnectSpec, open_transport
 
 #: the check's "SMI-GPUS <count>" line (gpuk8s's own echo; a node may print anything)
 _SMI_GPUS = re.compile(r"SMI-GPUS (\d{1,6})\s*")

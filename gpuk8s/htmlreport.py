@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.errors import RunFolderError
+from gpuk8s.redact import Redactor
 from gpuk8s.report import untrusted
-from gpuk8s.transport import Redactor
 
 #: bar colour per op status (executor.OpResult.status, and "planned" for a check run); the
 #: browser test looks for these colours' pixels inside each host's row

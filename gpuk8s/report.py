@@ -29,7 +29,7 @@ from rich.text import Text
 from gpuk8s.executor import HostResult
 from gpuk8s.ops import Op
 from gpuk8s.progress import Progress
-from gpuk8s.transport import Redactor
+from gpuk8s.redact import Redactor
 
 #: C0 and C1 control characters (and DEL) except \n and \t; Unicode line/paragraph separators
 #: and bidirectional overrides/isolates, which reorder or split what the terminal shows

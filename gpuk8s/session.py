@@ -26,9 +26,10 @@ from gpuk8s.ops import Op
 from gpuk8s.playbook import (
     package_cache_host,
 )
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter, RunLog, untrusted
 from gpuk8s.roles import HostContext
-from gpuk8s.transport import ConnectSpec, Redactor, Transport, open_all, open_transport
+from gpuk8s.transport import ConnectSpec, Transport, open_all, open_transport
 
 
 @dataclass

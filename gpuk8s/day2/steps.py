@@ -13,9 +13,10 @@ from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session, open_session, run_step
-from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import ConnectSpec, open_transport
 
 Opener = Callable[[ConnectSpec, Redactor], Any]
 

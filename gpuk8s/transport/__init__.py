@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuk8s.errors import ConnectError
+from gpuk8s.redact import Redactor
 from gpuk8s.transport.base import (
     MAX_OUTPUT_BYTES,
     CommandResult,
     ConnectSpec,
     Counters,
     OutputTooLarge,
-    Redactor,
     Transport,
 )
 from gpuk8s.transport.known_hosts import KnownHosts
@@ -80,5 +80,5 @@ def open_all(specs: Iterable[ConnectSpec], redact: Redactor,
 
 
 __all__ = ["MAX_OUTPUT_BYTES", "CommandResult", "ConnectSpec", "Counters", "KnownHosts",
-           "LocalTransport", "OutputTooLarge", "Redactor", "SSHTransport", "Transport",
-           "open_all", "open_transport"]
+           "LocalTransport", "OutputTooLarge", "SSHTransport", "Transport", "open_all",
+           "open_transport"]

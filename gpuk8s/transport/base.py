@@ -1,11 +1,9 @@
-"""What every transport shares: a command's result, the redactor, connection settings, the
+"""What every transport shares: a command's result, connection settings, the
 Transport protocol, the output cap, and how a script is wrapped for sudo."""
 
 from __future__ import annotations
 
-import re
 import socket
-import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,30 +33,6 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
-
-
-_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s/:@'\"]+:)[^\s/@'\"]+@")
-
-
-class Redactor:
-    """Replaces every registered secret value with ``<redacted>`` in any text."""
-
-    def __init__(self) -> None:
-        self._secrets: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, *values: str | None) -> None:
-        with self._lock:
-            for value in values:
-                if value and len(value) >= 4:
-                    self._secrets.add(value)
-
-    def __call__(self, text: str) -> str:
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            if secret in text:
-                text = text.replace(secret, "<redacted>")
-        # a password in a URL (http://user:pass@proxy), wherever it came from
-        return _URL_PASSWORD.sub(r"\1<redacted>@", text)
 
 
 @dataclass

@@ -7,14 +7,8 @@ import subprocess
 import time
 
 from gpuk8s.errors import ConnectError
-from gpuk8s.transport.base import (
-    _SUDO_PROBE,
-    CommandResult,
-    ConnectSpec,
-    Counters,
-    Redactor,
-    _check_password,
-)
+from gpuk8s.redact import Redactor
+from gpuk8s.transport.base import _SUDO_PROBE, CommandResult, ConnectSpec, Counters, _check_password
 
 
 class LocalTransport:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuk8s.errors import ConnectError, ConnectionLost
+from gpuk8s.redact import Redactor
 from gpuk8s.transport.base import (
     _RETRYABLE,
     _SUDO_PROBE,
@@ -21,7 +22,6 @@ from gpuk8s.transport.base import (
     ConnectSpec,
     Counters,
     OutputTooLarge,
-    Redactor,
     _check_password,
     _size,
     _wrap,

@@ -15,10 +15,11 @@ from rich.text import Text
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op, kube
 from gpuk8s.ops.kube import apply_script
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
-from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import CommandResult, ConnectSpec, open_transport
 from gpuk8s.workloads.rendering import dump
 from gpuk8s.workloads.values import WorkloadError
 

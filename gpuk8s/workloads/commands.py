@@ -15,10 +15,11 @@ from typing import Any
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import Session
 from gpuk8s.sinks import shell
-from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import ConnectSpec, open_transport
 from gpuk8s.workloads.cluster import (
     KUBECTL,
     NS_KINDS,

@@ -22,9 +22,10 @@ from gpuk8s.day2.gpuusage import query_command
 from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.sinks import shell
-from gpuk8s.transport import ConnectSpec, Redactor, open_transport
+from gpuk8s.transport import ConnectSpec, open_transport
 from gpuk8s.workloads.cluster import Remote, _json, open_control_plane, wait
 from gpuk8s.workloads.commands import _delete_script, _namespace_doc
 from gpuk8s.workloads.rendering import LABEL, render

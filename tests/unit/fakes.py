@@ -6,7 +6,8 @@ import re
 from typing import Any
 
 from gpuk8s.executor import HostRunner
-from gpuk8s.transport import CommandResult, Redactor
+from gpuk8s.redact import Redactor
+from gpuk8s.transport import CommandResult
 
 _BEGIN = re.compile(r'^echo "(@@GPUK8S-OP-[0-9a-f]+) B (\d+) \$\(date \+%s\.%N\)"$', re.M)
 

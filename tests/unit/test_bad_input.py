@@ -12,8 +12,9 @@ import pytest
 
 from gpuk8s import api, workloads
 from gpuk8s.errors import InventoryError
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
-from gpuk8s.transport import ConnectSpec, Redactor
+from gpuk8s.transport import ConnectSpec
 from tests.unit.test_inventory import GOOD, _bad_cases
 
 VALUES_BAD = Path(__file__).parent / "fixtures" / "values" / "bad"

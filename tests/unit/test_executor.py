@@ -11,8 +11,9 @@ import gpuk8s.facts.gather as gathering
 from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost
 from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase
 from gpuk8s.ops import Op, change, noop
+from gpuk8s.redact import Redactor
 from gpuk8s.sections import split_sections
-from gpuk8s.transport import CommandResult, Counters, Redactor
+from gpuk8s.transport import CommandResult, Counters
 
 
 class ShellTransport:

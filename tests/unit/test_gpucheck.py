@@ -22,10 +22,11 @@ from gpuk8s.facts.nvidia import Gpu, Nvidia, NvidiaState
 from gpuk8s.facts.system import PciDevice, PciDevices
 from gpuk8s.gpucheck import check_script, computation, parse_check
 from gpuk8s.gpucheck_script import local_pythons
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.session import Session
 from gpuk8s.sinks import shell
-from gpuk8s.transport import CommandResult, ConnectSpec, Counters, Redactor
+from gpuk8s.transport import CommandResult, ConnectSpec, Counters
 from tests.unit.fakes import sectioned
 
 

@@ -16,8 +16,9 @@ from gpuk8s import api, runner
 from gpuk8s.errors import CommandFailed, ConnectError, Gpuk8sError, HostsFailed, PhaseFailed
 from gpuk8s.executor import HostResult, RoleWork
 from gpuk8s.ops import change
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
-from gpuk8s.transport import ConnectSpec, Counters, Redactor
+from gpuk8s.transport import ConnectSpec, Counters
 from tests.unit.test_inventory import MINIMAL
 
 

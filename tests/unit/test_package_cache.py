@@ -17,9 +17,10 @@ from gpuk8s.facts.system import FileState, PackageState, Unit
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import sha256
 from gpuk8s.playbook import PHASES, package_cache_host, package_cache_url
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.roles import HostContext, load_role
-from gpuk8s.transport import ConnectSpec, Counters, Redactor
+from gpuk8s.transport import ConnectSpec, Counters
 from tests.unit.scenarios import default_vars, fresh_facts
 
 PROXY = "http://10.0.0.1:3142"

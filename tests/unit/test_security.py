@@ -422,7 +422,7 @@ def test_role_vars_carry_the_login_user() -> None:
 
 
 def test_url_passwords_are_redacted_wherever_they_appear() -> None:
-    from gpuk8s.transport import Redactor
+    from gpuk8s.redact import Redactor
     text = 'Acquire::http::Proxy "http://user:s3cret@proxy.lan:3128"; see https://a.b/c'
     assert Redactor()(text) == ('Acquire::http::Proxy "http://user:<redacted>@proxy.lan:3128"; '
                                 "see https://a.b/c")

@@ -23,8 +23,9 @@ from gpuk8s.day2.gpuusage import _print as print_usage
 from gpuk8s.day2.status import STATUS_COLUMNS, _print_status
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import OsRelease
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Column, Reporter, table_lines
-from gpuk8s.transport import ConnectSpec, Counters, Redactor
+from gpuk8s.transport import ConnectSpec, Counters
 from gpuk8s.workloads import PodRow, WaitResult, pod_table
 from gpuk8s.workloads.verify import NodeCheck
 from gpuk8s.workloads.verify import _print as print_verify

@@ -21,11 +21,11 @@ import pytest
 from gpuk8s import transport as tr
 from gpuk8s.errors import ConnectError
 from gpuk8s.inventory import load_inventory, validate_all
+from gpuk8s.redact import Redactor
 from gpuk8s.transport import (
     ConnectSpec,
     LocalTransport,
     OutputTooLarge,
-    Redactor,
     SSHTransport,
     base,
     open_all,

@@ -17,8 +17,9 @@ from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import OsRelease
 from gpuk8s.ops import change, noop, warn
+from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter, RunLog, untrusted, untrusted_text
-from gpuk8s.transport import ConnectSpec, Counters, Redactor
+from gpuk8s.transport import ConnectSpec, Counters
 from tests.unit.scenarios import fresh_facts
 from tests.unit.test_inventory import MINIMAL
 
