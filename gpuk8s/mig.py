@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuk8s.facts.nvidia import GpuMig
 from gpuk8s.sinks import shell
 
 
@@ -180,34 +181,6 @@ def resources(layout: Sequence[Sequence[str]]) -> dict[str, int]:
             key = f"nvidia.com/mig-{n}"
             out[key] = out.get(key, 0) + 1
     return dict(sorted(out.items()))
-
-
-@dataclass(frozen=True)
-class GpuMig:
-    """One GPU's MIG state as nvidia-smi reports it."""
-
-    index: int
-    mode: str                     # Enabled | Disabled | [N/A]
-    pending: str
-    devices: tuple[str, ...] = ()  # MIG devices (GPU instances with a compute instance)
-    instances: tuple[str, ...] = ()  # every GPU instance, with or without a compute instance
-
-    @property
-    def layout(self) -> tuple[str, ...]:
-        """What the GPU is split into, largest first; () when MIG is off."""
-        if self.mode != "Enabled":
-            return ()
-        return tuple(sorted(self.devices, key=_size_key))
-
-    @property
-    def tidy(self) -> bool:
-        """No GPU instance without its compute instance, no pending mode change."""
-        return self.mode == self.pending and sorted(self.devices) == sorted(self.instances)
-
-
-def _size_key(name: str) -> tuple[int, str]:
-    m = re.match(r"(\d+)g", name)
-    return (-int(m.group(1)) if m else 0, name)
 
 
 def gpu_commands(gpu: GpuMig, target: Sequence[str], family: Mapping[str, Profile]) -> str:

@@ -6,7 +6,6 @@ import re
 from dataclasses import dataclass, field
 
 from gpuk8s.facts import Fact
-from gpuk8s.mig import GpuMig
 
 QUERY_FIELDS = ("index,name,uuid,driver_version,memory.total,pci.bus_id,compute_cap,"
                 "persistence_mode,mig.mode.current")
@@ -185,6 +184,34 @@ echo '## topo'; nvidia-smi topo -m 2>/dev/null; true"""
         nvlink, _, topo = output.partition("## topo\n")
         nvlink = nvlink.partition("## nvlink\n")[2]
         return Topology(parse_nvlink_status(nvlink), parse_topo_matrix(topo))
+
+
+@dataclass(frozen=True)
+class GpuMig:
+    """One GPU's MIG state as nvidia-smi reports it."""
+
+    index: int
+    mode: str                     # Enabled | Disabled | [N/A]
+    pending: str
+    devices: tuple[str, ...] = ()  # MIG devices (GPU instances with a compute instance)
+    instances: tuple[str, ...] = ()  # every GPU instance, with or without a compute instance
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """What the GPU is split into, largest first; () when MIG is off."""
+        if self.mode != "Enabled":
+            return ()
+        return tuple(sorted(self.devices, key=_size_key))
+
+    @property
+    def tidy(self) -> bool:
+        """No GPU instance without its compute instance, no pending mode change."""
+        return self.mode == self.pending and sorted(self.devices) == sorted(self.instances)
+
+
+def _size_key(name: str) -> tuple[int, str]:
+    m = re.match(r"(\d+)g", name)
+    return (-int(m.group(1)) if m else 0, name)
 
 
 _MIG_DEVICE_RE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+:")

@@ -11,7 +11,7 @@ from typing import Any
 from gpuk8s import mig
 from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
-from gpuk8s.facts.nvidia import MigState
+from gpuk8s.facts.nvidia import GpuMig, MigState
 from gpuk8s.facts.system import Files, PciDevices, Services
 from gpuk8s.gpusharing import sharing_of
 from gpuk8s.ops import Op, change, files, noop
@@ -46,7 +46,7 @@ def plan(ctx: HostContext) -> list[Op]:
     ops: list[Op] = []
     for index, want in enumerate(target):
         op_id = f"mig | GPU {index}"
-        have = state.get(index, mig.GpuMig(index, "Disabled" if family else "[N/A]",
+        have = state.get(index, GpuMig(index, "Disabled" if family else "[N/A]",
                                            "Disabled" if family else "[N/A]"))
         if have.layout == tuple(want) and have.tidy and \
                 (want or have.mode in ("Disabled", "[N/A]")):

@@ -11,7 +11,7 @@ import pytest
 
 from gpuk8s import mig
 from gpuk8s.facts import HostFacts
-from gpuk8s.facts.nvidia import MigState, parse_mig
+from gpuk8s.facts.nvidia import GpuMig, MigState, parse_mig
 from gpuk8s.facts.system import PciDevice, PciDevices
 from gpuk8s.gpusharing import sharing_of
 from gpuk8s.roles import HostContext, load_role
@@ -74,7 +74,7 @@ def test_the_fact_reads_real_nvidia_smi_output() -> None:
 
 
 def _role_plan(role: str, sharing: dict[str, Any], model_id: str, gpus: int,
-               state: tuple[mig.GpuMig, ...]) -> Any:
+               state: tuple[GpuMig, ...]) -> Any:
     vars = default_vars(gpu_sharing=sharing)
     devices = tuple(PciDevice(f"0000:00:0{i}.0", "0x10de", model_id, "0x030200")
                     for i in range(gpus))
@@ -86,7 +86,7 @@ def _role_plan(role: str, sharing: dict[str, Any], model_id: str, gpus: int,
 
 
 def test_the_role_splits_whole_gpus_and_a_matching_layout_is_a_no_op() -> None:
-    whole = tuple(mig.GpuMig(i, "Disabled", "Disabled") for i in range(2))
+    whole = tuple(GpuMig(i, "Disabled", "Disabled") for i in range(2))
     ops = _role_plan("mig", {"mode": "mig", "layout": "all-3g.40gb"}, "0x2330", 2, whole)
     assert [op.reason for op in ops] == [
         "+ GPU 0: whole -> 3g.40gb + 3g.40gb", "+ GPU 1: whole -> 3g.40gb + 3g.40gb",
@@ -96,7 +96,7 @@ def test_the_role_splits_whole_gpus_and_a_matching_layout_is_a_no_op() -> None:
     script = ops[0].commands[0]
     assert script.startswith("nvidia-smi -i 0 -mig 1 && ")
     assert script.endswith("nvidia-smi mig -i 0 -cgi 9,9 -C")
-    done = tuple(mig.GpuMig(i, "Enabled", "Enabled", ("3g.40gb",) * 2, ("3g.40gb",) * 2)
+    done = tuple(GpuMig(i, "Enabled", "Enabled", ("3g.40gb",) * 2, ("3g.40gb",) * 2)
                  for i in range(2))
     ops = _role_plan("mig", {"mode": "mig", "layout": "all-3g.40gb"}, "0x2330", 2, done)
     assert [op.changes for op in ops[:2]] == [False, False]
@@ -113,7 +113,7 @@ def test_the_role_splits_whole_gpus_and_a_matching_layout_is_a_no_op() -> None:
 
 
 def test_a_half_made_layout_is_redone() -> None:
-    half = (mig.GpuMig(0, "Enabled", "Enabled", ("3g.71gb",), ("3g.71gb", "3g.71gb")),)
+    half = (GpuMig(0, "Enabled", "Enabled", ("3g.71gb",), ("3g.71gb", "3g.71gb")),)
     ops = _role_plan("mig", {"mode": "mig", "layout": "all-3g.71gb"}, "0x2335", 1, half)
     assert ops[0].changes
     assert ops[0].commands[0].startswith("nvidia-smi mig -i 0 -dci && nvidia-smi mig -i 0 -dgi"
