@@ -5,7 +5,6 @@ API server's service proxy on the first control plane: no port is opened anywher
 from __future__ import annotations
 
 import json
-import urllib.parse
 from collections.abc import Mapping
 from contextlib import closing
 from pathlib import Path
@@ -13,22 +12,14 @@ from typing import Any
 
 from gpuk8s.day2.steps import Opener, run_step
 from gpuk8s.errors import CommandFailed, Gpuk8sError
-from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.ops.kube import KUBECTL, MONITORING_NAMESPACE, prometheus_query
 from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import Session, open_session
-from gpuk8s.sinks import shell
 from gpuk8s.transport import open_transport
 
-NAMESPACE = "gpuk8s-monitoring"
-QUERY_PATH = f"/api/v1/namespaces/{NAMESPACE}/services/http:prometheus:9090/proxy/api/v1/query"
 #: DCGM exporter metrics gpu-usage shows (their names and units are the exporter's)
 METRICS = {"util": "DCGM_FI_DEV_GPU_UTIL", "used": "DCGM_FI_DEV_FB_USED",
            "free": "DCGM_FI_DEV_FB_FREE"}
-
-
-def query_command(promql: str) -> str:
-    """The kubectl command (after KUBECTL) that asks Prometheus an instant query."""
-    return f"get --raw {shell(QUERY_PATH + '?' + urllib.parse.urlencode({'query': promql}))}"
 
 
 def query(session: Session, promql: str) -> list[dict[str, Any]]:
@@ -36,13 +27,13 @@ def query(session: Session, promql: str) -> list[dict[str, Any]]:
     through the first control plane. Prometheus' answer is data: labels become strings, a
     value that is no number is left out."""
     try:
-        raw = run_step(session, session.first_cp, f"{KUBECTL} {query_command(promql)}",
+        raw = run_step(session, session.first_cp, f"{KUBECTL} {prometheus_query(promql)}",
                        f"query Prometheus: {promql}", timeout=60)
     except CommandFailed as exc:
         raise Gpuk8sError(
             f"Prometheus did not answer through the API server: {exc.stderr_tail.strip()}\n"
             "  fix: set gpu_monitoring: true in the inventory and run bootstrap; if it is on, "
-            f"check the pods: kubectl -n {NAMESPACE} get pods") from None
+            f"check the pods: kubectl -n {MONITORING_NAMESPACE} get pods") from None
     try:
         body = json.loads(raw)
         result = body["data"]["result"] if body.get("status") == "success" else None

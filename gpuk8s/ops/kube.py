@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -292,3 +293,17 @@ def pod_problem(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = ()
         return PodProblem(str(ev.get("reason")), str(ev.get("message", "")).strip(), MOUNT_FIX,
                           grace=MOUNT_GRACE)
     return None
+
+
+#: where the monitoring role runs Prometheus and the DCGM exporter (gpu_monitoring)
+MONITORING_NAMESPACE = "gpuk8s-monitoring"
+#: Prometheus' instant-query API, through the API server's service proxy
+PROMETHEUS_QUERY_PATH = (f"/api/v1/namespaces/{MONITORING_NAMESPACE}/services/"
+                         "http:prometheus:9090/proxy/api/v1/query")
+
+
+def prometheus_query(promql: str) -> str:
+    """The kubectl command (after KUBECTL) that asks Prometheus an instant query (gpu-usage,
+    verify)."""
+    return (f"get --raw "
+            f"{q(PROMETHEUS_QUERY_PATH + '?' + urllib.parse.urlencode({'query': promql}))}")

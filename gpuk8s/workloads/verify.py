@@ -18,10 +18,10 @@ from typing import Any
 
 from rich.text import Text
 
-from gpuk8s.day2.gpuusage import query_command
 from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
+from gpuk8s.ops.kube import prometheus_query
 from gpuk8s.redact import Redactor
 from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.sinks import shell
@@ -286,7 +286,7 @@ def _slices(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
 
 def _dcgm(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
     """gpu_monitoring: the GPUs of each node Prometheus has DCGM_FI_DEV_GPU_UTIL samples of."""
-    rc, out = remote.probe({"dcgm": "$k " + query_command(
+    rc, out = remote.probe({"dcgm": "$k " + prometheus_query(
         "count by (node) (DCGM_FI_DEV_GPU_UTIL)")})["dcgm"]
     seen: dict[str, int] = {}
     if rc == 0:
