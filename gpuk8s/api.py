@@ -17,17 +17,15 @@ from gpuk8s.errors import ConnectError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.gather import gather
 from gpuk8s.facts.system import PciDevices, System
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge, fail_budget
-from gpuk8s.session import open_session
-from gpuk8s.transport import ConnectSpec, open_transport
+from gpuk8s.session import DEFAULT_OPENER, Opener, open_session
 
 
 def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,
               diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
-              opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+              opener: Opener = DEFAULT_OPENER,
               ask_become_pass: bool = False, max_fail: int | str = 0,
               quiet: bool = False) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.

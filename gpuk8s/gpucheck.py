@@ -5,7 +5,6 @@ everything else, so it works on this machine (ansible_connection: local) or over
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,8 @@ from gpuk8s.gpucheck_script import (
     local_pythons,
 )
 from gpuk8s.ops import Op
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
-from gpuk8s.session import open_session
-from gpuk8s.transport import ConnectSpec, open_transport
+from gpuk8s.session import DEFAULT_OPENER, Opener, open_session
 
 #: the check's "SMI-GPUS <count>" line (gpuk8s's own echo; a node may print anything)
 _SMI_GPUS = re.compile(r"SMI-GPUS (\d{1,6})\s*")
@@ -119,7 +116,7 @@ def _cause(malformed: bool, none: str, exit_code: int, smi: int, pci_gpus: int,
 
 def verify_local(inventory: str | Path, *, limit: str | None = None,
                  reporter: Reporter | None = None,
-                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+                 opener: Opener = DEFAULT_OPENER,
                  nvcc: bool = True, python: str | None = None) -> list[dict[str, Any]]:
     """Run the node GPU check on every GPU host in scope; return one row per host.
     ``nvcc=False`` leaves the compiler out, to exercise the PyTorch fallback; ``python``: the

@@ -31,6 +31,10 @@ from gpuk8s.report import Reporter, RunLog, untrusted
 from gpuk8s.roles import HostContext
 from gpuk8s.transport import ConnectSpec, Transport, open_all, open_transport
 
+#: opens one host's transport: the commands take one (tests pass fakes) and hand it here
+Opener = Callable[[ConnectSpec, Redactor], Any]
+#: the real one: SSH, or this machine for ``ansible_connection: local``
+DEFAULT_OPENER: Opener = open_transport
 
 @dataclass
 class Session:
@@ -41,7 +45,7 @@ class Session:
     reporter: Reporter
     redact: Redactor
     runlog: RunLog
-    opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+    opener: Opener = DEFAULT_OPENER
     transports: dict[str, Transport] = field(default_factory=dict)
     facts: dict[str, HostFacts] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +122,7 @@ def _runs_dir() -> Path:
 
 def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str],
                  command: str, reporter: Reporter | None, redact: Redactor | None = None,
-                 opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
+                 opener: Opener = DEFAULT_OPENER,
                  password_prompt: Callable[[str], str] | None = None,
                  allow_unreachable: bool = False, any_control_plane: bool = False) -> Session:
     """Load the inventory, then connect to the hosts in scope plus the first control plane.
@@ -164,7 +168,7 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     specs = [connect_spec(inv.hosts[h]) for h in contact]
     for spec in specs:
         redact.add(spec.become_password)
-    if opener is open_transport:  # say on the terminal what connecting waits for
+    if opener is DEFAULT_OPENER:  # say on the terminal what connecting waits for
         opener = functools.partial(open_transport, notify=reporter.print)
     transports, errors = open_all(specs, redact, opener)
     session.transports = transports

@@ -17,7 +17,6 @@ from typing import Any
 
 from gpuk8s.day2.steps import (
     CLEANUP,
-    Opener,
     ask_confirmation,
     gathered_session,
     node_name,
@@ -29,9 +28,8 @@ from gpuk8s.facts.controlplane import ETCD_PKI, ControlPlaneHealth
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter
-from gpuk8s.session import Session
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session
 from gpuk8s.sinks import node_arg
-from gpuk8s.transport import open_transport
 
 #: etcd's v3 JSON gateway on the first control plane, with kubeadm's health-check client
 #: certificate (kubeadm's etcd has no user auth: any certificate of its CA may manage members)
@@ -92,7 +90,7 @@ def quorum_after_removal(session: Session, host: str, members: int) -> None:
 def remove_control_plane(inventory: str | Path, host: str, *, drain_timeout: int = 300,
                          yes: bool = False, reporter: Reporter | None = None,
                          confirm: Callable[[str], bool] | None = None,
-                         opener: Opener = open_transport) -> dict[str, Any]:
+                         opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Drain it, `kubeadm reset` on it (kubeadm removes its etcd member), delete its Node. A
     dead one: its etcd member removed through a live etcd, its Node deleted."""
     session = gathered_session(inventory, "control_plane", "remove-node", reporter=reporter,

@@ -10,12 +10,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gpuk8s.day2.steps import Opener, run_step
+from gpuk8s.day2.steps import run_step
 from gpuk8s.errors import CommandFailed, Gpuk8sError
 from gpuk8s.ops.kube import KUBECTL, MONITORING_NAMESPACE, prometheus_query
 from gpuk8s.report import Cell, Column, Reporter
-from gpuk8s.session import Session, open_session
-from gpuk8s.transport import open_transport
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session
 
 #: DCGM exporter metrics gpu-usage shows (their names and units are the exporter's)
 METRICS = {"util": "DCGM_FI_DEV_GPU_UTIL", "used": "DCGM_FI_DEV_FB_USED",
@@ -80,7 +79,7 @@ def node_utilisation(session: Session) -> dict[str, float]:
 
 def gpu_usage(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
               reporter: Reporter | None = None,
-              opener: Opener = open_transport) -> list[dict[str, Any]]:
+              opener: Opener = DEFAULT_OPENER) -> list[dict[str, Any]]:
     """A table of every GPU Prometheus knows: node, index, utilisation, memory, pods (and,
     ``wide``, model and UUID)."""
     from gpuk8s.inventory import load_inventory

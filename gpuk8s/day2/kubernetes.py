@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.day2.steps import (
-    Opener,
     ask_confirmation,
     chunks,
     gathered_session,
@@ -37,9 +36,8 @@ from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import DEFAULT_APT, RESOLVE_HELPERS, Apt
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBEADM_PATCHES, KUBECTL
 from gpuk8s.report import Reporter
-from gpuk8s.session import Session
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session
 from gpuk8s.sinks import node_arg, shell
-from gpuk8s.transport import open_transport
 
 #: kubeadm regenerates the static pod manifests on upgrade: this node's patches (the API
 #: server's bind address beside the local load balancer) must be given again, or they are lost
@@ -124,7 +122,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
                        serial: int = 1, drain_timeout: int = 300, yes: bool = False,
                        reporter: Reporter | None = None,
                        confirm: Callable[[str], bool] | None = None,
-                       opener: Opener = open_transport,
+                       opener: Opener = DEFAULT_OPENER,
                        verify_timeout: int = 300) -> dict[str, Any]:
     """Upgrade the cluster to Kubernetes ``version`` (a patch release of the inventory's
     kubernetes_version): control plane first, then workers ``serial`` at a time."""

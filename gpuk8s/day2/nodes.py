@@ -12,7 +12,6 @@ from gpuk8s import api
 from gpuk8s.day2.control_planes import remove_control_plane
 from gpuk8s.day2.steps import (
     CLEANUP,
-    Opener,
     ask_confirmation,
     check_one_host,
     gathered_session,
@@ -30,9 +29,8 @@ from gpuk8s.ops.apt import Apt, purge_script
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge
-from gpuk8s.session import Session, open_session
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session
 from gpuk8s.sinks import node_arg
-from gpuk8s.transport import open_transport
 
 
 # -- reprovision ------------------------------------------------------------------------------
@@ -40,7 +38,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                 full: bool = False, drain_timeout: int = 300, yes: bool = False,
                 sets: Sequence[str] = (), reporter: Reporter | None = None,
                 confirm: Callable[[str], bool] | None = None,
-                opener: Opener = open_transport) -> dict[str, Any]:
+                opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Drain, delete, reset and rejoin one worker; only it and the control plane are contacted.
     A control plane (not the first) leaves the cluster and etcd as remove-node does, then joins
     again as add-node does; only the control planes are contacted.
@@ -134,7 +132,7 @@ def add_node(inventory: str | Path, host: str, **kwargs: Any) -> dict[str, Any]:
 def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
                 yes: bool = False, reporter: Reporter | None = None,
                 confirm: Callable[[str], bool] | None = None,
-                opener: Opener = open_transport) -> dict[str, Any]:
+                opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Drain and delete a worker's Node object, then reset the box. A dead box (unreachable)
     only loses its Node object, with a note. A control plane leaves etcd too (see
     gpuk8s.day2.control_planes), only if etcd keeps its quorum."""
@@ -175,7 +173,7 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
 # -- reset ------------------------------------------------------------------------------------
 def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None = None,
           confirm: Callable[[str], bool] | None = None,
-          opener: Opener = open_transport) -> dict[str, Any]:
+          opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """The whole cluster back to its pre-bootstrap state (packages and drivers stay), behind
     a typed confirmation (the control plane's name) or --yes."""
     session = open_session(inventory, limit=None, sets=(), command="reset",

@@ -10,7 +10,7 @@ from typing import Any
 from rich.text import Text
 
 from gpuk8s.day2.gpuusage import node_utilisation
-from gpuk8s.day2.steps import Opener, gathered_session
+from gpuk8s.day2.steps import gathered_session
 from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
@@ -21,14 +21,13 @@ from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES
 from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.runner import phase_hosts, plan_phase, preflight
-from gpuk8s.session import Session, open_session
-from gpuk8s.transport import open_transport
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session
 
 
 # -- status -----------------------------------------------------------------------------------
 def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
            reporter: Reporter | None = None,
-           opener: Opener = open_transport) -> list[dict[str, Any]]:
+           opener: Opener = DEFAULT_OPENER) -> list[dict[str, Any]]:
     """One row per host: role, Ready, versions, GPUs, allocatable nvidia.com/gpu and drift
     (how many changes `plan` would make), or, for a host preflight refuses (so `plan` and
     bootstrap stop before planning it), "preflight": its problems and no drift. Unreachable
@@ -213,7 +212,7 @@ def _util(row: dict[str, Any]) -> str:
 
 # -- kubeconfig -------------------------------------------------------------------------------
 def kubeconfig(inventory: str | Path, *, reporter: Reporter | None = None,
-               opener: Opener = open_transport) -> Path:
+               opener: Opener = DEFAULT_OPENER) -> Path:
     """Fetch admin credentials to <inventory dir>/artifacts/admin.conf (0600)."""
     from gpuk8s.inventory import load_inventory
 

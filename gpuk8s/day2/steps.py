@@ -7,18 +7,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.gather import cluster_values, gather
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
-from gpuk8s.session import Session, open_session, run_step
-from gpuk8s.transport import ConnectSpec, open_transport
-
-Opener = Callable[[ConnectSpec, Redactor], Any]
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_step
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
 #: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI.
@@ -55,7 +50,7 @@ def node_name(session: Session, host: str) -> str:
 
 def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
                      sets: Sequence[str] = (), reporter: Reporter | None = None,
-                     opener: Opener = open_transport, allow_unreachable: bool = False,
+                     opener: Opener = DEFAULT_OPENER, allow_unreachable: bool = False,
                      any_control_plane: bool = False) -> Session:
     """A session on ``limit`` (None: every host) with facts gathered and cluster values set."""
     session = open_session(inventory, limit=limit, sets=sets, command=command,

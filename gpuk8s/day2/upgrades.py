@@ -10,7 +10,6 @@ from typing import Any
 
 from gpuk8s.day2.kubernetes import upgrade_kubernetes
 from gpuk8s.day2.steps import (
-    Opener,
     ask_confirmation,
     chunks,
     gathered_session,
@@ -22,7 +21,7 @@ from gpuk8s.errors import InventoryError
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge
-from gpuk8s.transport import open_transport
+from gpuk8s.session import DEFAULT_OPENER, Opener
 
 
 # -- upgrade ----------------------------------------------------------------------------------
@@ -30,7 +29,7 @@ def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str
             limit: str | None = None, serial: int = 1, drain_timeout: int = 300,
             yes: bool = False, reporter: Reporter | None = None,
             confirm: Callable[[str], bool] | None = None,
-            opener: Opener = open_transport) -> dict[str, Any]:
+            opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Upgrade the NVIDIA driver (``driver``) or Kubernetes to a patch release
     (``kubernetes``), ``serial`` nodes at a time; see upgrade_driver and upgrade_kubernetes."""
     if (driver is None) == (kubernetes is None):
@@ -51,7 +50,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
                    serial: int = 1, drain_timeout: int = 300, yes: bool = False,
                    reporter: Reporter | None = None,
                    confirm: Callable[[str], bool] | None = None,
-                   opener: Opener = open_transport) -> dict[str, Any]:
+                   opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Move GPU nodes to NVIDIA driver ``driver`` (e.g. 580.159.04), ``serial`` nodes at a time:
     drain, install, reboot if needed, verify (nvidia-smi and allocatable GPUs), uncordon. Stops
     at the first node that fails and leaves the rest untouched."""

@@ -15,11 +15,10 @@ from rich.text import Text
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op, kube
 from gpuk8s.ops.kube import apply_script
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Cell, Column, Reporter
-from gpuk8s.session import Session, open_session
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session
 from gpuk8s.sinks import shell
-from gpuk8s.transport import CommandResult, ConnectSpec, open_transport
+from gpuk8s.transport import CommandResult
 from gpuk8s.workloads.rendering import dump
 from gpuk8s.workloads.values import WorkloadError
 
@@ -81,7 +80,7 @@ def _control_plane(inventory: str | Path) -> str:
 
 def open_control_plane(inventory: str | Path, command: str, reporter: Reporter | None,
                        *, all_hosts: bool = False,
-                       opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+                       opener: Opener = DEFAULT_OPENER
                        ) -> Session:
     """A session connected to the first control plane only (or every host, for NFS clients)."""
     limit = None if all_hosts else _control_plane(inventory)

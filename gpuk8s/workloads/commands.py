@@ -8,18 +8,16 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter, untrusted
-from gpuk8s.session import Session
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session
 from gpuk8s.sinks import shell
-from gpuk8s.transport import ConnectSpec, open_transport
 from gpuk8s.workloads.cluster import (
     KUBECTL,
     NS_KINDS,
@@ -167,7 +165,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
            sets: Sequence[str] = (), reporter: Reporter | None = None,
            timeout: float = 600, pending_grace: float = 20,
            show_secret: bool | None = None, render_only: bool = False,
-           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport) -> dict[str, Any]:
+           opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Render, apply and wait for one workload; print its pods; raise WorkloadError when it is
     not ready (unschedulable pods are named with the scheduler's reason). With ``render_only``
     (``--render``) print the manifests deploy would apply and contact no host."""
@@ -325,7 +323,7 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
 
 def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
              sets: Sequence[str] = (), reporter: Reporter | None = None, timeout: int = 180,
-             opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+             opener: Opener = DEFAULT_OPENER
              ) -> dict[str, Any]:
     """Delete every object labelled gpuk8s.io/workload=<name> (the NFS export stays)."""
     values = load_values(name, values_files, sets)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,9 @@ from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
 from gpuk8s.ops.kube import prometheus_query
-from gpuk8s.redact import Redactor
 from gpuk8s.report import Cell, Column, Reporter
+from gpuk8s.session import DEFAULT_OPENER, Opener
 from gpuk8s.sinks import shell
-from gpuk8s.transport import ConnectSpec, open_transport
 from gpuk8s.workloads.cluster import Remote, _json, open_control_plane, wait
 from gpuk8s.workloads.commands import _delete_script, _namespace_doc
 from gpuk8s.workloads.rendering import LABEL, render
@@ -184,7 +183,7 @@ def scheduler_words(message: str) -> str:
 def verify(inventory: str | Path, *, reporter: Reporter | None = None,
            values_files: Sequence[str] = (), sets: Sequence[str] = (),
            pending_grace: float = 20,
-           opener: Callable[[ConnectSpec, Redactor], Any] = open_transport
+           opener: Opener = DEFAULT_OPENER
            ) -> dict[str, Any]:
     """Per GPU node: nvidia-smi -L in the CUDA base image, then TensorFlow's GPU list; both must
     show as many GPUs as the node has on its PCI bus. One table; WorkloadError on a mismatch."""
