@@ -37,8 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpuk8s.facts.gather import fact_requests  # noqa: E402
 from gpuk8s.facts.probe import build_probe  # noqa: E402
+from gpuk8s.gather import fact_requests  # noqa: E402
 from gpuk8s.inventory import load_inventory  # noqa: E402
 from tests.lab.lab import Lab  # noqa: E402
 from tests.lab.paths import state_dir  # noqa: E402

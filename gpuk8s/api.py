@@ -15,8 +15,8 @@ from typing import Any
 
 from gpuk8s.errors import ConnectError
 from gpuk8s.facts import HostFacts
-from gpuk8s.facts.gather import gather
 from gpuk8s.facts.system import PciDevices, System
+from gpuk8s.gather import gather
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge, fail_budget
 from gpuk8s.session import DEFAULT_OPENER, Opener, open_session

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.errors import Gpuk8sError
-from gpuk8s.facts.gather import gather
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import PciDevices
+from gpuk8s.gather import gather
 from gpuk8s.gpucheck_script import (
     NO_COMPUTE,
     NO_TORCH_NVCC_LEFT_OUT,

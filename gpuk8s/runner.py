@@ -20,9 +20,9 @@ from gpuk8s.errors import (
     PreflightError,
 )
 from gpuk8s.executor import HostResult, RoleWork, run_phase
-from gpuk8s.facts.gather import _file_exists, cluster_summary, cluster_values, gather
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import PENDING_HANDLERS, PendingHandlers, System, handler_marker
+from gpuk8s.gather import _file_exists, cluster_summary, cluster_values, gather
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
 from gpuk8s.ops import Op, change, q
 from gpuk8s.playbook import (

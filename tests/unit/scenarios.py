@@ -6,10 +6,10 @@ from typing import Any
 
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.controlplane import ControlPlaneHealthState
-from gpuk8s.facts.gather import fact_requests
 from gpuk8s.facts.kube import ClusterState, ContainerdState, GateState
 from gpuk8s.facts.nvidia import NvidiaState, Topology
 from gpuk8s.facts.system import FileState, PciDevice, SystemInfo, Unit
+from gpuk8s.gather import fact_requests
 from gpuk8s.variables import load_variable_specs
 
 OSES = {

@@ -126,10 +126,10 @@ def test_no_import_cycle_between_packages() -> None:
 
 
 #: the modules that may run a command on a host's transport themselves: the transport, the
-#: executor, and the fact probe (facts/gather.py); everything else goes through the executor
+#: executor, and the fact probe (gather.py); everything else goes through the executor
 MAY_RUN = {"gpuk8s/transport/__init__.py", "gpuk8s/transport/base.py",
            "gpuk8s/transport/ssh.py", "gpuk8s/transport/local.py",
-           "gpuk8s/transport/known_hosts.py", "gpuk8s/executor.py", "gpuk8s/facts/gather.py"}
+           "gpuk8s/transport/known_hosts.py", "gpuk8s/executor.py", "gpuk8s/gather.py"}
 _TRANSPORT_RUN = re.compile(r"transports\[[^\]]+\]\.run\(|\btransport\.run\(")
 
 

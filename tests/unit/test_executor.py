@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-import gpuk8s.facts.gather as gathering
+import gpuk8s.gather as gathering
 from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost
 from gpuk8s.executor import HostRunner, RoleWork, build_script, run_phase
 from gpuk8s.ops import Op, change, noop

@@ -1,6 +1,7 @@
 """Fact gathering: every fact the roles ask for, in one probe per host, all hosts in
 parallel; and the cluster-wide values derived from the facts (node names, GPU counts, the
-API endpoint)."""
+API endpoint). The runner's layer: it runs the probe through the session's transports;
+gpuk8s.facts only says what to run (build_probe) and parses what came back (parse_probe)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,8 @@ from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, PendingHandlers, System
-from gpuk8s.inventory.endpoint import (  # noqa: F401 (endpoint_of: imported from here too)
-    LOCAL_LB_ENDPOINT,
-    endpoint_of,
-    inventory_cluster,
-)
-from gpuk8s.playbook import (
-    ALL_ROLES,
-    package_cache_url,
-)
+from gpuk8s.inventory.endpoint import inventory_cluster
+from gpuk8s.playbook import ALL_ROLES, package_cache_url
 from gpuk8s.roles import load_role
 from gpuk8s.session import Session, role_vars
 
