@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from gpuk8s import api, bundle, day2, gpucheck, images
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
-from gpuk8s.inventory.check import check
 from gpuk8s.report import untrusted
 
 #: command name -> the one function it calls
@@ -19,7 +18,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "gpu_usage": day2.gpu_usage,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
-    "verify_local": gpucheck.verify_local, "images": images.print_images, "check": check,
+    "verify_local": gpucheck.verify_local, "images": images.print_images, "check": api.check,
     "report": api.report,
     "bundle": bundle.bundle,
 }

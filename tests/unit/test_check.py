@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from gpuk8s.api import check
 from gpuk8s.cli import main
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts import HostFacts
-from gpuk8s.inventory.check import check
 from gpuk8s.report import Reporter
 
 ROOT = Path(__file__).resolve().parents[2]
