@@ -2,7 +2,8 @@
 
 Each run: load and validate the inventory (no host contacted), connect to every host once, gather
 facts with one probe per host, preflight, then per phase plan -> show -> apply -> barrier, probing
-again only the hosts a phase changed.
+again only the hosts a phase changed. bootstrap itself is gpuk8s.runner.bootstrap (day-2's
+add-node and reprovision run it too), listed here as the entry point it is.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -25,50 +26,9 @@ from gpuk8s.inventory.endpoint import inventory_cluster
 from gpuk8s.inventory.model import BASTION, Host, Inventory
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.roles import HostContext, load_role
-from gpuk8s.runner import converge, fail_budget
-from gpuk8s.session import DEFAULT_OPENER, Opener, open_session
+from gpuk8s.runner import become_prompt, bootstrap
+from gpuk8s.session import open_session
 from gpuk8s.variables import load_variable_specs
-
-
-def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,
-              diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
-              reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
-              opener: Opener = DEFAULT_OPENER,
-              ask_become_pass: bool = False, max_fail: int | str = 0,
-              quiet: bool = False) -> dict[str, Any]:
-    """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node.
-
-    Args:
-        inventory: path of the inventory (YAML or INI).
-        limit: Ansible-style host pattern; the first control plane is always contacted.
-        check: plan only: print what would change and change nothing (``invoke plan``).
-        diff: show file diffs in the plan.
-        yes: apply without asking.
-        sets: ``key=value`` overrides, highest precedence.
-        reporter: where output goes (a default one prints to stdout).
-        confirm: asks the user; None with yes=False and a TTY prompts on stdin.
-        opener: opens one host's transport (tests pass fakes).
-        ask_become_pass: prompt for the sudo password of hosts that have none.
-        max_fail: how many hosts (count, or "25%" of the run's hosts) may fail, unreachable
-            at the start or lost on the way, while the others go on; those hosts are left
-            out of later phases and the run still ends in an error naming them. 0: any
-            failed host stops the run at the end of its phase.
-        quiet: no plan listing and no progress while applying; problems, failures and the
-            final table still print.
-
-    Returns:
-        A summary dict: changes planned/applied per host, wall time, run folder.
-    """
-    command = "plan" if check else "bootstrap"
-    fail_budget(max_fail, 0)  # a bad --max-fail fails before any host is contacted
-    session = open_session(inventory, limit=limit, sets=sets, command=command,
-                           reporter=reporter or (Reporter(quiet=True) if quiet else None),
-                           opener=opener,
-                           password_prompt=_prompt() if ask_become_pass else None,
-                           allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
-    with closing(session):
-        return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
-                        max_fail=max_fail)
 
 
 def report(run: str | Path | None = None) -> Path:
@@ -77,12 +37,6 @@ def report(run: str | Path | None = None) -> Path:
     from gpuk8s import htmlreport
 
     return htmlreport.report(run)
-
-
-def _prompt() -> Callable[[str], str]:
-    import getpass
-
-    return getpass.getpass
 
 
 def plan(inventory: str | Path, **kwargs: Any) -> dict[str, Any]:
@@ -97,7 +51,7 @@ def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str
     everything as JSON."""
     session = open_session(inventory, limit=limit, sets=sets, command="facts",
                            reporter=reporter,
-                           password_prompt=_prompt() if ask_become_pass else None)
+                           password_prompt=become_prompt(ask_become_pass))
     with closing(session):
         gather(session, [h for h in session.scope if h in session.transports])
         data = {h: session.facts[h].as_json() for h in session.scope}

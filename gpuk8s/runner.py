@@ -8,7 +8,9 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon
@@ -31,8 +33,9 @@ from gpuk8s.playbook import (
     Phase,
     package_cache_host,
 )
+from gpuk8s.report import Reporter
 from gpuk8s.roles import load_role
-from gpuk8s.session import Session, context
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, context, open_session
 
 
 def preflight(session: Session, *, show: bool = True) -> None:
@@ -242,6 +245,57 @@ def _leave_out(session: Session, stage: str, errors: Mapping[str, Gpuk8sError],
     session.reporter.print(
         f"{stage}: left out of the rest of the run: {', '.join(sorted(errors))} "
         f"({len(session.failed)} failed host(s), --max-fail allows {budget})", style="red")
+
+
+def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = False,
+              diff: bool = False, yes: bool = False, sets: Sequence[str] = (),
+              reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
+              opener: Opener = DEFAULT_OPENER,
+              ask_become_pass: bool = False, max_fail: int | str = 0,
+              quiet: bool = False) -> dict[str, Any]:
+    """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node: open a
+    session and converge it (gpuk8s.api.bootstrap; day2's add-node and reprovision too).
+
+    Args:
+        inventory: path of the inventory (YAML or INI).
+        limit: Ansible-style host pattern; the first control plane is always contacted.
+        check: plan only: print what would change and change nothing (``invoke plan``).
+        diff: show file diffs in the plan.
+        yes: apply without asking.
+        sets: ``key=value`` overrides, highest precedence.
+        reporter: where output goes (a default one prints to stdout).
+        confirm: asks the user; None with yes=False and a TTY prompts on stdin.
+        opener: opens one host's transport (tests pass fakes).
+        ask_become_pass: prompt for the sudo password of hosts that have none.
+        max_fail: how many hosts (count, or "25%" of the run's hosts) may fail, unreachable
+            at the start or lost on the way, while the others go on; those hosts are left
+            out of later phases and the run still ends in an error naming them. 0: any
+            failed host stops the run at the end of its phase.
+        quiet: no plan listing and no progress while applying; problems, failures and the
+            final table still print.
+
+    Returns:
+        A summary dict: changes planned/applied per host, wall time, run folder.
+    """
+    command = "plan" if check else "bootstrap"
+    fail_budget(max_fail, 0)  # a bad --max-fail fails before any host is contacted
+    session = open_session(inventory, limit=limit, sets=sets, command=command,
+                           reporter=reporter or (Reporter(quiet=True) if quiet else None),
+                           opener=opener,
+                           password_prompt=become_prompt(ask_become_pass),
+                           allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
+    with closing(session):
+        return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
+                        max_fail=max_fail)
+
+
+def become_prompt(ask: bool) -> Callable[[str], str] | None:
+    """What asks for the sudo password with --ask-become-pass (getpass), else None."""
+    if not ask:
+        return None
+    import getpass
+
+    return getpass.getpass
 
 
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,

@@ -8,7 +8,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from gpuk8s import api
 from gpuk8s.day2.control_planes import remove_control_plane
 from gpuk8s.day2.steps import (
     CLEANUP,
@@ -28,7 +27,7 @@ from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import Apt, purge_script
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBECTL
 from gpuk8s.report import Reporter
-from gpuk8s.runner import converge
+from gpuk8s.runner import bootstrap, converge
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session
 from gpuk8s.sinks import node_arg
 
@@ -61,7 +60,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                               "is reprovisioned by leaving the cluster and joining again")
         removed = remove_control_plane(inventory, host, drain_timeout=drain_timeout, yes=yes,
                                        reporter=reporter, confirm=confirm, opener=opener)
-        result = api.bootstrap(inventory, limit=host, yes=True, sets=sets, reporter=reporter,
+        result = bootstrap(inventory, limit=host, yes=True, sets=sets, reporter=reporter,
                                opener=opener)
         return {**result, "removed": removed}
     session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
@@ -126,7 +125,7 @@ def add_node(inventory: str | Path, host: str, **kwargs: Any) -> dict[str, Any]:
     """Give a new box the full node stack (GPU roles included) and join it; the other
     workers are not contacted. Same as ``bootstrap --limit HOST``."""
     check_one_host(inventory, host)
-    return api.bootstrap(inventory, limit=host, **kwargs)
+    return bootstrap(inventory, limit=host, **kwargs)
 
 
 def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
