@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuk8s.cafile import CaFileProblem, read_ca_file
 from gpuk8s.sinks import APT_CONF_HOST, registry_host_problem
 
 SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
@@ -439,8 +440,6 @@ def _check_ca_file(name: str, registry: str, url: str, ca_file: Any,
     if not url.startswith("https://"):
         return VarProblem(name, f"{name}: ca_file is for https mirrors; {url} is plain http",
                           "drop ca_file, or use the registry's https URL", subkey=registry)
-    from gpuk8s.ops.registry import CaFileProblem, read_ca_file
-
     try:  # the same reading as the copy to the nodes: certificates only, no key
         read_ca_file(ca_file)
     except CaFileProblem as exc:
