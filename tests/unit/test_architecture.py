@@ -1,5 +1,6 @@
 """The shape of the code: gpuk8s's modules import each other without a cycle (function-level
-imports included), and roles/ import only the engine's public layers."""
+imports included), its packages (facts/, session.py...) import only the layers below them
+(ALLOWED) and form no loop either, and roles/ import only the engine's public layers."""
 
 from __future__ import annotations
 
@@ -123,6 +124,86 @@ def test_no_import_cycle_between_packages() -> None:
     assert loops == [], "a package-level import loop through " + "; ".join(
         ", ".join(loop) for loop in loops) + "; its edges:\n" + "\n".join(edges) + \
         "\nmove the thing imported the wrong way to the layer it belongs to (see ALLOWED)"
+
+
+# The layers, top may import lower, never the reverse (a package may also import the packages
+# of its own layer that its row names, never in a loop):
+#   commands       cli, api, day2, workloads, images, bundle, gpucheck (+ their helpers
+#                  bundlefiles, gpucheck_script, htmlreport)
+#   runner/session runner > gather, drain, handoffs > session > report
+#   playbook/roles inventory > variables > roles > templating; playbook; gpusharing
+#   ops/facts      dra, mig > ops > facts
+#   executor       runs Op values (ops/ is pure descriptions: it never imports the executor)
+#   transport      ssh, local, known_hosts
+#   leaves         errors, sinks, sections, progress, redact, cafile, checks: importable by all
+LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile", "checks"})
+#: every package below the commands
+ENGINE = frozenset({"runner", "gather", "drain", "handoffs", "session", "report", "inventory",
+                    "variables", "roles", "templating", "playbook", "gpusharing", "dra", "mig",
+                    "ops", "facts", "executor", "transport"}) | LEAVES
+#: package -> the packages it may import (gpuk8s/facts/*.py is "facts", session.py "session")
+ALLOWED: dict[str, frozenset[str]] = {
+    # leaves: each other only, in this order
+    "errors": frozenset(), "sections": frozenset(), "progress": frozenset(),
+    "redact": frozenset(), "sinks": frozenset({"errors"}), "cafile": frozenset({"errors"}),
+    "checks": frozenset({"errors", "sinks", "cafile"}),
+    "transport": LEAVES,
+    "executor": LEAVES | {"transport", "ops"},
+    "facts": LEAVES,
+    "ops": LEAVES | {"facts"},
+    "mig": LEAVES | {"facts"},
+    "dra": LEAVES | {"facts", "ops"},
+    "playbook": LEAVES,
+    "templating": LEAVES,
+    "roles": LEAVES | {"facts", "ops", "templating"},
+    "gpusharing": LEAVES | {"mig"},
+    # every role's RULES and defaults: the variables read the roles, not the reverse
+    "variables": LEAVES | {"playbook", "roles", "templating"},
+    "inventory": LEAVES | {"variables"},
+    "report": LEAVES | {"executor", "ops"},
+    "session": LEAVES | {"report", "inventory", "playbook", "roles", "ops", "facts",
+                         "executor", "transport"},
+    "drain": LEAVES | {"session", "ops"},
+    "handoffs": LEAVES | {"session", "executor", "ops", "facts"},
+    "gather": LEAVES | {"session", "inventory", "playbook", "roles", "executor", "facts"},
+    "runner": LEAVES | {"gather", "drain", "handoffs", "session", "report", "playbook", "roles",
+                        "ops", "facts", "executor"},
+    # commands and their helpers
+    "bundlefiles": LEAVES | {"report"},
+    "htmlreport": LEAVES | {"report"},
+    "gpucheck_script": LEAVES,
+    "api": ENGINE | {"htmlreport"},
+    "day2": ENGINE,
+    "workloads": ENGINE,
+    "images": ENGINE | {"workloads"},
+    "bundle": ENGINE | {"bundlefiles"},
+    "gpucheck": ENGINE | {"gpucheck_script"},
+    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck"},
+    # scripts that run on a node (torch_probe.py...): nothing of gpuk8s
+    "data": frozenset(),
+}
+
+
+def test_every_package_imports_only_what_its_layer_allows() -> None:
+    packages, why = package_graph()
+    new = sorted(set(packages) - set(ALLOWED))
+    assert new == [], f"packages missing from ALLOWED: {', '.join(new)}; give each a row there " \
+        "(the packages it may import) at its layer (see the layers above ALLOWED)"
+    wrong = [f"{module} imports {target}: {source} may import only "
+             f"{', '.join(sorted(ALLOWED[source])) or 'nothing of gpuk8s'}"
+             for source in sorted(packages)
+             for imported in sorted(packages[source] - ALLOWED[source])
+             for module, _, target in (w.partition(" -> ") for w in why[source, imported])]
+    assert wrong == [], "imports against the layers:\n  " + "\n  ".join(wrong) + \
+        "\nfix: move what is imported down to a layer both may import (a leaf, or the lower " \
+        "package's layer), or move the importing code up to the layer it belongs to; change " \
+        "ALLOWED only when the new arrow points down and makes no loop"
+
+
+def test_the_allowed_table_has_no_loop() -> None:
+    """ALLOWED itself is layered: no row lets a package reach itself back."""
+    assert cycles({p: set(ALLOWED[p]) & set(ALLOWED) for p in ALLOWED}) == []
+    assert set(ENGINE) <= set(ALLOWED)
 
 
 #: the modules that may run a command on a host's transport themselves: the transport, the
