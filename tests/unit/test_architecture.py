@@ -126,14 +126,15 @@ def test_no_import_cycle_between_packages() -> None:
         "\nmove the thing imported the wrong way to the layer it belongs to (see ALLOWED)"
 
 
-# The layers, top may import lower, never the reverse (a package may also import the packages
-# of its own layer that its row names, never in a loop):
+# The layers. A package imports only what its ALLOWED row names: packages of lower layers (not
+# necessarily all of them) and, in the order shown, of its own; never upward, never in a loop.
 #   commands       cli, api, day2, workloads, images, bundle, gpucheck (+ their helpers
 #                  bundlefiles, gpucheck_script, htmlreport)
 #   runner/session runner > gather, drain, handoffs > session > report
 #   playbook/roles inventory > variables > roles > templating; playbook; gpusharing
+#   executor       runs Op values on the transports (ops/ are pure descriptions: they never
+#                  import the executor, and neither do roles, which only plan)
 #   ops/facts      dra, mig > ops > facts
-#   executor       runs Op values (ops/ is pure descriptions: it never imports the executor)
 #   transport      ssh, local, known_hosts
 #   leaves         errors, sinks, sections, progress, redact, cafile, checks: importable by all
 LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile", "checks"})
@@ -148,11 +149,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "redact": frozenset(), "sinks": frozenset({"errors"}), "cafile": frozenset({"errors"}),
     "checks": frozenset({"errors", "sinks", "cafile"}),
     "transport": LEAVES,
-    "executor": LEAVES | {"transport", "ops"},
     "facts": LEAVES,
     "ops": LEAVES | {"facts"},
     "mig": LEAVES | {"facts"},
     "dra": LEAVES | {"facts", "ops"},
+    "executor": LEAVES | {"transport", "ops"},
     "playbook": LEAVES,
     "templating": LEAVES,
     "roles": LEAVES | {"facts", "ops", "templating"},
