@@ -13,7 +13,7 @@ from gpuk8s.checks import Rule, check_positive, check_xyz, matching
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.ops import Op, change, noop, sha256
-from gpuk8s.ops.kube import KUBECTL, apply, then_wait
+from gpuk8s.ops.kube import KUBECTL, apply, rollout_wait, then_wait
 from gpuk8s.roles import HostContext
 
 NAMESPACE = "gpuk8s-monitoring"
@@ -94,8 +94,8 @@ def plan(ctx: HostContext) -> list[Op]:
     if not op.changes:
         return [op]
     timeout = int(ctx.var("monitoring_ready_timeout"))
-    wait = (f"{KUBECTL} -n {NAMESPACE} rollout status deployment/prometheus "
-            f"--timeout={timeout}s && "
-            f"{KUBECTL} -n {NAMESPACE} rollout status daemonset/dcgm-exporter "
-            f"--timeout={timeout}s")
+    # the pod selectors are the templates' matchLabels
+    wait = rollout_wait(((NAMESPACE, "deployment/prometheus", "app.kubernetes.io/name=prometheus"),
+                         (NAMESPACE, "daemonset/dcgm-exporter",
+                          "app.kubernetes.io/name=dcgm-exporter")), timeout)
     return [then_wait(op, "Prometheus and every exporter are ready", wait, 2 * timeout + 60)]
