@@ -6,7 +6,7 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from gpuk8s.cli import run
+from gpuk8s.cli import run, table_output
 
 INVENTORY = "inventories/lab.yaml"
 
@@ -89,17 +89,27 @@ def reset(c, inventory=INVENTORY, yes=False):
     _done(run("reset", inventory=inventory, yes=yes))
 
 
-@task(help={"inventory": "inventory file", "json": "print JSON instead of a table"})
-def status(c, inventory=INVENTORY, json=False):
-    """One table: nodes, Ready, versions, GPUs, allocatable nvidia.com/gpu, drift."""
-    _done(run("status", inventory=inventory, as_json=json))
+def _table_output(output: str, json: bool) -> dict[str, bool]:
+    try:
+        return table_output(output, json)
+    except ValueError as exc:
+        raise Exit(f"error: {exc}", code=2) from None
+
+
+@task(help={"inventory": "inventory file", "json": "print JSON instead of a table",
+            "output": "wide: every column (the default view fits 80 columns); json: as --json"})
+def status(c, inventory=INVENTORY, json=False, output=""):
+    """One line per host: role, Ready, GPUs and allocatable nvidia.com/gpu, what plan would do
+    (in sync, N changes, refused by preflight); -o wide adds versions and GPU use."""
+    _done(run("status", inventory=inventory, **_table_output(output, json)))
 
 
 @task(name="gpu-usage", help={"inventory": "inventory file",
-                              "json": "print JSON instead of a table"})
-def gpu_usage(c, inventory=INVENTORY, json=False):
+                              "json": "print JSON instead of a table",
+                              "output": "wide: every column (model, UUID); json: as --json"})
+def gpu_usage(c, inventory=INVENTORY, json=False, output=""):
     """GPU utilisation, memory and pods per GPU, from the cluster's Prometheus (gpu_monitoring)."""
-    _done(run("gpu_usage", inventory=inventory, as_json=json))
+    _done(run("gpu_usage", inventory=inventory, **_table_output(output, json)))
 
 
 @task(help={"inventory": "inventory file", "driver": "NVIDIA driver version, e.g. 580.159.04",
@@ -155,12 +165,21 @@ def undeploy(c, name, inventory=INVENTORY, values=None, set=None):
             "set": "key.sub=value (repeatable)",
             "local": "node-level check on the hosts themselves (no cluster): nvidia-smi sees "
                      "every PCI GPU and a CUDA computation is right on each",
-            "limit": "host pattern (with --local)"}, iterable=["values", "set"])
-def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=None):
+            "limit": "host pattern (with --local)",
+            "python": "with --local: the Python interpreter whose PyTorch (with CUDA) the "
+                      "PyTorch path uses, e.g. /opt/torch/.venv/bin/python3",
+            "without_nvcc": "with --local: leave nvcc out, to run the PyTorch path"},
+      iterable=["values", "set"])
+def verify(c, inventory=INVENTORY, values=None, set=None, local=False, limit=None, python=None,
+           without_nvcc=False):
     """Smoke-test every GPU node: a Job per node (nvidia-smi, then TensorFlow listing its GPUs),
     or with --local the node-level check over SSH / on this machine."""
+    if (python or without_nvcc) and not local:
+        raise Exit("--python and --without-nvcc are options of the node-level check: add "
+                   "--local", code=1)
     if local:
-        _done(run("verify_local", inventory=inventory, limit=limit))
+        _done(run("verify_local", inventory=inventory, limit=limit, python=python,
+                  nvcc=not without_nvcc))
     else:
         _done(run("verify", inventory=inventory, values_files=values or [], sets=set or []))
 

@@ -127,7 +127,8 @@ def summary(facts: HostFacts) -> dict[str, str]:
            "init": sysinfo.init if sysinfo.systemd else f"{sysinfo.init} (not systemd)",
            "virt": (sysinfo.virt if sysinfo.virt_source == "systemd-detect-virt" else
                     f"{sysinfo.virt} (guessed: no systemd-detect-virt)")
-           + (", hypervisor CPU flag" if sysinfo.hypervisor else ""),
+           + (f"; from {sysinfo.virt_evidence}" if sysinfo.virt_evidence else
+              ", hypervisor CPU flag" if sysinfo.hypervisor else ""),
            "time synced": sysinfo.time_synced,
            "listening": "unknown (no ss, no /proc/net/tcp)" if sysinfo.listening is None else
            " ".join(map(str, sysinfo.listening)) or "nothing",

@@ -2,14 +2,15 @@
 
 Run it where PyPI (or a mirror) answers and carry the result over. gpuk8s reads roles/ and
 templates/ from its checkout (:func:`gpuk8s.roles.project_root`), so the bundle holds the
-checkout itself (the files git tracks, plus the untracked ones it does not ignore) and, in
-wheels/, a wheel of gpuk8s and of every runtime dependency for the target's Python and platform,
-with setuptools, which ``pip install -e .`` builds with. Only the admin machine's Python
+checkout itself (its committed files, never secrets: :func:`source_files`) and, in wheels/,
+a wheel of gpuk8s and of every runtime dependency for the target's Python and platform, with
+setuptools, which ``pip install -e .`` builds with. Only the admin machine's Python
 matters: gpuk8s runs there and reaches the nodes over SSH; it installs nothing Python on them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 import shutil
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpuk8s.bundlefiles import MANIFEST, left_out, source_files
 from gpuk8s.errors import BundleError
 from gpuk8s.roles import project_root
 
@@ -35,9 +37,6 @@ _NETWORK = re.compile(
     r"Temporary failure in name resolution|Name or service not known|ProxyError|SSLError|"
     r"ConnectTimeoutError|ReadTimeoutError|Could not fetch URL|not a trusted or secure host|"
     r"40[137] Client Error")
-#: folders never copied when the checkout has no git to list its files
-_JUNK = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "runs",
-         "dist", "build"}
 _LEGACY = {"2014": 17, "2010": 12, "1": 5}  # manylinux2014 is manylinux_2_17, ...
 #: the install command, run in the bundle's copy of the checkout
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install --no-index --find-links ../wheels -e ."
@@ -103,10 +102,11 @@ class Target:
         return args
 
 
-def project(root: Path) -> dict[str, Any]:
-    """name, version, requires-python and the requirements to download, from pyproject.toml:
-    ``[project] dependencies`` and ``[build-system] requires`` (for ``pip install -e .``)."""
-    data = tomllib.loads((root / "pyproject.toml").read_text())
+def project(root: Path, text: str | None = None) -> dict[str, Any]:
+    """name, version, requires-python and the requirements to download, from pyproject.toml
+    (``text``, else the one in ``root``): ``[project] dependencies`` and ``[build-system]
+    requires`` (for ``pip install -e .``)."""
+    data = tomllib.loads(text if text is not None else (root / "pyproject.toml").read_text())
     meta = data["project"]
     return {"name": meta["name"], "version": meta["version"],
             "requires_python": meta.get("requires-python", ""),
@@ -181,32 +181,6 @@ def _check_version(version: str | None, requires: str) -> str | None:
     return version
 
 
-def source_files(root: Path, skip: Path) -> tuple[list[str], list[str]]:
-    """The checkout's files to copy (what git tracks) and the untracked files git does not
-    ignore, which are left out (an inventory with passwords or a key dropped in the checkout
-    must not travel in a bundle unasked; commit what the bundle needs); without git, every
-    file outside build/cache folders."""
-    def git(*args: str) -> list[str]:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", *args],
-                             capture_output=True, check=True).stdout
-        return [n for n in out.decode().split("\0") if n]
-
-    try:
-        untracked = git("--others", "--exclude-standard")
-        names = git()
-    except (OSError, subprocess.CalledProcessError):
-        untracked = []
-        names = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if not (
-            _JUNK & set(p.relative_to(root).parts) or ".egg-info" in str(p)
-            or str(p.relative_to(root)).startswith("inventories/artifacts"))]
-    skip_dir = skip if not root.absolute().is_relative_to(skip.absolute()) else None
-    keep = [n for n in dict.fromkeys(names)
-            if ((root / n).is_file() or (root / n).is_symlink())
-            and not any(part.startswith("gpuk8s-bundle-") for part in Path(n).parts)
-            and not (skip_dir and (root / n).absolute().is_relative_to(skip_dir.absolute()))]
-    return keep, untracked
-
-
 def install_text(version: str, target: Target, name: str, wheels: int) -> tuple[str, str]:
     """INSTALL.txt and install.sh of a bundle (from gpuk8s/data/bundle-*)."""
     fit = (f"--platform {', '.join(target.platforms)} (and older tags)" if target.platforms
@@ -238,7 +212,11 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
     """
     out = out or sys.stdout
     root = root or project_root()
-    meta = project(root)
+    source = source_files(root, skip=Path(output))
+    if "pyproject.toml" not in source.files:
+        raise BundleError(f"{root}: {source.origin} has no pyproject.toml",
+                          fix="bundle from a gpuk8s checkout, with pyproject.toml committed")
+    meta = project(root, source.files["pyproject.toml"][0].decode())
     target = Target(_check_version(python_version, meta["requires_python"]), tuple(platforms))
     name = f"gpuk8s-bundle-{meta['version']}-{target.tag}-{target.arch}"
     output = Path(output).absolute()
@@ -252,11 +230,15 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
     out.write(f"bundle: wheels of {len(meta['requirements'])} requirements and their "
               f"dependencies for {target.describe()} (pip download)\n")
     check_pip(runner(download_command(meta["requirements"], wheels, target, index)), target)
-    files, untracked = source_files(root, skip=output)
     src = dest / f"gpuk8s-{meta['version']}"
+    files = sorted(source.files)
     for rel in files:
+        content, executable = source.files[rel]
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / rel, src / rel, follow_symlinks=False)
+        (src / rel).write_bytes(content)
+        (src / rel).chmod(0o755 if executable else 0o644)
+    (src / MANIFEST).write_text("".join(
+        f"{hashlib.sha256(source.files[rel][0]).hexdigest()}  {rel}\n" for rel in files))
     out.write(f"bundle: the checkout ({len(files)} files) and a wheel of gpuk8s (pip wheel)\n")
     with tempfile.TemporaryDirectory() as tmp:  # pip builds in the tree: not in the bundle's
         build = Path(tmp) / "src"
@@ -279,15 +261,16 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
     lines = [f"bundle: {path} ({total / 2**20:.1f} MiB)",
              f"  {count} wheels ({size / 2**20:.1f} MiB): gpuk8s {meta['version']} and its "
              f"dependencies, for {target.describe()}",
-             f"  gpuk8s-{meta['version']}/: the checkout, {len(files)} files"]
-    if untracked:
-        shown = ", ".join(untracked[:5]) + (", ..." if len(untracked) > 5 else "")
-        lines.append(f"    left out, not committed: {len(untracked)} file(s): {shown}")
+             f"  gpuk8s-{meta['version']}/: the checkout's files of {source.origin}, "
+             f"{len(files)} files, listed in {MANIFEST}"]
+    lines += left_out(source)
     lines += [f"install on the admin machine (python3 {target.version}, no index needed):",
               *([f"  tar xzf {path.name}"] if tarball else []),
               f"  cd {name}/gpuk8s-{meta['version']}", f"  {INSTALL}",
               "  (or ./install.sh; INSTALL.txt says it all)"]
     out.write("\n".join(lines) + "\n")
     return {"path": str(path), "wheels": count, "wheel_bytes": size, "bytes": total,
-            "files": len(files), "untracked": untracked, "target": target.describe(),
+            "files": len(files), "origin": source.origin, "changed": source.changed,
+            "untracked": source.untracked, "withheld": source.withheld,
+            "target": target.describe(),
             "install": INSTALL}

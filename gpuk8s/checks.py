@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuk8s.sinks import APT_CONF_HOST
+from gpuk8s.sinks import APT_CONF_HOST, registry_host_problem
 
 SUPPORTED_KUBERNETES = ("1.34", "1.35", "1.36", "1.37")
 
@@ -97,6 +97,17 @@ check_containerd_version = matching(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.+~]+)?",
                                     or_empty=True)
 check_duration = matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|0",
                           'a duration like "15m0s" or "1h"', '"15m0s"')
+#: the gpuk8s lab's repo signing key (tests/lab/keys/, whose private key is committed, so
+#: anyone can sign for it) and the lab's subnet: preflight refuses a pin to that key elsewhere
+LAB_KEY_FINGERPRINT = "4DB64E86A138065762E9BAA291D795CA270F06CD"
+LAB_SUBNET = ipaddress.ip_network("10.88.0.0/24")
+#: an image reference as containerd and Docker parse it: [registry[:port]/]path[:tag][@digest]
+IMAGE_REF = (r"(?:[a-z0-9]([a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*(?::\d{1,5})?/)?"
+             r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+             r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?")
+check_image_ref = matching(IMAGE_REF, 'an image reference like "registry.k8s.io/pause:3.10"',
+                           '"registry.k8s.io/pause:3.10" or "" for the one kubeadm expects',
+                           or_empty=True)
 check_dns_domain = matching(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", "a lower-case DNS domain",
                             "cluster.local")
 
@@ -232,11 +243,27 @@ def check_endpoint(name: str, value: str) -> VarProblem | None:
 
 
 #: what a URL may hold besides letters and digits: no quote, backslash, semicolon, brace,
-#: space or control character, so it cannot end an apt.conf string or a sources.list field
-_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#@!$&()*+,=%-]+")
+#: space or control character, so it cannot end an apt.conf string or a sources.list field; and
+#: none of ``$ ( ) ! & * ' ` ``, which mean something to a shell and which no repository, key,
+#: proxy or registry URL needs (percent-encoded they stay what they were)
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#@+,=%-]+")
 
 
 _URL_IPV6_HOST = re.compile(r"^[a-z]+://([^/@]*@)?\[[0-9A-Fa-f:.]+\]")
+
+#: variables whose URL apt writes to a world-readable sources.list file and curl takes on
+#: its command line on every node: no user name or password there
+_NO_USERINFO = ("_repo_url", "_repo_key_url")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its userinfo (``user:pass@``) shown as ``***``."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}{slash}{path}"
 
 
 def check_url(name: str, value: str, *, allow_empty: bool = False,
@@ -248,20 +275,38 @@ def check_url(name: str, value: str, *, allow_empty: bool = False,
     plain = value if rendered else JINJA_EXPR.sub("x", value)
     if value.lstrip().startswith(("{{", "{%")) and not rendered:
         return None  # scheme and host come from a placeholder: checked once rendered
+    shown_value = masked_url(value)
     bare = _URL_IPV6_HOST.sub(lambda m: m[0].replace("[", "").replace("]", ""), plain)
     if not _URL_CHARS.fullmatch(bare):
         bad = sorted({c for c in bare if not _URL_CHARS.fullmatch(c)})
         shown = ", ".join(repr(c) for c in bad) or "nothing"
-        return VarProblem(name, f"{name} holds characters a URL may not ({shown}): {value!r}",
-                          fix + "; percent-encode such characters (%20 for a space)")
+        encoded = ", ".join(f"{c!r} as %{ord(c):02X}" for c in bad if ord(c) < 128)
+        return VarProblem(name, f"{name} holds characters a URL may not ({shown}): "
+                          f"{shown_value!r}", fix + "; percent-encode such characters ("
+                          + (encoded or "%20 for a space") + ")")
     parts = urllib.parse.urlsplit(plain)
     try:
         bad_port = parts.port == 0
     except ValueError:  # not a number, or out of 0-65535
         bad_port = True
     if parts.scheme not in ("http", "https") or not parts.hostname or bad_port:
-        return VarProblem(name, f"{name} must be an http(s) URL, got {value!r}", fix)
+        return VarProblem(name, f"{name} must be an http(s) URL, got {shown_value!r}", fix)
+    if name.endswith(_NO_USERINFO) and "@" in parts.netloc:
+        return VarProblem(
+            name, f"{name} holds a user name or password ({shown_value!r}): curl would carry "
+            "it on every node's command line (visible in ps) and apt in a world-readable file "
+            "under /etc/apt/sources.list.d",
+            f"remove it from the URL ({_without_userinfo(value)!r}); "
+            "for a repository behind a login, give apt the login in a root-only file on the "
+            "nodes, /etc/apt/auth.conf.d/<name>.conf (\"machine HOST/PATH login USER password "
+            "SECRET\", mode 0600; man apt_auth.conf), and serve the signing key without one")
     return None
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def check_fingerprint(name: str, value: str) -> VarProblem | None:
@@ -354,10 +399,14 @@ def check_registry_mirrors(name: str, value: dict[Any, Any]) -> VarProblem | Non
                 return VarProblem(name, problem.message, problem.fix, subkey=registry)
             parts = urllib.parse.urlsplit(url)
             if parts.username or parts.password or parts.query or parts.fragment:
-                return VarProblem(name, f"{name}: mirror {url!r} of {registry} may hold only "
-                                  "scheme, host, port and path (credentials belong in "
+                return VarProblem(name, f"{name}: mirror {masked_url(url)!r} of {registry} may "
+                                  "hold only scheme, host, port and path (credentials belong in "
                                   "containerd's auth settings, never in the inventory)",
                                   example, subkey=registry)
+            host_problem = registry_host_problem(parts.netloc)
+            if host_problem:  # the host names the mirror's CA file on every node
+                return VarProblem(name, f"{name}: mirror {url!r} of {registry}: "
+                                  f"{host_problem}", example, subkey=registry)
             insecure = entry.get("insecure", False)
             if not isinstance(insecure, bool):
                 return VarProblem(name, f"{name}: insecure of mirror {url} must be true or false,"
@@ -390,13 +439,11 @@ def _check_ca_file(name: str, registry: str, url: str, ca_file: Any,
     if not url.startswith("https://"):
         return VarProblem(name, f"{name}: ca_file is for https mirrors; {url} is plain http",
                           "drop ca_file, or use the registry's https URL", subkey=registry)
-    try:
-        with open(os.path.expanduser(ca_file), "rb") as fh:
-            head = fh.read(1 << 20)
-    except OSError as exc:
-        return VarProblem(name, f"{name}: cannot read ca_file {ca_file} of mirror {url}: "
-                          f"{exc.strerror}", fix, subkey=registry)
-    if b"-----BEGIN CERTIFICATE-----" not in head:
-        return VarProblem(name, f"{name}: ca_file {ca_file} of mirror {url} holds no PEM "
-                          "certificate (-----BEGIN CERTIFICATE-----)", fix, subkey=registry)
+    from gpuk8s.ops.registry import CaFileProblem, read_ca_file
+
+    try:  # the same reading as the copy to the nodes: certificates only, no key
+        read_ca_file(ca_file)
+    except CaFileProblem as exc:
+        return VarProblem(name, f"{name}: mirror {url}: {exc.problem}", exc.fix,
+                          subkey=registry)
     return None

@@ -28,6 +28,18 @@ COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
                  "verify": _workloads.verify})
 
 
+#: -o/--output of the commands that print a table of the cluster (kubectl's): the default
+#: view fits 80 columns; "wide" adds every other column; "json" is the same as --json
+TABLE_OUTPUTS = ("wide", "json")
+
+
+def table_output(output: str | None, as_json: bool = False) -> dict[str, bool]:
+    """``as_json`` and ``wide`` for a table command from its --output (and --json)."""
+    if output not in (None, "", *TABLE_OUTPUTS):
+        raise ValueError(f"--output {output!r}: use wide (every column) or json")
+    return {"as_json": as_json or output == "json", "wide": output == "wide"}
+
+
 def run(command: str, **kwargs: object) -> int:
     """Call one api/day2 function; print a Gpuk8sError as one clear message; return an exit
     code (1 error, 2 a phase failed, 3 preflight problems, 130 interrupted). An error's text
@@ -94,13 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("reset")
     p.add_argument("--inventory", "-i", required=True)
     p.add_argument("--yes", "-y", action="store_true")
-    p = sub.add_parser("status")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--json", action="store_true", dest="as_json")
-    p = sub.add_parser("gpu-usage", help="GPU utilisation, memory and pods per GPU "
-                       "(gpu_monitoring)")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--json", action="store_true", dest="as_json")
+    for name, text in (("status", "one line per host: state, GPUs, what plan would do"),
+                       ("gpu-usage", "GPU utilisation, memory and pods per GPU "
+                        "(gpu_monitoring)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--inventory", "-i", required=True)
+        p.add_argument("--json", action="store_true", dest="as_json")
+        p.add_argument("--output", "-o", choices=TABLE_OUTPUTS,
+                       help="wide: every column (the default view fits 80 columns); json")
     p = sub.add_parser("upgrade")
     p.add_argument("--inventory", "-i", required=True)
     what = p.add_mutually_exclusive_group(required=True)
@@ -146,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="run folder (default: the latest under runs/)")
     args = vars(parser.parse_args(argv))
     command = args.pop("command").replace("-", "_")
+    if command in ("status", "gpu_usage"):
+        args.update(table_output(args.pop("output"), bool(args["as_json"])))
     return run(command, **args)
 
 

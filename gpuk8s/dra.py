@@ -25,12 +25,17 @@ DEVICE_PLUGIN_OBJECTS = (
      "configmap/nvidia-device-plugin-configs serviceaccount/nvidia-device-plugin "
      "clusterrolebinding/gpuk8s-nvidia-device-plugin clusterrole/gpuk8s-nvidia-device-plugin "
      "--ignore-not-found"),)
+#: the ValidatingAdmissionPolicy (and its binding) that keeps the kubelet plugin's
+#: ResourceSlice writes to its own node (templates/gpu/nvidia-dra-driver.yaml.j2)
+SLICE_POLICY = "gpuk8s-nvidia-dra-driver-gpu-resourceslices"
 DRA_OBJECTS = (
     (f"Namespace//{NAMESPACE}",
      f"{KUBECTL} delete namespace {NAMESPACE} --ignore-not-found --timeout=120s && "
      f"{KUBECTL} delete deviceclass gpu.nvidia.com mig.nvidia.com --ignore-not-found && "
      f"{KUBECTL} delete clusterrolebinding,clusterrole "
-     "gpuk8s-nvidia-dra-driver-gpu-kubeletplugin --ignore-not-found"),)
+     "gpuk8s-nvidia-dra-driver-gpu-kubeletplugin --ignore-not-found && "
+     f"{KUBECTL} delete validatingadmissionpolicybinding,validatingadmissionpolicy "
+     f"{SLICE_POLICY} --ignore-not-found"),)
 
 
 def remove_other(cluster: ClusterState, mode: str) -> list[Op]:

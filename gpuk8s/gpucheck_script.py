@@ -35,6 +35,9 @@ REMOTE_PYTHONS = ("python3", *SYSTEM_PYTHONS)
 #: a compute capability as nvidia-smi prints it ("9.0", "12.0")
 _CAP = re.compile(r"\d{1,2}\.\d{1,2}")
 _EOF = "GPUK8S_EOF"
+#: the script's last line when nothing can compute (exit 3): nvcc missing, or left out
+NO_COMPUTE = "no CUDA compiler (nvcc) and no PyTorch with CUDA"
+NO_TORCH_NVCC_LEFT_OUT = "nvcc left out (--without-nvcc) and no PyTorch with CUDA"
 
 
 def local_pythons(executable: str | None = None, base_prefix: str | None = None,
@@ -124,9 +127,11 @@ fi
 """
 
 
-def _torch_part(pythons: Sequence[str]) -> str:
+def _torch_part(pythons: Sequence[str], nvcc: bool = True) -> str:
     """Ask each interpreter in turn (a bare name is looked up on PATH) whether it has PyTorch
-    with CUDA; run the vector add with the first that has; else exit 3."""
+    with CUDA; run the vector add with the first that has; else exit 3 (saying whether nvcc
+    was missing or left out)."""
+    none = NO_COMPUTE if nvcc else NO_TORCH_NVCC_LEFT_OUT
     return f"""cat > "$d/torch_probe.py" <<'{_EOF}'
 {_data("torch_probe.py")}{_EOF}
 py=""; seen="|"
@@ -146,7 +151,7 @@ for p in {" ".join(shell(p) for p in pythons)}; do
   if [ "$prc" -eq 0 ]; then py=$p; break; fi
 done
 if [ -z "$py" ]; then
-  echo "no CUDA compiler (nvcc) and no PyTorch with CUDA: cannot run a computation"; exit 3
+  echo "{none}: cannot run a computation"; exit 3
 fi
 echo "RUNNER $r with $py"
 cat > "$d/torch_vecadd.py" <<'{_EOF}'
@@ -167,4 +172,4 @@ now_ms() {{ t=$(date +%s%N 2>/dev/null); case $t in ''|*[!0-9]*) ;; *) echo $((t
   esac; }}
 n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 echo "SMI-GPUS $n"
-{_nvcc_part(caps, nvcc_fallbacks) if nvcc else ""}{_torch_part(pythons)}"""
+{_nvcc_part(caps, nvcc_fallbacks) if nvcc else ""}{_torch_part(pythons, nvcc)}"""

@@ -82,6 +82,9 @@ def check_admin_conf(text: str, host: str) -> None:
         raise bad("it is not YAML") from None
     if not isinstance(conf, dict) or conf.get("kind") != "Config":
         raise bad("it is not a kubeconfig (kind: Config)")
+    for field in ("users", "clusters"):
+        if not isinstance(conf.get(field) or [], list):
+            raise bad(f"its {field} is a {type(conf[field]).__name__}, not a list")
     for entry in conf.get("users") or []:
         user = entry.get("user") if isinstance(entry, dict) else None
         extra = sorted(set(user or {}) - _KUBECONFIG_USER_KEYS) if isinstance(user, dict) \

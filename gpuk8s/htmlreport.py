@@ -12,11 +12,13 @@ and numbers are placed only through :func:`_num`."""
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,16 +237,41 @@ def _failed_hosts(report: dict[str, Any], items: list[Item]) -> dict[str, list[s
     return failed
 
 
+class NotRegular(OSError):
+    """A run folder entry that is not a regular file of its own (a symlink, a FIFO...)."""
+
+
+def read_regular(path: Path, tail: int | None = None) -> bytes:
+    """The content of ``path`` (its last ``tail`` bytes), a regular file opened without
+    following a symlink (O_NOFOLLOW) and checked on the open descriptor (fstat S_ISREG): a run
+    folder received from someone else cannot make the page embed what a link points at (a
+    gpu-01.log -> ~/.ssh/id_ed25519), and a FIFO cannot hang it. Raises NotRegular saying what
+    the entry is, or the OSError of the open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or path.is_symlink():
+            raise NotRegular(f"{path.name} is a symlink: not read") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{path.name} is not a regular file: not read")
+        if tail is not None:
+            fh.seek(max(0, st.st_size - tail))
+        return fh.read()
+
+
 def _log_tail(logs: dict[str, Path], host: str) -> str:
     path = logs.get(host)
     if path is None:
         return f"(no {host}.log in the run folder)"
     try:
-        with path.open("rb") as fh:
-            fh.seek(max(0, path.stat().st_size - 256 * 1024))
-            text = fh.read().decode("utf-8", errors="replace")
+        text = read_regular(path, tail=256 * 1024).decode("utf-8", errors="replace")
+    except NotRegular as exc:
+        return f"({exc})"
     except OSError as exc:
-        return f"(cannot read {path.name}: {exc})"
+        return f"(cannot read {path.name}: {exc.strerror or exc})"
     return "\n".join(text.splitlines()[-LOG_TAIL:]) or "(empty log)"
 
 
@@ -307,7 +334,11 @@ def load(run_dir: Path) -> dict[str, Any]:
                              fix="pass a folder under runs/, e.g. --run runs/<time>-bootstrap")
     path = run_dir / "report.json"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular(path).decode("utf-8", errors="replace")
+    except NotRegular as exc:
+        raise RunFolderError(f"{run_dir}: {exc}",
+                             fix="pass a run folder written by gpuk8s (its report.json is a "
+                                 "file of its own)") from None
     except FileNotFoundError:
         raise RunFolderError(f"{run_dir} has no report.json: the run was killed before it "
                              "finished, or is still running",
@@ -332,7 +363,8 @@ def render(run_dir: Path) -> str:
     """The run folder's report.json (and the failed hosts' logs) as one HTML page."""
     run_dir = Path(run_dir)
     report = load(run_dir)
-    logs = {p.name[:-4]: p for p in run_dir.glob("*.log") if p.is_file()}
+    # every <host>.log directly in the folder (a symlink too: _log_tail names it, unread)
+    logs = {p.name[:-4]: p for p in run_dir.glob("*.log") if not p.is_dir()}
     bars, items, scale = timeline(report)
     failed = _failed_hosts(report, items)
     taken: set[str] = set()

@@ -12,6 +12,7 @@ import yaml
 
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops.kube import KUBEADM_IMAGES
+from gpuk8s.report import untrusted
 from gpuk8s.roles import render
 from gpuk8s.session import role_vars
 
@@ -115,6 +116,13 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
+def _line(text: str) -> str:
+    """Inventory or values text as one printed line: :func:`untrusted` (escape sequences
+    shown, not run), and a line break or tab shown as ``\\n``/``\\t``, so a value can never
+    add a line to the ``--output list`` a mirroring tool reads."""
+    return untrusted(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def print_images(inventory: str | Path, *, sets: Sequence[str] = (),
                  values_files: Sequence[str] = (), output: str = "table") -> list[dict[str, Any]]:
     """Print the images (``output``: "table", "json", or "list": one reference per line, for
@@ -123,15 +131,16 @@ def print_images(inventory: str | Path, *, sets: Sequence[str] = (),
     import sys
 
     rows = images(inventory, sets=sets, values_files=values_files)
-    if output == "json":
+    if output == "json":  # JSON escapes every control character itself
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     elif output == "list":
-        sys.stdout.write("".join(f"{r['image']}\n" for r in rows))
+        sys.stdout.write("".join(f"{_line(r['image'])}\n" for r in rows))
     else:  # plain columns: an image reference is never cut to fit the terminal
-        width = max(len(r["image"]) for r in rows)
+        shown = [(_line(r["image"]), _line(", ".join(r["used_by"]))) for r in rows]
+        width = max(len(image) for image, _ in shown)
         sys.stdout.write(f"{'IMAGE':<{width}}  PULLED BY\n")
-        for r in rows:
-            sys.stdout.write(f"{r['image']:<{width}}  {', '.join(r['used_by'])}\n")
+        for image, used_by in shown:
+            sys.stdout.write(f"{image:<{width}}  {used_by}\n")
         if any("<patch>" in r["image"] for r in rows):
             sys.stdout.write("\n<patch>: the kubeadm package installed decides "
                              "(kubernetes_package_version pins it); `kubeadm config images "

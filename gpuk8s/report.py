@@ -15,11 +15,13 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -54,6 +56,53 @@ def untrusted_text(text: object, style: str = "") -> Text:
     """:func:`untrusted` as a Rich ``Text`` (never parsed as markup or emoji codes): for table
     cells, titles, and lines that mix gpuk8s's own styling with node text."""
     return Text(untrusted(text), style=style)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of :meth:`Reporter.table`: its header, whether only ``-o wide`` shows it
+    (kubectl's wide output), and how its cells line up."""
+
+    header: str
+    wide: bool = False
+    justify: Literal["left", "right"] = "left"
+
+
+#: a table cell: a ``str`` is node or inventory text (redacted, escaped, never markup); a
+#: ``Text`` is one the caller built with :meth:`Reporter.cell` (to style it); numbers print
+Cell = str | int | float | Text | None
+
+#: the space between two columns of the plain table (kubectl's tabwriter pads with 3; 2 keeps
+#: the status view of 20-character host names within 80 columns)
+GAP = "  "
+
+
+def table_lines(columns: Sequence[Column], rows: Sequence[Sequence[Text]]) -> list[Text]:
+    """The plain, aligned table (no box drawing): a header of upper-case column names, then
+    one line per row (and one per further line of a cell that holds several). Every cell is
+    shown whole: a column is as wide as its widest line, however wide that makes the table."""
+    head = [Text(c.header.upper(), style="bold") for c in columns]
+    # each cell, line by line
+    cells: list[list[list[Text]]] = [[list(cell.split()) for cell in row] for row in rows]
+    widths = [max([cell_len(head[i].plain)] + [line.cell_len for row in cells
+                                               for line in row[i]])
+              for i in range(len(columns))]
+    out: list[Text] = []
+    header: list[list[Text]] = [[h] for h in head]
+    for lines_of in [header, *cells]:
+        for n in range(max(len(c) for c in lines_of)):
+            line = Text()
+            parts = [c[n] if n < len(c) else Text() for c in lines_of]
+            last = max((i for i, p in enumerate(parts) if p.plain), default=0)
+            for i, part in enumerate(parts[:last + 1]):
+                pad = " " * (widths[i] - part.cell_len)
+                right = columns[i].justify == "right"
+                line.append_text(Text.assemble(pad if right else "", part,
+                                               "" if right or i == last else pad))
+                if i < last:
+                    line.append(GAP)
+            out.append(line)
+    return out
 
 
 def peak_rss_kb() -> int:
@@ -294,19 +343,58 @@ class Reporter:
         self.progress.event(self.safe(host), kind, self.safe(text))
 
     # -- tables ------------------------------------------------------------------------------
+    def table(self, title: str | Text, columns: Sequence[Column | str],
+              rows: Iterable[Sequence[Cell]], *, wide: bool = False,
+              title_style: str = "") -> None:
+        """Print a table the way ``kubectl get`` does: without ``wide`` the columns marked
+        ``wide`` are left out (the default view, chosen to fit 80 columns with typical
+        values); no cell is ever cut, folded or ellipsized. On a terminal where the whole
+        table fits, a Rich table with box drawing; in a pipe, or where it would not fit
+        (COLUMNS), plain aligned text (:func:`table_lines`): a long value makes its line
+        longer (the terminal wraps it), never shorter cells. ``str`` cells are node or
+        inventory text (:meth:`cell`), never markup."""
+        cols = [c if isinstance(c, Column) else Column(c) for c in columns]
+        keep = [i for i, c in enumerate(cols) if wide or not c.wide]
+        shown = [cols[i] for i in keep]
+        cells = [[self._cell(row[i]) for i in keep] for row in rows]
+        heading = title if isinstance(title, Text) else self.cell(title)
+        if title_style:
+            heading.stylize(title_style)
+        if self.console.is_terminal:
+            table = Table(title=heading, title_justify="left")
+            for c in shown:
+                table.add_column(c.header, justify=c.justify)
+            for row in cells:
+                table.add_row(*row)
+            unbounded = self.console.options.update(max_width=1 << 20)
+            if self.console.measure(table, options=unbounded).maximum <= self.console.width:
+                self.console.print(table)
+                return
+        if heading.plain:
+            self.console.print(heading, soft_wrap=True)
+        for line in table_lines(shown, cells):
+            self.console.print(line, soft_wrap=True)
+
+    def _cell(self, value: Cell) -> Text:
+        if isinstance(value, Text):
+            return value
+        return self.cell("" if value is None else value)
+
     def problems(self, title: str, problems: Mapping[str, Sequence[tuple[str, str, str]]],
                  style: str = "red") -> None:
+        """Each host's problems, one block per problem: the check and what is wrong, then the
+        fix on its own line. Sentences make no table: in one, they would fill a line each
+        far past 80 columns (or be folded into a column a few letters wide)."""
         for host, items in problems.items():
             if not items:
                 continue
-            table = Table(title=self.cell(f"{title}: {host}"), title_justify="left",
-                          title_style=style)
-            table.add_column("check")
-            table.add_column("problem")
-            table.add_column("fix")
+            self.console.print(self.cell(f"{title}: {host}", f"bold {style}"), soft_wrap=True)
             for name, message, fix in items:
-                table.add_row(self.cell(name), self.cell(message), self.cell(fix))
-            self.console.print(table)
+                self.console.print(Text.assemble("  ", self.cell(name, style), ": ",
+                                                 self.cell(message)), soft_wrap=True)
+                if fix:
+                    self.console.print(Text.assemble("    fix: ", self.cell(fix)),
+                                       soft_wrap=True)
 
     def warnings(self, warnings: Mapping[str, Sequence[tuple[str, str, str]]]) -> None:
         for host, items in warnings.items():
@@ -319,19 +407,19 @@ class Reporter:
                 failed: Mapping[str, Mapping[str, str]] | None = None) -> None:
         """The final table; ``failed`` (host -> status, cause) marks hosts left out."""
         failed = failed or {}
-        table = Table(title="result", title_justify="left")
-        for col in ("host", "changed", "ok", "failed", "time") + (("status",) if failed else ()):
-            table.add_column(col, justify="left" if col in ("host", "status") else "right")
+        cols = [Column("host"), *(Column(c, justify="right")
+                                  for c in ("changed", "ok", "failed", "time"))]
+        cols += [Column("status")] if failed else []
+        rows: list[list[Cell]] = []
         for host, t in totals.items():
             n = t["failed"]
-            row: list[Text | str] = [self.cell(host), str(t["changed"]), str(t["ok"]),
-                                     Text(str(n), style="red") if n else "0",
-                                     f"{t['time']:.1f}s"]
+            row: list[Cell] = [host, str(t["changed"]), str(t["ok"]),
+                               Text(str(n), style="red") if n else "0", f"{t['time']:.1f}s"]
             if failed:
                 status = failed.get(host, {}).get("status", "ok")
                 row.append(self.cell(status, "red" if host in failed else ""))
-            table.add_row(*row)
-        self.console.print(table)
+            rows.append(row)
+        self.table("result", cols, rows)
         for host, info in failed.items():
             cause = self.safe(info["cause"]).splitlines()
             self.console.print(f"  {self.safe(host)} {self.safe(info['status'])}: "

@@ -35,8 +35,9 @@ from gpuk8s.roles import load_role
 from gpuk8s.session import Session, context
 
 
-def preflight(session: Session) -> None:
-    """Run every host's checks and the cross-host ones; raise PreflightError on any error."""
+def preflight(session: Session, *, show: bool = True) -> None:
+    """Run every host's checks and the cross-host ones; raise PreflightError on any error
+    (``show``: print the warnings and problems first; status only reads them)."""
     errors: dict[str, list[tuple[str, str, str]]] = {}
     warnings: dict[str, list[tuple[str, str, str]]] = {}
     role = load_role(PREFLIGHT).module
@@ -58,9 +59,11 @@ def preflight(session: Session) -> None:
                     f"unique_{attr}", f"{label} {value!r} is the same as on {seen[value]}",
                     f"give every node its own {label} (cloned VM images often share it)"))
             seen.setdefault(value, name)
-    session.reporter.warnings(warnings)
+    if show:
+        session.reporter.warnings(warnings)
     if any(errors.values()):
-        session.reporter.problems("preflight problems", errors)
+        if show:
+            session.reporter.problems("preflight problems", errors)
         raise PreflightError({h: p for h, p in errors.items() if p})
 
 

@@ -4,6 +4,7 @@ facts, the values phases hand each other, the reporter and the run folder."""
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -162,6 +163,8 @@ def open_session(inventory: str | Path, *, limit: str | None, sets: Sequence[str
     specs = [connect_spec(inv.hosts[h]) for h in contact]
     for spec in specs:
         redact.add(spec.become_password)
+    if opener is open_transport:  # say on the terminal what connecting waits for
+        opener = functools.partial(open_transport, notify=reporter.print)
     transports, errors = open_all(specs, redact, opener)
     session.transports = transports
     session.runlog.watch(lambda: {h: t.counters for h, t in session.transports.items()})

@@ -8,6 +8,8 @@ helper of the place it lands in, and nowhere else is such a value formatted by h
   same scalar; a newline or ``---`` stays inside the string).
 - :func:`apt_conf_string`: a quoted string in an apt.conf file (apt has no escape for ``"``,
   so a value that holds one, or any control character, is refused).
+- :func:`registry_host`: a registry mirror's ``host[:port]``, which names its CA file on every
+  node (a DNS name, an IPv4 or a bracketed IPv6 address, a numeric port; nothing else).
 - :func:`haproxy_server`: a server address in haproxy.cfg (no quoting there: a DNS name, an IPv4
   address or an IPv6 address, nothing else).
 
@@ -93,6 +95,38 @@ def apt_conf_host(host: str, what: str) -> str:
         raise UnsafeValue(f"{what}: {host!r} cannot be a key of apt.conf: apt matches host "
                           "names and IPv4 addresses (letters, digits, '-' and '.')")
     return host
+
+
+def registry_host_problem(netloc: str) -> str | None:
+    """Why ``netloc`` (a registry mirror URL's ``host[:port]``) is not a DNS name, an IPv4
+    address or a bracketed IPv6 address with an optional numeric port; None when it is."""
+    m = re.fullmatch(r"(\[[^\]]*\]|[^:\[\]]*)(?::([0-9]{1,5}))?", netloc)
+    if not m:
+        return "its port is not a number"
+    host, port = m[1], m[2]
+    if port is not None and not 1 <= int(port) <= 65535:
+        return f"port {port} is not between 1 and 65535"
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host} is not an IPv6 address"
+        return None
+    if not APT_CONF_HOST.fullmatch(host) or len(host) > 253:
+        return (f"host {host!r} is neither a DNS name nor an IP address (letters, digits, "
+                "'-' and '.')")
+    return None
+
+
+def registry_host(netloc: str) -> str:
+    """``netloc`` itself, once checked by :func:`registry_host_problem`: it names a file on
+    every node (the mirror's CA certificate)."""
+    problem = registry_host_problem(netloc)
+    if problem:
+        raise UnsafeValue(f"registry mirror host {netloc!r} is refused: {problem}; write the "
+                          "mirror's URL as https://registry.example.lan:5000 in "
+                          "registry_mirrors")
+    return netloc
 
 
 def url_has_secret(url: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,10 @@ def load_variable_specs(project_root: Path | None = None) -> dict[str, VarSpec]:
 
     Raises InventoryError when a defaults file is broken or two files define one variable.
     """
-    root = (project_root or PROJECT_ROOT).resolve()
+    # the checkout the roles come from: $GPUK8S_HOME, as gpuk8s.roles.project_root (a gpuk8s
+    # wheel installed apart from its checkout has only gpuk8s/defaults.yaml beside it)
+    home = os.environ.get("GPUK8S_HOME")
+    root = (project_root or (Path(home) if home else PROJECT_ROOT)).resolve()
     return dict(_load_specs_cached(root))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from gpuk8s.day2.steps import Opener, run_step
 from gpuk8s.errors import CommandFailed, Gpuk8sError
 from gpuk8s.ops.kube import KUBECTL
-from gpuk8s.report import Reporter
+from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
 from gpuk8s.transport import open_transport
@@ -87,10 +87,11 @@ def node_utilisation(session: Session) -> dict[str, float]:
             for s in query(session, f"avg by (node) ({METRICS['util']})")}
 
 
-def gpu_usage(inventory: str | Path, *, as_json: bool = False,
+def gpu_usage(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
               reporter: Reporter | None = None,
               opener: Opener = open_transport) -> list[dict[str, Any]]:
-    """A table of every GPU Prometheus knows: node, index, model, utilisation, memory, pods."""
+    """A table of every GPU Prometheus knows: node, index, utilisation, memory, pods (and,
+    ``wide``, model and UUID)."""
     from gpuk8s.inventory import load_inventory
 
     cps = [h.name for h in load_inventory(inventory).control_planes if not h.absent]
@@ -102,26 +103,27 @@ def gpu_usage(inventory: str | Path, *, as_json: bool = False,
                               "  fix: set gpu_monitoring: true in the inventory, then run "
                               "invoke bootstrap")
         rows = usage_rows({k: query(session, v) for k, v in METRICS.items()})
-        _print(session.reporter, rows, as_json)
+        _print(session.reporter, rows, as_json, wide=wide)
         return rows
 
 
-def _print(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> None:
+#: the gpu-usage table: the default view fits 80 columns; -o wide adds model and UUID
+COLUMNS = (Column("node"), Column("gpu", justify="right"), Column("util", justify="right"),
+           Column("used MiB", justify="right"), Column("free MiB", justify="right"),
+           Column("pods"), Column("model", wide=True), Column("uuid", wide=True))
+
+
+def _print(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
+           wide: bool = False) -> None:
     if as_json:
         rep.console.print(json.dumps(rows, indent=2), markup=False, highlight=False)
         return
-    from rich.table import Table
-
-    table = Table(title="GPU use (DCGM exporter, through Prometheus)", title_justify="left")
-    for col in ("node", "gpu", "model", "util %", "memory MiB (used / free)", "pods"):
-        table.add_column(col)
-    for r in rows:
-        mem = "" if r["used"] is None or r["free"] is None else \
-            f"{r['used']:.0f} / {r['free']:.0f}"
-        table.add_row(rep.cell(r["node"]), rep.cell(r["gpu"]), rep.cell(r["model"]),
-                      "" if r["util"] is None else f"{r['util']:.0f}", mem,
-                      rep.cell(", ".join(r["pods"]) or "-"))
-    rep.console.print(table)
+    cells: list[list[Cell]] = [
+        [r["node"], r["gpu"], "-" if r["util"] is None else f"{r['util']:.0f} %",
+         "-" if r["used"] is None else f"{r['used']:.0f}",
+         "-" if r["free"] is None else f"{r['free']:.0f}",
+         ", ".join(r["pods"]) or "-", r["model"] or "-", r["uuid"] or "-"] for r in rows]
+    rep.table("GPU use (DCGM exporter, through Prometheus)", COLUMNS, cells, wide=wide)
     if not rows:
         rep.print("Prometheus has no DCGM samples yet (it scrapes every "
                   "prometheus_scrape_interval seconds): try again shortly")

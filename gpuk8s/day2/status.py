@@ -7,9 +7,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from gpuk8s.day2.gpuusage import node_utilisation
 from gpuk8s.day2.steps import Opener, gathered_session
-from gpuk8s.errors import Gpuk8sError
+from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
@@ -17,21 +19,26 @@ from gpuk8s.facts.system import Packages, PciDevices
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES
-from gpuk8s.report import Reporter
-from gpuk8s.runner import phase_hosts, plan_phase
+from gpuk8s.report import Cell, Column, Reporter
+from gpuk8s.runner import phase_hosts, plan_phase, preflight
 from gpuk8s.session import Session, open_session
 from gpuk8s.transport import open_transport
 
 
 # -- status -----------------------------------------------------------------------------------
-def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter | None = None,
+def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
+           reporter: Reporter | None = None,
            opener: Opener = open_transport) -> list[dict[str, Any]]:
     """One row per host: role, Ready, versions, GPUs, allocatable nvidia.com/gpu and drift
-    (how many changes `plan` would make). Unreachable hosts are rows too."""
+    (how many changes `plan` would make), or, for a host preflight refuses (so `plan` and
+    bootstrap stop before planning it), "preflight": its problems and no drift. Unreachable
+    hosts are rows too. The table shows the columns of kubectl's default view; ``wide``
+    (``-o wide``) every column."""
     session = gathered_session(inventory, None, "status", reporter=reporter, opener=opener,
                                allow_unreachable=True, any_control_plane=True)
     with closing(session):
         cluster = session.facts[session.first_cp][Cluster()]
+        refused = _refused(session)
         drift: dict[str, int] = {}
         for phase in PHASES:
             if session.lead and phase.hosts == "first_control_plane":
@@ -78,14 +85,26 @@ def status(inventory: str | Path, *, as_json: bool = False, reporter: Reporter |
                 "gpus": len(gpus), "gpu_model": gpus[0].model if gpus else "",
                 "allocatable_gpu": kube.gpu_allocatable if kube else None,
                 **({"gpu_util": util.get(node["name"])} if util is not None and gpus else {}),
-                "drift": drift.get(name, 0),
+                "drift": None if name in refused else drift.get(name, 0),
+                **({"preflight": [{"check": c, "problem": m, "fix": f}
+                                  for c, m, f in refused[name]]} if name in refused else {}),
                 **_control_plane(facts[ControlPlaneHealth()]),
             })
         session.runlog.write_report(status=rows)
-        _print_status(session.reporter, rows, as_json)
+        _print_status(session.reporter, rows, as_json, wide=wide)
         if not as_json and (line := quorum(rows)):
             session.reporter.print(line, style="green" if "NO QUORUM" not in line else "red")
         return rows
+
+
+def _refused(session: Session) -> dict[str, list[tuple[str, str, str]]]:
+    """The problems preflight finds per host (the hosts `plan` and bootstrap refuse); {}
+    when it accepts them all."""
+    try:
+        preflight(session, show=False)
+    except PreflightError as exc:
+        return {h: list(p) for h, p in exc.problems.items() if p}
+    return {}
 
 
 def _utilisation(session: Session) -> dict[str, float] | None:
@@ -136,33 +155,59 @@ def _why(row: dict[str, Any]) -> str:
     return "etcd unhealthy" if row.get("etcd_healthy") is False else "etcd not answering"
 
 
-def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool) -> None:
+#: the status table: kubectl's default view (fits 80 columns with host names of 20
+#: characters), then what ``-o wide`` adds
+STATUS_COLUMNS = (Column("host"), Column("role"), Column("state"),
+                  Column("gpus", justify="right"), Column("offered", justify="right"),
+                  Column("plan"), Column("gpu model", wide=True), Column("gpu util", wide=True),
+                  Column("driver", wide=True), Column("cuda", wide=True),
+                  Column("kubelet", wide=True), Column("containerd", wide=True),
+                  Column("etcd / API", wide=True))
+
+
+def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
+                  wide: bool = False) -> None:
     if as_json:
         rep.console.print(json.dumps(rows, indent=2), markup=False, highlight=False)
         return
-    from rich.table import Table
-
-    table = Table(title="cluster status", title_justify="left")
-    cols = ("host", "role", "state", "kubelet", "containerd", "driver", "cuda", "gpus",
-            "alloc gpu", "gpu util", "etcd / API", "drift")
-    for col in cols:
-        table.add_column(col)
+    cells: list[list[Cell]] = []
     for r in rows:
-        gpus = f"{r['gpus']} x {r['gpu_model']}" if r.get("gpus") else ("0" if "gpus" in r
-                                                                        else "")
         alloc = r.get("allocatable_gpu")
         state = r["state"] + (" (cordoned)" if r.get("cordoned") else "")
-        table.add_row(rep.cell(r["host"]), rep.cell(r["role"]), rep.cell(state),
-                      rep.cell(r.get("kubelet", "")), rep.cell(r.get("containerd", "")),
-                      rep.cell(r.get("driver", "")), rep.cell(r.get("cuda", "")),
-                      rep.cell(gpus), "" if alloc is None else str(alloc), _util(r),
-                      rep.cell(r.get("control_plane", "")), str(r.get("drift", "")))
-    rep.console.print(table)
+        cells.append([r["host"], r["role"], state, _dash(r.get("gpus")),
+                      _dash(alloc), _plan(r), _dash(r.get("gpu_model")), _util(r),
+                      _dash(r.get("driver")), _dash(r.get("cuda")), _dash(r.get("kubelet")),
+                      _dash(r.get("containerd")), _dash(r.get("control_plane"))])
+    rep.table("cluster status", STATUS_COLUMNS, cells, wide=wide)
+    for r in rows:  # why a host is refused: the checks and their problems, short
+        if r.get("preflight"):
+            rep.console.print(Text.assemble(rep.cell(r["host"], "bold"), " is refused by "
+                                            "preflight (invoke plan shows the fixes):",
+                                            style="red"), soft_wrap=True)
+            for p in r["preflight"]:
+                rep.console.print(Text.assemble("  ", rep.cell(p["check"]), ": ",
+                                                rep.cell(p["problem"])), soft_wrap=True)
+
+
+def _dash(value: Any) -> str:
+    """A value as its cell; "-" where there is none (kubectl's <none>), so that every line
+    of the plain table has as many fields as its header."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def _plan(row: dict[str, Any]) -> str:
+    """What `plan` would do to the host: in sync, N changes, or refused by preflight."""
+    if row.get("preflight"):
+        return "refused"
+    drift = row.get("drift")
+    if drift is None or drift == "":
+        return "-"
+    return "in sync" if drift == 0 else f"{drift} change" + ("s" if drift != 1 else "")
 
 
 def _util(row: dict[str, Any]) -> str:
     if "gpu_util" not in row:
-        return ""
+        return "-"
     return "unknown" if row["gpu_util"] is None else f"{row['gpu_util']:.0f} %"
 
 

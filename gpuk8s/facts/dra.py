@@ -1,5 +1,6 @@
 """Dynamic Resource Allocation as the cluster shows it (gpu_allocation: dra): the DeviceClasses
-gpuk8s applied and, per node, the GPUs NVIDIA's DRA driver published in ResourceSlices. Read
+and the ValidatingAdmissionPolicy (and its binding) gpuk8s applied and, per node, the GPUs
+NVIDIA's DRA driver published in ResourceSlices. Read
 with kubectl and admin.conf on the first control plane, only when the inventory asks for DRA
 (resource.k8s.io/v1 is served from Kubernetes 1.34)."""
 
@@ -19,7 +20,8 @@ DRIVER = "gpu.nvidia.com"
 @dataclass(frozen=True)
 class DraState:
     reachable: bool = False
-    #: gpuk8s-managed DeviceClasses: "DeviceClass//name" -> sha256 annotation
+    #: gpuk8s-managed DeviceClasses and ValidatingAdmissionPolicy(Binding)s: "Kind//name" ->
+    #: sha256 annotation
     managed: dict[str, str] = field(default_factory=dict)
     #: node name -> {"gpu": n, "mig": m}: the driver's devices by type, over all its slices
     devices: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -30,7 +32,7 @@ def parse_dra(classes: dict[str, Any], slices: dict[str, Any]) -> DraState:
     for item in classes.get("items", []):
         meta = item.get("metadata", {})
         if meta.get("labels", {}).get("app.kubernetes.io/managed-by") == "gpuk8s":
-            managed[f"DeviceClass//{meta.get('name')}"] = \
+            managed[f"{item.get('kind') or 'DeviceClass'}//{meta.get('name')}"] = \
                 meta.get("annotations", {}).get("gpuk8s.io/sha256", "")
     devices: dict[str, dict[str, int]] = {}
     for item in slices.get("items", []):
@@ -46,12 +48,14 @@ def parse_dra(classes: dict[str, Any], slices: dict[str, Any]) -> DraState:
 
 
 class Dra(Fact[DraState]):
-    """DeviceClasses and the NVIDIA driver's ResourceSlices (empty before kubeadm init)."""
+    """DeviceClasses, admission policies and the NVIDIA driver's ResourceSlices (empty before
+    kubeadm init)."""
 
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
 k="timeout 15 kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-$k get deviceclasses -o json || exit 3
+$k get deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings -o json \
+  || exit 3
 echo '## slices'
 $k get resourceslices -o json || exit 4"""
 

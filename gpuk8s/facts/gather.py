@@ -20,6 +20,11 @@ from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, PendingHandlers, System
+from gpuk8s.inventory.endpoint import (  # noqa: F401 (endpoint_of: imported from here too)
+    LOCAL_LB_ENDPOINT,
+    endpoint_of,
+    inventory_cluster,
+)
 from gpuk8s.playbook import (
     ALL_ROLES,
     package_cache_url,
@@ -73,31 +78,9 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         raise PhaseFailed("facts", failed)
 
 
-#: the endpoint of control_plane_endpoint_mode local_lb: each node's own HAProxy
-LOCAL_LB_ENDPOINT = "127.0.0.1:6443"
-
-
-def endpoint_of(inventory: Any) -> tuple[str, str]:
-    """(mode, host:port) of the cluster's API endpoint: "external" (control_plane_endpoint),
-    "local_lb" (127.0.0.1:6443 on every node) or "direct" (the first control plane's
-    address:6443, with a single control plane); mode "auto" picks one of them."""
-    cps = [h for h in inventory.control_planes if not h.absent] or inventory.control_planes
-    first = cps[0]
-    mode, given = first.vars["control_plane_endpoint_mode"], first.vars["control_plane_endpoint"]
-    if mode == "auto":
-        mode = "external" if given else "local_lb" if len(cps) > 1 else "direct"
-    if mode == "local_lb":
-        return mode, LOCAL_LB_ENDPOINT
-    if mode == "external":
-        return mode, given
-    address = f"[{first.address}]" if ":" in first.address else first.address
-    return mode, f"{address}:6443"
-
-
 def cluster_values(session: Session) -> None:
     """Node names, addresses and GPU counts of the hosts in this run; the API endpoint."""
     cp = session.host(session.first_cp)
-    mode, endpoint = endpoint_of(session.inventory)
     nodes = {}
     for name in session.facts:
         facts = session.facts[name]
@@ -109,10 +92,7 @@ def cluster_values(session: Session) -> None:
                        "schedulable": host.schedulable,
                        "sharing": dict(role_vars(host).get("gpu_sharing") or {}),
                        "model": gpus[0].model if gpus else ""}
-    control_planes = [{"host": h.name, "address": h.address}
-                      for h in session.inventory.control_planes if not h.absent]
-    session.cluster.update(endpoint=endpoint, endpoint_mode=mode, control_planes=control_planes,
-                           advertise_address=cp.address,
+    session.cluster.update(**inventory_cluster(session.inventory, cp.name),
                            node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
                            package_cache_url=package_cache_url(session.inventory))
 

@@ -104,6 +104,9 @@ class SystemInfo:
     headers_candidate: str = "unknown"
     #: the CPU reports a hypervisor (/proc/cpuinfo's "hypervisor" flag): a VM, whatever else
     hypervisor: bool = False
+    #: what ``virt`` was read from when it was guessed, or why systemd-detect-virt's answer
+    #: was not taken ("" when the tool answered and was taken)
+    virt_evidence: str = ""
 
     @property
     def in_container(self) -> bool:
@@ -114,6 +117,67 @@ class SystemInfo:
 #: systemd-detect-virt's container names, and the ones guessed without it
 CONTAINERS = frozenset({"systemd-nspawn", "lxc", "lxc-libvirt", "docker", "podman", "openvz",
                         "container-other", "rkt", "wsl", "proot", "pouch", "container"})
+
+
+def virt_script(root: str = "") -> str:
+    """The System probe's lines about virtualisation: ``hypervisor=1``, ``virt=``, and when
+    guessed ``virt_source=guessed`` and ``virt_evidence=``. ``root``: where / is (tests give
+    a folder of real captures; the probe reads the host's own files).
+
+    Strong evidence first. A container is what a runtime set up when it started it: PID 1's
+    ``container=``, /run/.containerenv, or a root file system that is a runtime's snapshot
+    (docker, containerd, podman, LXC paths in its mount). A VM shows in what the kernel sees:
+    the CPU's hypervisor flag, a microVM's kernel command line (Firecracker's init, virtio
+    MMIO devices), a GPU that nvidia-smi says is passed through or a vGPU. A bare /.dockerenv
+    comes last: it is a file, and a VM booted from a container image has it too (the real
+    H200 host: a Firecracker VM without systemd, which read as docker). systemd-detect-virt
+    takes /.dockerenv alone as docker too; that answer is checked the same way."""
+    r = shell(root) if root else ""
+    return f"""grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && echo hypervisor=1
+snap=0
+case $(awk '$5 == "/" {{print; exit}}' {r}/proc/self/mountinfo 2>/dev/null) in
+  */docker/*|*/mapper/docker-*|*/containerd/*|*/containers/storage/*|*/lxc/*|*/lxd/*|\
+  */incus/*) snap=1;;
+esac
+vm=""
+grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && vm="the CPU's hypervisor flag"
+case " $(cat {r}/proc/cmdline 2>/dev/null) " in
+  *firecracker*|*" virtio_mmio.device="*) vm="${{vm:+$vm, }}a microVM's kernel command line";;
+esac
+if [ -z "$vm" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  m=$(nvidia-smi -q 2>/dev/null | sed -n 's/^ *Virtualization Mode *: *//p' | head -n1)
+  case $m in Pass-Through|VGPU) vm="nvidia-smi's Virtualization Mode $m";; esac
+fi
+docker_file="/.dockerenv ignored: no container runtime set up this root file system (a VM \
+booted from a container image has the file too)"
+if command -v systemd-detect-virt >/dev/null 2>&1; then
+  v=$(systemd-detect-virt 2>/dev/null || true)
+  w=""
+  if [ "$v" = docker ] && [ "$snap" = 0 ]; then w=$(systemd-detect-virt --vm 2>/dev/null); fi
+  case $w in
+    ''|none) echo "virt=$v";;
+    *) echo "virt=$w"; echo "virt_evidence=systemd-detect-virt --vm; $docker_file";;
+  esac
+else
+  c=$(tr '\\0' '\\n' 2>/dev/null <{r}/proc/1/environ | sed -n 's/^container=//p' | head -n1)
+  if grep -qi microsoft {r}/proc/sys/kernel/osrelease 2>/dev/null; then
+    v=wsl; e="the kernel's release names Microsoft"
+  elif [ -n "$c" ]; then
+    case $c in
+      lxc|lxc-libvirt|systemd-nspawn|docker|podman|rkt|pouch|proot) v=$c;; *) v=container-other;;
+    esac
+    e="PID 1's environment has container=$c"
+  elif [ -e {r}/run/.containerenv ]; then v=podman; e="/run/.containerenv"
+  elif [ "$snap" = 1 ]; then
+    if [ -e {r}/.dockerenv ]; then v=docker; else v=container-other; fi
+    e="the root file system is a container runtime's snapshot"
+  elif [ -n "$vm" ]; then
+    v=vm; e=$vm; [ -e {r}/.dockerenv ] && e="$e; $docker_file"
+  elif [ -e {r}/.dockerenv ]; then v=docker; e="/.dockerenv alone (nothing else tells)"
+  else v=unknown; e="nothing gave it away"; fi
+  echo "virt=$v"; echo "virt_evidence=$e"; echo virt_source=guessed
+fi
+"""
 
 
 class System(Fact[SystemInfo]):
@@ -131,20 +195,7 @@ echo "init=$(cat /proc/1/comm 2>/dev/null)"
 [ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0
 command -v modprobe >/dev/null 2>&1 && echo modprobe=1 || echo modprobe=0
 [ -d "/lib/modules/$(uname -r)" ] && echo modules_dir=1 || echo modules_dir=0
-grep -qw hypervisor /proc/cpuinfo 2>/dev/null && echo hypervisor=1
-if command -v systemd-detect-virt >/dev/null 2>&1; then
-  echo "virt=$(systemd-detect-virt 2>/dev/null || true)"
-else
-  # without the tool: the marker files and flags it reads itself, else "unknown"
-  if grep -qi microsoft /proc/sys/kernel/osrelease 2>/dev/null; then v=wsl
-  elif [ -e /run/.containerenv ]; then v=podman
-  elif [ -e /.dockerenv ]; then v=docker
-  elif tr '\0' '\n' 2>/dev/null </proc/1/environ | grep -q '^container='; then v=container
-  elif grep -qw hypervisor /proc/cpuinfo 2>/dev/null; then v=vm
-  else v=unknown; fi
-  echo "virt=$v"; echo virt_source=guessed
-fi
-if command -v mokutil >/dev/null 2>&1; then sb=$(mokutil --sb-state 2>&1 | head -n1)
+""" + virt_script() + r"""if command -v mokutil >/dev/null 2>&1; then sb=$(mokutil --sb-state 2>&1 | head -n1)
 elif [ -d /sys/firmware/efi ]; then
   f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n1)
   if [ -n "$f" ]; then b=$(od -An -t u1 -j4 -N1 "$f" | tr -d ' ')
@@ -198,6 +249,7 @@ else echo listen=unknown; fi
             virt_source=kv.get("virt_source", "systemd-detect-virt").strip(),
             headers_candidate=kv.get("headers_candidate", "unknown").strip(),
             hypervisor=kv.get("hypervisor") == "1",
+            virt_evidence=kv.get("virt_evidence", "").strip(),
         )
 
 
@@ -254,10 +306,12 @@ class KernelModules(Fact[dict[str, bool]]):
     def command(self) -> str:
         lines = ['b="/lib/modules/$(uname -r)/modules.builtin"']
         for m in self.args:
-            test = f'[ -d /sys/module/{m} ] || grep -q "/{m}.ko" "$b" 2>/dev/null'
+            # the name is data: one quoted word in $m, printed with printf, never code
+            test = '[ -d "/sys/module/$m" ] || grep -qF "/$m.ko" "$b" 2>/dev/null'
             if m in _MODULE_EVIDENCE:
                 test += f" || {_MODULE_EVIDENCE[m]}"
-            lines.append(f'if {test}; then echo "{m} 1"; else echo "{m} 0"; fi')
+            lines.append(f"m={shell(m)}; if {test}; then printf '%s 1\\n' \"$m\"; "
+                         "else printf '%s 0\\n' \"$m\"; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, bool]:
@@ -269,8 +323,8 @@ class Sysctls(Fact[dict[str, str]]):
     """Current values of sysctl keys (absent keys are missing from the dict)."""
 
     def command(self) -> str:
-        return "for k in " + " ".join(self.args) + \
-            '; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done; true'
+        return "for k in " + " ".join(shell(k) for k in self.args) + \
+            '; do v=$(sysctl -n "$k" 2>/dev/null) && printf \'%s=%s\\n\' "$k" "$v"; done; true'
 
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
         return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
@@ -301,13 +355,16 @@ class Files(Fact[dict[str, FileState]]):
         lines = []
         for arg in self.args:
             path = arg.lstrip("+")
+            # the path is data: one quoted word, printed by printf's %s, never part of a
+            # format or of a double-quoted string the shell would expand
             q = shell(path)
             lines.append(
-                f"if [ -e {q} ]; then echo \"F {path} $(stat -c '%a %U' {q}) "
-                f"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
-                + (f"echo \"C {path} $(base64 -w0 < {q})\"; echo \"T {path} $(stat -c %Y {q})\"; "
+                f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} \"$(stat -c '%a %U' {q})\" "
+                f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
+                + (f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
+                   f"printf 'T %s %s\\n' {q} \"$(stat -c %Y {q})\"; "
                    if arg.startswith("+") else "")
-                + f"else echo 'N {path}'; fi")
+                + f"else printf 'N %s\\n' {q}; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
@@ -347,9 +404,9 @@ class Services(Fact[dict[str, Unit]]):
     """``systemctl is-active`` / ``is-enabled`` of units."""
 
     def command(self) -> str:
-        return "for u in " + " ".join(self.args) + \
-            '; do echo "$u $(systemctl is-active "$u" 2>/dev/null | head -n1) ' \
-            '$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
+        return "for u in " + " ".join(shell(u) for u in self.args) + \
+            '; do printf \'%s %s %s\\n\' "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" ' \
+            '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
 
     def parse(self, output: str, exit_code: int) -> dict[str, Unit]:
         units = {}

@@ -8,6 +8,7 @@ came from.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Sequence
@@ -15,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.errors import InventoryError
+from gpuk8s.facts import HostFacts
 from gpuk8s.inventory.builder import inspect_inventory
+from gpuk8s.inventory.endpoint import inventory_cluster
 from gpuk8s.inventory.model import BASTION, Host, Inventory
 from gpuk8s.report import Reporter, untrusted
+from gpuk8s.roles import HostContext, load_role
 from gpuk8s.variables import load_variable_specs
 
 _USERINFO = re.compile(r"(//)[^/@\s]+@")
@@ -72,6 +76,39 @@ def cluster_problems(inv: Inventory) -> list[InventoryError]:
     return out
 
 
+def preflight_problems(inv: Inventory, *, skip_broken: bool = False
+                       ) -> tuple[list[InventoryError], list[str]]:
+    """(errors, warnings) of preflight's rules that need only the inventory
+    (roles/preflight INVENTORY_RULES, preflight_ignore applied), for every host preflight
+    checks: the cluster's members, absent ones left out. Plan and bootstrap stop at the same
+    errors after gathering facts; here no host is contacted. ``skip_broken``: the inventory
+    has problems already, so a host whose variables a rule cannot read is passed over."""
+    if not inv.control_planes:
+        return [], []
+    role = load_role("preflight").module
+    cluster = inventory_cluster(inv)
+    errors: list[InventoryError] = []
+    warnings: list[str] = []
+    for host in inv.hosts.values():
+        if host.absent or not (host.is_control_plane or host.is_worker):
+            continue
+        vars = collections.ChainMap({"ansible_user": host.user, "ansible_host": host.address},
+                                     dict(host.vars))
+        ctx = HostContext(host.name, "preflight", vars, HostFacts(host.name, {}),
+                          dict(cluster), host.groups)
+        try:
+            errs, warns = role.inventory_check(ctx)
+        except (TypeError, ValueError, KeyError):
+            if not skip_broken:
+                raise
+            continue  # a variable the loader already listed as wrong: its problem says why
+        errors += [InventoryError(f"{host.name}: {message} (preflight check {check})",
+                                  path=str(inv.path), fix=fix) for check, message, fix in errs]
+        warnings += [f"{host.name}: {message} (preflight check {check}, in "
+                     f"preflight_ignore)" for check, message, _fix in warns]
+    return errors, warnings
+
+
 def _odd_fix(inv: Inventory, n: int) -> str:
     fix = f"use an odd number of control planes: {n - 1} or {n + 1} (the others can be workers)"
     etcd = inv.etcd_group
@@ -107,17 +144,21 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
     defaults; raise InventoryError (exit 1) when there is any problem."""
     rep = reporter or Reporter()
     inv, problems, notes = inspect_inventory(inventory, overrides=list(sets))
+    ignored: list[str] = []
     if inv is not None:
         problems = problems + cluster_problems(inv)
+        more, ignored = preflight_problems(inv, skip_broken=bool(problems))
+        problems += more
     rep.print(f"inventory {untrusted(str(inventory))}")
     if problems:
         rep.print(f"\n{len(problems)} problem(s), in file order:")
         for p in problems:
             for i, line in enumerate(untrusted(p).splitlines()):
                 rep.print(("  - " if i == 0 else "    ") + line)
-    if inv is not None and inv.warnings:
+    warnings = [*(inv.warnings if inv is not None else []), *ignored]
+    if warnings:
         rep.print("\nwarnings:")
-        for w in inv.warnings:
+        for w in warnings:
             rep.print(f"  - {untrusted(w)}")
     if notes:
         rep.print("\nnotes:")
@@ -143,7 +184,7 @@ def check(inventory: str | Path, *, sets: Sequence[str] = (),
                 rep.print(f"  {name} = {value}")
                 rep.print(f"      from {untrusted(origin)}; on {untrusted(scope)}")
     result = {"problems": [str(p) for p in problems], "notes": list(notes), "hosts": hosts,
-              "warnings": list(inv.warnings) if inv is not None else [],
+              "warnings": warnings,
               "changed": [{"name": n, "value": v, "origin": o, "hosts": on}
                           for n, v, o, on in changed]}
     if problems:

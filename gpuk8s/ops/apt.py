@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuk8s.facts.system import FileState, PackageState
 from gpuk8s.ops import Op, change, noop, q, sha256, write_file
-from gpuk8s.sinks import apt_conf_host, apt_conf_string
+from gpuk8s.sinks import UnsafeValue, apt_conf_host, apt_conf_string
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,12 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     exactly the pinned key, when one is pinned) with keys that neither expired nor expire
     within KEY_RENEW_DAYS (an expiring key fetched less than a day ago counts as fresh).
     """
+    for what, value in (("repository", url), ("key", key_url)):
+        if "@" in value.partition("://")[2].partition("/")[0]:
+            raise UnsafeValue(f"the {what} URL of apt source {name} holds a user name or "
+                              "password, which would reach curl's command line and a "
+                              "world-readable sources.list file on every node; remove it "
+                              "(apt takes logins from /etc/apt/auth.conf.d, man apt_auth.conf)")
     keyring = key_state.path
     want = normalize_fingerprint(fingerprint)
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
@@ -319,7 +325,7 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
             commands.append(apt.script(apt.update()))
         commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
-        commands.append("apt-mark hold " + " ".join(wanted) + " >/dev/null")
+        commands.append("apt-mark hold " + " ".join(q(n) for n in wanted) + " >/dev/null")
     what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
     return change(op_id, reason, *commands, timeout=1800)
@@ -352,8 +358,9 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
         empty = " || ".join(f'[ -z "${var[n]}" ]' for n in pinned)
         lines.append(f"{resolve}\nif {empty}; then {apt.update()}; {resolve}; fi")
         for n, p in pinned.items():
-            lines.append(f'[ -n "${var[n]}" ] || {{ echo "no {n} version matching '
-                         f'\\"{p}\\" in the configured apt sources" >&2; exit 100; }}')
+            # name and prefix may come from a node (the installed driver's version): data
+            lines.append(f'[ -n "${var[n]}" ] || {{ printf \'no %s version matching "%s" in '
+                         f"the configured apt sources\\n' {q(n)} {q(p)} >&2; exit 100; }}")
     specs = []
     for name in missing:
         if name in pinned:

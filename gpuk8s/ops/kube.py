@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -31,11 +32,13 @@ KUBEADM_IMAGES = {
     "1.36": ("v1.14.2", "3.10.2", "3.6.8-0"),
     "1.37": ("v1.14.6", "3.10.2", "3.7.0-0"),
 }
-#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass (read by the Dra fact, only
-#: on clusters that serve resource.k8s.io)
+#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass and the DRA driver's
+#: ValidatingAdmissionPolicy(Binding) (read by the Dra fact, only on clusters that serve
+#: resource.k8s.io)
 _MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "service", "clusterrole",
                   "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
-                  "customresourcedefinition", "deviceclass"}
+                  "customresourcedefinition", "deviceclass", "validatingadmissionpolicy",
+                  "validatingadmissionpolicybinding"}
 
 
 #: the label on every object gpuk8s applies (cluster add-ons and workloads alike)
@@ -124,13 +127,21 @@ def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
 
 def pod_diagnosis(namespace: str, selector: str, node: str, container: str,
                   kubectl: str = KUBECTL) -> str:
-    """Shell that prints, to stderr, the pod of ``selector`` on ``node``: its state and the
-    last lines of ``container``'s log, where a plugin that exits says why ("Insufficient
-    Permissions" on MIG devices it may not read, a required flag missing, an NVML error)."""
+    """Shell that prints, to stderr, the pod of ``selector`` on ``node``: its state, its
+    latest Warning events (a pod that never started says why there: FailedMount,
+    FailedCreatePodSandBox, an image it cannot pull) and the last lines of ``container``'s log,
+    where a plugin that exits says why ("Insufficient Permissions" on MIG devices it may not
+    read, a required flag missing, an NVML error). Its JSON form, for the workload waits that
+    read the pod and its events themselves: :func:`pod_problem`."""
     pods = (f"{kubectl} -n {q(namespace)} get pods -l {q(selector)} "
             f"--field-selector {q('spec.nodeName=' + node)}")
+    events = (f'{kubectl} -n {q(namespace)} get events --field-selector '
+              '"involvedObject.name=${p#pod/},type=Warning" --sort-by=.lastTimestamp '
+              "-o jsonpath='{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}'")
     return (f"for p in $({pods} -o name | head -n 1); do "
-            f'{pods} -o wide >&2; echo "--- $p: last log lines" >&2; '
+            f'{pods} -o wide >&2; echo "--- $p: latest warning events" >&2; '
+            f"{events} 2>&1 | tail -n 3 | cut -c1-400 >&2; "
+            f'echo "--- $p: last log lines" >&2; '
             f'{kubectl} -n {q(namespace)} logs "$p" -c {q(container)} --tail=4 2>&1 '
             "| cut -c1-400 >&2; done")
 
@@ -177,3 +188,107 @@ def gate_change(have: Mapping[str, bool], want: Mapping[str, bool]) -> str:
             words.append(f"{name}={'true' if have[name] else 'false'} -> "
                          f"{'true' if want[name] else 'false'}")
     return ", ".join(words)
+
+
+# -- why a pod does not start ---------------------------------------------------------------------
+#: seconds a FailedMount must last before it is a problem: the kubelet retries a mount with
+#: back-off (an NFS server that answers a moment late, a claim bound just after the pod), so a
+#: first failure is not final
+MOUNT_GRACE = 45.0
+
+#: container waiting reasons that do not go away by waiting, in the kubelet's own words
+#: (kubernetes v1.35.0: pkg/kubelet/images/types.go ErrImagePull, ImagePullBackOff,
+#: ErrImageNeverPull, InvalidImageName; pkg/kubelet/kuberuntime/kuberuntime_container.go
+#: CreateContainerConfigError, CreateContainerError; pkg/kubelet/container/sync_result.go
+#: CrashLoopBackOff, RunContainerError), and what to do about each
+_PULL_FIX = ("check the image name and that the node reaches its registry (the inventory's "
+             "registry_mirrors); crictl pull IMAGE on the node shows the same error")
+WAITING_FIXES = {
+    "ErrImagePull": _PULL_FIX,
+    "ImagePullBackOff": _PULL_FIX,
+    "ErrImageNeverPull": "imagePullPolicy is Never and the image is not on the node: load it "
+                         "there or --set imagePullPolicy=IfNotPresent",
+    "InvalidImageName": "the image reference is malformed: correct the image value",
+    "CreateContainerConfigError": "the pod names a ConfigMap, Secret or key that does not "
+                                  "exist: create it, or correct the values",
+    "CreateContainerError": "the runtime could not create the container: the message names "
+                            "the cause (a mount, a device, a security setting)",
+    "RunContainerError": "the runtime could not start the container's command: check the "
+                         "command and the image",
+    "CrashLoopBackOff": "the container keeps exiting: kubectl -n {ns} logs {pod} -c "
+                        "{container} --previous shows why",
+}
+OOM_FIX = ("the container used more memory than its limit and the kernel killed it: raise "
+           "the limit (--set memory=...) or make the program use less")
+MOUNT_FIX = ("the node cannot mount the volume: check that its source exists (an NFS export: "
+             "the server's exportfs -v, and that this node may mount it), or correct the "
+             "claim's PersistentVolume; the pod starts once the mount works")
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why a pod is not starting, in the kubelet's words: ``reason`` (FailedMount,
+    ImagePullBackOff, CrashLoopBackOff, OOMKilled, CreateContainerError...), ``message`` (the
+    event's or the container state's text), ``fix`` (what to do), ``grace`` (seconds the state
+    must last before it will not heal by waiting; 0: at once)."""
+
+    reason: str
+    message: str
+    fix: str
+    container: str = ""
+    grace: float = 0.0
+
+
+def _waiting(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(container, waiting state, last terminated state) of the pod's waiting containers."""
+    st = pod.get("status") or {}
+    out = []
+    for c in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        waiting = (c.get("state") or {}).get("waiting")
+        if waiting is not None:
+            out.append((str(c.get("name", "")), dict(waiting),
+                        dict((c.get("lastState") or {}).get("terminated") or {})))
+    return out
+
+
+def pod_problem(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = ()
+                ) -> PodProblem | None:
+    """What keeps ``pod`` (kubectl's JSON) from starting that waiting will not mend, from its
+    container states and its ``events`` (oldest first): a crash loop (OOMKilled when the last
+    exit was the kernel's OOM killer), an image that cannot be pulled, a container the runtime
+    cannot create, or a volume that cannot be mounted (FailedMount, the latest Warning event
+    while the pod is still ContainerCreating: ``grace`` MOUNT_GRACE, as the kubelet retries).
+    None: it is starting, running or done. The shell form for rollout waits is
+    :func:`pod_diagnosis`."""
+    for name, waiting, last in _waiting(pod):
+        reason = str(waiting.get("reason", ""))
+        if reason == "CrashLoopBackOff" and last.get("reason") == "OOMKilled":
+            return PodProblem("OOMKilled", f"container {name} was OOMKilled (exit code "
+                              f"{last.get('exitCode', 137)}) and is restarted with back-off",
+                              OOM_FIX, name)
+        if reason in WAITING_FIXES:
+            message = str(waiting.get("message", ""))
+            if reason == "CrashLoopBackOff" and last:
+                message = (f"container {name} ended with exit code {last.get('exitCode')} "
+                           f"({last.get('reason', 'Error')}); {message}").rstrip("; ")
+            md = pod.get("metadata") or {}
+            fix = WAITING_FIXES[reason].format(ns=md.get("namespace", "default"),
+                                               pod=md.get("name", ""), container=name)
+            return PodProblem(reason, message, fix, name)
+    st = pod.get("status") or {}
+    for c in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        term = (c.get("state") or {}).get("terminated") or {}
+        if term.get("reason") == "OOMKilled":
+            name = str(c.get("name", ""))
+            return PodProblem("OOMKilled", f"container {name} was OOMKilled (exit code "
+                              f"{term.get('exitCode', 137)})", OOM_FIX, name)
+    creating = st.get("phase", "Pending") == "Pending" and all(
+        w.get("reason") in ("ContainerCreating", "PodInitializing", None)
+        for _, w, _ in _waiting(pod))
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    if creating and warnings and warnings[-1].get("reason") in ("FailedMount",
+                                                                "FailedAttachVolume"):
+        ev = warnings[-1]
+        return PodProblem(str(ev.get("reason")), str(ev.get("message", "")).strip(), MOUNT_FIX,
+                          grace=MOUNT_GRACE)
+    return None

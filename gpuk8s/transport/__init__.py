@@ -7,7 +7,7 @@ merged into stdout; the executor and the probe delimit their sections with marke
 Trust: every hop (the host and each bastion, from the inventory or from ``~/.ssh/config``) has its
 host key checked against the same known_hosts files with the same policy. Output from a node is
 untrusted text: at most ``MAX_OUTPUT_BYTES`` of it is read per command. The sudo password is sent
-only to a host whose sudo asks for one (``sudo -n true`` fails there).
+only to a host whose sudo asks for one (``sudo -k -n -- sh -c true`` fails there).
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ from gpuk8s.transport.local import LocalTransport
 from gpuk8s.transport.ssh import SSHTransport
 
 
-def open_transport(spec: ConnectSpec, redact: Redactor) -> SSHTransport | LocalTransport:
-    """A connected transport for one host (raises ConnectError)."""
+def open_transport(spec: ConnectSpec, redact: Redactor,
+                   notify: Callable[[str], None] | None = None) -> SSHTransport | LocalTransport:
+    """A connected transport for one host (raises ConnectError). ``notify`` gets a line to
+    show when connecting waits (a host still booting); the default is stderr."""
     transport: SSHTransport | LocalTransport
-    transport = LocalTransport(spec, redact) if spec.local else SSHTransport(spec, redact)
+    transport = LocalTransport(spec, redact) if spec.local else \
+        SSHTransport(spec, redact, notify=notify)
     transport.connect()
     if spec.user != "root" and spec.become:
         transport.check_sudo()

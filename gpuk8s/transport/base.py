@@ -126,7 +126,7 @@ def _check_password(spec: ConnectSpec) -> None:
 def _wrap(spec: ConnectSpec, nopasswd: bool = False) -> tuple[str, str]:
     """The remote command line and the stdin prefix that become root for one script.
 
-    ``nopasswd``: this host's sudo needs no password (``sudo -n true`` succeeded), so the
+    ``nopasswd``: this host's sudo needs no password (the probe succeeded), so the
     password is never sent: sudo would not read it and root's sh would run it as a command.
     """
     if spec.user == "root" or not spec.become:
@@ -139,6 +139,8 @@ def _wrap(spec: ConnectSpec, nopasswd: bool = False) -> tuple[str, str]:
     return "sudo -n -- sh -s", ""
 
 
-#: Asks whether sudo would run a command without a password (-k: a cached timestamp does not
-#: count, so the answer holds for the whole run).
-_SUDO_PROBE = "sudo -k -n -- true"
+#: Asks whether sudo would run ``sh`` (the command every script runs as) without a password
+#: (-k: a cached timestamp does not count, so the answer holds for the whole run). It asks
+#: about ``sh`` itself: a sudoers that grants ``sh`` NOPASSWD but another probe command only
+#: with a password would otherwise have the password sent to root's sh as a command line.
+_SUDO_PROBE = "sudo -k -n -- sh -c true"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,31 +27,18 @@ from gpuk8s.transport.base import (
     _wrap,
 )
 from gpuk8s.transport.known_hosts import KnownHosts, _HostKeyPolicy, _known_name, _Refused
+from gpuk8s.transport.ssh_errors import (
+    BOOT_POLL_S,
+    _ClosedInAuth,
+    _open_telling_drops,
+    _still_refused,
+    describe,
+)
 
 # paramiko logs an SSH handshake that fails (a host rebooting: "Error reading SSH protocol
 # banner") with a traceback; without a handler Python would print it on the terminal. gpuk8s
 # reports connection failures itself, and a run's folder keeps paramiko's log (RunLog).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-#: paramiko's AuthenticationException text when the connection closed during authentication
-#: (auth_handler.py), as opposed to the server refusing the key ("Authentication failed.")
-_DROPPED_IN_AUTH = "transport shut down or saw EOF"
-
-
-def _open_telling_drops(conn: Any) -> None:
-    """``conn.open()``; a connection that closed under the authentication (sshd going down
-    for a reboot took it) comes out as the plain SSHException of a drop, retried as one, not
-    as the AuthenticationException of a refused key."""
-    import paramiko
-
-    try:
-        conn.open()
-    except paramiko.AuthenticationException as exc:
-        if _DROPPED_IN_AUTH not in str(exc):
-            raise
-        raise paramiko.SSHException(f"connection closed during authentication ({exc})") \
-            from None
 
 
 class _HopDown(Exception):
@@ -79,7 +67,8 @@ class SSHTransport:
     """One persistent SSH connection to a host (Fabric for config and gateways, paramiko exec)."""
 
     def __init__(self, spec: ConnectSpec, redact: Redactor | None = None,
-                 retries: int = 2, backoff: float = 1.0) -> None:
+                 retries: int = 2, backoff: float = 1.0,
+                 notify: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.redact = redact or Redactor()
@@ -93,6 +82,9 @@ class SSHTransport:
         self._lock = threading.Lock()
         #: called with each chunk of a command's output as it arrives (live progress)
         self.on_output: Callable[[bytes], None] | None = None
+        #: says what a wait is for on the terminal (a host still booting); node text in it is
+        #: already passed through gpuk8s.report.untrusted
+        self.notify: Callable[[str], None] = notify or _to_stderr
 
     # -- connection -------------------------------------------------------------------------
     def _open(self) -> Any:
@@ -187,11 +179,11 @@ class SSHTransport:
         except paramiko.AuthenticationException as exc:
             _close_quietly(conn)
             raise _Refused(f"authentication failed for {conn.user}@{label}: {exc}") from None
-        except (paramiko.SSHException, *_RETRYABLE) as exc:
+        except (_ClosedInAuth, paramiko.SSHException, *_RETRYABLE) as exc:
             _close_quietly(conn)
             if is_hop:
                 raise _HopDown(f"cannot connect to {label} ({conn.host}:{conn.port}): "
-                               f"{exc}") from None
+                               f"{describe(exc, spec.connect_timeout)}") from None
             raise
         except BaseException:
             _close_quietly(conn)
@@ -199,30 +191,54 @@ class SSHTransport:
         return conn
 
     def connect(self) -> None:
-        """Open the connection, retrying network errors (never auth or host-key errors)."""
+        """Open the connection, retrying network errors (never auth or host-key errors). A
+        server that takes the key, then closes the connection with a message (pam_nologin
+        while the host boots refuses every user but root) is tried again until the connect
+        timeout has passed since its first refusal, saying so on the terminal."""
         import paramiko
 
         _check_password(self.spec)
+        spec = self.spec
         delay = self.backoff
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        refused_since: float | None = None
+        while True:
             try:
                 self._conn = self._open()
                 return
             except _Refused as exc:
                 raise ConnectError(self.name, str(exc)) from None
+            except _ClosedInAuth as exc:
+                if exc.said:
+                    now = time.monotonic()
+                    if refused_since is None:
+                        refused_since = now
+                        self.notify(f"{self.name}: {spec.user}@{spec.address} was refused "
+                                    f"after its key was accepted; sshd said: {exc.said!r}. "
+                                    f"Waiting up to {spec.connect_timeout:g}s (the connect "
+                                    "timeout) for the host to finish booting")
+                    if now - refused_since + BOOT_POLL_S > spec.connect_timeout:
+                        raise ConnectError(self.name, _still_refused(
+                            spec, exc.said, now - refused_since)) from None
+                    time.sleep(BOOT_POLL_S)
+                    continue
+                last = exc
             except (_HopDown, paramiko.SSHException, *_RETRYABLE) as exc:
                 last = exc
             except Exception as exc:  # a library bug or an odd config: this host fails alone
-                raise ConnectError(self.name, f"cannot connect to {self.spec.address}:"
-                                   f"{self.spec.port}: {type(exc).__name__}: {exc}") from None
-            if attempt < self.retries:
-                time.sleep(delay)
-                delay *= 2
+                raise ConnectError(self.name, f"cannot connect to {spec.address}:"
+                                   f"{spec.port}: {type(exc).__name__}: {exc}") from None
+            if attempt >= self.retries:
+                break
+            attempt += 1
+            time.sleep(delay)
+            delay *= 2
         if isinstance(last, _HopDown):
             raise ConnectError(self.name, str(last))
-        raise ConnectError(self.name, f"cannot connect to {self.spec.address}:{self.spec.port}: "
-                           f"{last}")
+        assert last is not None
+        raise ConnectError(self.name, f"cannot connect to {spec.address}:{spec.port}: "
+                           f"{describe(last, spec.connect_timeout)}")
 
     def _client(self) -> Any:
         if self._conn is None:
@@ -251,7 +267,7 @@ class SSHTransport:
             chan = transport.open_session()
         except (EOFError, OSError, paramiko.SSHException) as exc:
             self._drop()
-            raise ConnectionLost(self.name, repr(exc)) from None
+            raise ConnectionLost(self.name, f"{describe(exc)} ({type(exc).__name__})") from None
         self.counters.execs += 1
         limit = MAX_OUTPUT_BYTES
         try:
@@ -286,7 +302,7 @@ class SSHTransport:
             # sshd or the host went away mid-command (paramiko raises EOFError or
             # "SSH session not active" when the transport dies under an open channel)
             self._drop()
-            raise ConnectionLost(self.name, repr(exc)) from None
+            raise ConnectionLost(self.name, f"{describe(exc)} ({type(exc).__name__})") from None
         finally:
             chan.close()
         self.counters.bytes_out += len(payload)
@@ -322,7 +338,8 @@ class SSHTransport:
 
     def check_sudo(self) -> None:
         """Fail early, with one clear error, when sudo refuses us. The first command asks
-        ``sudo -n true``: where sudo needs no password, the password is never sent."""
+        ``sudo -k -n -- sh -c true``: where sudo needs no password, the password is never
+        sent."""
         result = self.run("id -u")
         if result.stdout.strip().splitlines()[-1:] != ["0"]:
             why = self.redact(result.stdout.strip()) or f"exit {result.exit_code}"
@@ -344,6 +361,7 @@ class SSHTransport:
         deadline = time.monotonic() + timeout
         self._wait_drop(min(5.0, timeout))
         self.close()
+        last = ""
         while time.monotonic() < deadline:
             try:
                 self._conn = self._open()
@@ -354,11 +372,14 @@ class SSHTransport:
                 self.close()
             except _Refused as exc:  # a changed host key is not "still booting"
                 raise ConnectError(self.name, str(exc)) from None
-            except Exception:
+            except Exception as exc:
                 self._drop()
-                # down or still booting: sshd refuses or times out; try again shortly
+                # down or still booting (sshd refuses, times out, or pam_nologin closes the
+                # login with its banner): try again shortly
+                last = describe(exc, self.spec.connect_timeout)
                 time.sleep(0.2)
-        raise ConnectError(self.name, f"did not come back within {timeout:.0f}s after reboot")
+        raise ConnectError(self.name, f"did not come back within {timeout:.0f}s after reboot"
+                           + (f" (last attempt: {last})" if last else ""))
 
     def close(self) -> None:
         if self._conn is not None or self._hops:
@@ -370,6 +391,12 @@ class SSHTransport:
                 for hop in reversed(self._hops):
                     _close_quietly(hop)
                 self._hops = []
+
+
+def _to_stderr(text: str) -> None:
+    """Where a transport made without ``notify`` says what it waits for (a session passes its
+    Reporter, which escapes node text; the banner in the text is a repr() here, escaped too)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _close_quietly(conn: Any) -> None:

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
+from rich.text import Text
 
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op, kube
 from gpuk8s.ops.kube import apply_script
-from gpuk8s.report import Reporter
+from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import Session, open_session
 from gpuk8s.sinks import shell
 from gpuk8s.transport import CommandResult, ConnectSpec, Redactor, open_transport
@@ -110,6 +110,11 @@ class PodRow:
     detail: str = ""
     host_ip: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    #: what `kubectl get pods` shows in STATUS: a waiting reason (ContainerCreating,
+    #: ImagePullBackOff...), Running, Completed, or the phase
+    status: str = ""
+    #: the pod's latest event, "Reason: message" (Pulling image, FailedMount, BackOff...)
+    event: str = ""
 
 
 @dataclass
@@ -136,11 +141,9 @@ def _cond(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
-#: container waiting reasons that do not go away by waiting: past the grace time they are
-#: the workload's problem, named with the node and the runtime's message
-STUCK = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
-         "CreateContainerConfigError", "CreateContainerError", "CrashLoopBackOff",
-         "RunContainerError"}
+#: container waiting reasons that do not go away by waiting (kube.WAITING_FIXES says what to
+#: do about each): past the grace time they are the workload's problem
+STUCK = set(kube.WAITING_FIXES)
 
 
 def container_states(pod: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -166,25 +169,71 @@ def container_detail(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+def pod_status(pod: Mapping[str, Any]) -> str:
+    """The pod's STATUS as `kubectl get pods` shows it: the first container's waiting reason
+    or termination reason while the pod is not running, else Completed or the phase."""
+    phase = str(pod.get("status", {}).get("phase", "Pending"))
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return "Terminating"
+    for _name, kind, state in container_states(pod):
+        if kind == "waiting" and state.get("reason"):
+            return str(state["reason"])
+        if kind == "terminated" and phase != "Succeeded" and state.get("reason") and \
+                state.get("exitCode", 0) != 0:
+            return str(state["reason"])
+    return "Completed" if phase == "Succeeded" else phase
+
+
+def _event_time(ev: Mapping[str, Any]) -> str:
+    return str(ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp")
+               or "")
+
+
+def pod_events(events: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Events about pods, oldest first, keyed by the pod's uid and by its name (events of an
+    earlier pod of the same name carry that pod's uid: :func:`events_of` leaves them out)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for ev in sorted(events, key=_event_time):
+        inv = ev.get("involvedObject") or {}
+        if inv.get("kind") == "Pod":
+            out.setdefault(str(inv.get("name", "")), []).append(dict(ev))
+    return out
+
+
+def events_of(pod: Mapping[str, Any], by_name: Mapping[str, list[dict[str, Any]]]
+              ) -> list[dict[str, Any]]:
+    meta = pod.get("metadata", {})
+    uid = meta.get("uid")
+    return [e for e in by_name.get(str(meta.get("name", "")), [])
+            if not uid or not (e.get("involvedObject") or {}).get("uid")
+            or e["involvedObject"]["uid"] == uid]
+
+
+def _words(ev: Mapping[str, Any] | None) -> str:
+    """An event as "Reason: message", the message's first line only."""
+    if not ev:
+        return ""
+    msg = str(ev.get("message") or "").strip().splitlines()
+    return f"{ev.get('reason', '')}: {msg[0] if msg else ''}".strip(": ")
+
+
 def snapshot(remote: Remote, namespace: str, selector: str,
              unschedulable_since: dict[str, float], pending_grace: float) -> WaitResult:
-    """One look at the workload's objects, pods and Warning events."""
+    """One look at the workload's objects, pods and their events. ``unschedulable_since``
+    keeps, between looks, when each problem was first seen: a problem is final when it has
+    lasted ``pending_grace`` seconds (a FailedMount at least kube.MOUNT_GRACE)."""
     ns = shell(namespace)
     sel = shell(selector)
     res = remote.probe({
         "objects": f"$k get deployments,jobs,persistentvolumeclaims,services,pods -n {ns} "
                    f"-l {sel} -o json",
-        "events": f"$k get events -n {ns} --field-selector type=Warning -o json"})
+        "events": f"$k get events -n {ns} -o json"})
     rc, out = res["objects"]
     if rc != 0:
         raise WorkloadError(f"{remote.host}: kubectl get failed: {out.strip()[-300:]}")
     items = _json(out, "objects").get("items", [])
     events = _json(res["events"][1], "events").get("items", []) if res["events"][0] == 0 else []
-    last_event: dict[str, dict[str, Any]] = {}
-    for ev in sorted(events, key=lambda e: e.get("lastTimestamp") or ""):
-        inv = ev.get("involvedObject") or {}
-        if inv.get("kind") == "Pod":
-            last_event[inv.get("name", "")] = ev
+    by_pod = pod_events(events)
     objects: dict[str, str] = {}
     problems: list[str] = []
     pods: list[PodRow] = []
@@ -196,8 +245,16 @@ def snapshot(remote: Remote, namespace: str, selector: str,
         name, spec, st = meta.get("name", ""), item.get("spec", {}), item.get("status", {})
         if kind == "Deployment":
             want, have = int(spec.get("replicas", 1)), int(st.get("availableReplicas") or 0)
-            objects[f"Deployment/{name}"] = f"{have}/{want} available"
-            ready = ready and have >= want
+            # as `kubectl rollout status` judges it (staging/src/k8s.io/kubectl/pkg/
+            # polymorphichelpers/rollout_status.go at v1.35.0): the controller has seen this
+            # spec, every replica runs the new template and no old one is left; a redeploy
+            # that changes the pod template is not ready on the old pods' availability
+            seen = int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+            updated = int(st.get("updatedReplicas") or 0)
+            rolled = seen and updated >= want and int(st.get("replicas") or 0) <= updated
+            objects[f"Deployment/{name}"] = f"{have}/{want} available" + (
+                "" if rolled or have < want else f", {updated if seen else 0}/{want} updated")
+            ready = ready and rolled and have >= want
         elif kind == "Job":
             done, failed = _cond(item, "Complete"), _cond(item, "Failed")
             if failed and failed.get("status") == "True":
@@ -218,14 +275,20 @@ def snapshot(remote: Remote, namespace: str, selector: str,
             services.append(item)
         elif kind == "Pod":
             phase = st.get("phase", "Pending")
+            evs = events_of(item, by_pod)
+            warnings = [e for e in evs if e.get("type") == "Warning"]
             row = PodRow(name, spec.get("nodeName", ""), phase, _gpus(item),
-                         host_ip=st.get("hostIP", ""), labels=dict(meta.get("labels") or {}))
+                         host_ip=st.get("hostIP", ""), labels=dict(meta.get("labels") or {}),
+                         status=pod_status(item), event=_words(evs[-1] if evs else None))
             sched = _cond(item, "PodScheduled")
-            ev = last_event.get(name)
+            ev = warnings[-1] if warnings else None
+            problem = kube.pod_problem(item, evs) if phase not in ("Succeeded", "Failed") \
+                else None
             if phase == "Pending" and sched and sched.get("status") == "False":
-                msg = (ev.get("message") if ev and ev.get("reason") == "FailedScheduling"
-                       else sched.get("message", ""))
+                said = [e for e in evs if e.get("reason") == "FailedScheduling"]
+                msg = said[-1].get("message") if said else sched.get("message", "")
                 row.detail = f"FailedScheduling: {msg}"
+                row.status = "Pending"
                 first = unschedulable_since.setdefault(name, now)
                 if now - first >= pending_grace:
                     problems.append(f"pod {name} is Pending: the scheduler cannot place it: "
@@ -236,13 +299,21 @@ def snapshot(remote: Remote, namespace: str, selector: str,
                 owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
                 if "Job" not in owners:
                     problems.append(f"pod {name} failed: {row.detail}")
+            elif problem is not None:
+                row.detail = f"{problem.reason}: {problem.message}".strip(": ")
+                # one clock per kind of trouble: a pull that fails shows ErrImagePull and
+                # ImagePullBackOff in turn
+                key = f"{name}/mount" if problem.grace else f"{name}/containers"
+                first = unschedulable_since.setdefault(key, now)
+                if now - first >= max(pending_grace, problem.grace):
+                    node = row.node or "(no node)"
+                    # the kubelet's text can span lines (a mount's command and output):
+                    # indented under the pod's line, then the fix
+                    text = "\n    ".join(row.detail.strip().splitlines())
+                    problems.append(f"pod {name} on node {node}: {text}\n"
+                                    f"    fix: {problem.fix}")
             elif (detail := container_detail(item)):
                 row.detail = detail
-                if any(k == "waiting" and s.get("reason") in STUCK
-                       for _, k, s in container_states(item)):
-                    first = unschedulable_since.setdefault(f"{name}/containers", now)
-                    if now - first >= pending_grace:
-                        problems.append(f"pod {name} on node {row.node}: {detail}")
             elif phase == "Pending" and ev:
                 row.detail = f"{ev.get('reason')}: {ev.get('message')}"
             pods.append(row)
@@ -252,13 +323,42 @@ def snapshot(remote: Remote, namespace: str, selector: str,
     return WaitResult(ready and not problems, pods, problems, objects, services)
 
 
+def progress_line(row: PodRow) -> str:
+    """One line of a pod's progress: name, node, status and its latest event."""
+    where = f" on {row.node}" if row.node else ""
+    return f"{row.name}{where}: {row.status or row.phase}" + (
+        f" ({row.event})" if row.event else "")
+
+
+def progress_printer(reporter: Reporter) -> Callable[[str], None] | None:
+    """What :func:`wait` calls with each progress line: printed indented and cut to the
+    terminal's width (a pipe's is 80), or nothing with --quiet."""
+    if reporter.quiet:
+        return None
+
+    def show(line: str) -> None:
+        text = Text("  " + reporter.safe(line), style="dim")
+        text.truncate(max(20, reporter.console.width), overflow="ellipsis")
+        reporter.console.print(text, soft_wrap=True)
+    return show
+
+
 def wait(remote: Remote, namespace: str, selector: str, timeout: float,
-         pending_grace: float) -> WaitResult:
-    """Poll until ready, a problem (unschedulable past the grace time, failed Job) or timeout."""
+         pending_grace: float, progress: Callable[[str], None] | None = None) -> WaitResult:
+    """Poll until ready, a problem (unschedulable past the grace time, a pod that cannot
+    start: kube.pod_problem; a failed Job) or timeout. ``progress`` gets one line per pod
+    each time what the pod shows changes (its status or its latest event), not per look."""
     deadline = time.monotonic() + timeout
     since: dict[str, float] = {}
+    shown: dict[str, str] = {}
     while True:
         result = snapshot(remote, namespace, selector, since, pending_grace)
+        if progress is not None:
+            for row in sorted(result.pods, key=lambda r: r.name):
+                line = progress_line(row)
+                if shown.get(row.name) != line:
+                    shown[row.name] = line
+                    progress(line)
         if result.ready or (result.problems and "no objects" not in result.problems[0]):
             return result
         if time.monotonic() >= deadline:
@@ -268,15 +368,19 @@ def wait(remote: Remote, namespace: str, selector: str, timeout: float,
         time.sleep(2.0)
 
 
+#: a workload's pods (deploy, verify): kubectl get pods' columns, the GPUs each holds and
+#: what it waits for
+POD_COLUMNS = (Column("pod"), Column("node"), Column("phase"), Column("gpus", justify="right"),
+               Column("detail"))
+
+
 def pod_table(reporter: Reporter, title: str, result: WaitResult) -> None:
-    table = Table(title=reporter.cell(title), title_justify="left")
-    for col in ("pod", "node", "phase", "GPUs", "detail"):
-        table.add_column(col)
+    rows: list[list[Cell]] = []
     for row in sorted(result.pods, key=lambda r: r.name):
         style = {"Running": "green", "Succeeded": "green", "Failed": "red"}.get(row.phase,
                                                                                "yellow")
-        table.add_row(reporter.cell(row.name), reporter.cell(row.node or "-"),
-                      reporter.cell(row.phase, style), str(row.gpus), reporter.cell(row.detail))
-    reporter.console.print(table)
+        rows.append([row.name, row.node or "-", reporter.cell(row.phase, style),
+                     str(row.gpus), row.detail])
+    reporter.table(title, POD_COLUMNS, rows)
     for key, state in result.objects.items():
         reporter.print(f"  {key}: {state}")

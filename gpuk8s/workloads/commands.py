@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import secrets
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.inventory import load_inventory
+from gpuk8s.ops import Op
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import Session
 from gpuk8s.sinks import shell
@@ -25,6 +27,7 @@ from gpuk8s.workloads.cluster import (
     _control_plane,
     open_control_plane,
     pod_table,
+    progress_printer,
     wait,
 )
 from gpuk8s.workloads.nfs import _setup_nfs
@@ -35,9 +38,10 @@ from gpuk8s.workloads.values import WorkloadError, load_values
 # -- deploy / undeploy --------------------------------------------------------------------------
 def _prechecks(remote: Remote, name: str, values: Mapping[str, Any]) -> dict[str, str]:
     """Fail with a clear message on a missing claim, storage class or CRD; return the
-    existing notebook token (base64) if any."""
+    existing notebook token if any (already registered with the redactor)."""
     ns = values["namespace"]
     checks: dict[str, str] = {}
+    found: dict[str, str] = {}
     if name != "storage" and values["storage"]["enabled"]:
         claim = shell(values["storage"]["claimName"])
         checks["pvc"] = (f"$k get persistentvolumeclaim {claim} -n {shell(ns)} "
@@ -47,12 +51,12 @@ def _prechecks(remote: Remote, name: str, values: Mapping[str, Any]) -> dict[str
     if name == "distributed-tf" and values["tfjob"]:
         checks["crd"] = "$k get customresourcedefinition tfjobs.kubeflow.org -o name"
     if name == "jupyter":
-        checks["token"] = (f"$k get secret {shell(values['tokenSecret'])} -n "
-                           f"{shell(ns)} -o jsonpath='{{.data.token}}'")
+        token = _existing_token(remote, values)
+        if token:
+            found["token"] = token
     if not checks:
-        return {}
+        return found
     res = remote.probe(checks)
-    found: dict[str, str] = {}
     if "pvc" in res:
         rc, out = res["pvc"]
         claim = f"{ns}/{values['storage']['claimName']}"
@@ -75,22 +79,48 @@ def _prechecks(remote: Remote, name: str, values: Mapping[str, Any]) -> dict[str
         raise WorkloadError("tfjob: true needs the Kubeflow training operator (CRD "
                             "tfjobs.kubeflow.org is not installed); the default Indexed Job "
                             "form needs no operator")
-    if "token" in res and res["token"][0] == 0 and res["token"][1].strip():
-        found["token"] = res["token"][1].strip()
     return found
+
+
+def _existing_token(remote: Remote, values: Mapping[str, Any]) -> str | None:
+    """The notebook token kept in an existing Secret (a redeploy reuses it), or None.
+
+    The Secret is read by an op marked secret, so its output (the token's base64) is never
+    logged, and the token, raw and base64, is registered with the redactor before anything
+    can print it. A Secret whose data is not base64 of a text token is a WorkloadError."""
+    ns, secret_name = values["namespace"], values["tokenSecret"]
+    op = Op("workload | token", (f'set +e\nk="{KUBECTL}"\n$k get secret {shell(secret_name)} '
+                                 f"-n {shell(ns)} -o jsonpath='{{.data.token}}'",),
+            f"? the notebook token in Secret {ns}/{secret_name}", timeout=120, secret=True)
+    rc, out = remote.session.runner(remote.host).run_now([op], keep_going=True)[0]
+    encoded = "".join(out.split()) if rc == 0 else ""
+    if not encoded:
+        return None  # no Secret yet (or no token in it): deploy makes one
+    redact = remote.session.redact
+    redact.add(encoded)
+    try:
+        token = base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+    except (binascii.Error, UnicodeDecodeError):
+        token = ""
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise WorkloadError(
+            f"Secret {ns}/{secret_name} holds no usable notebook token: its data.token is not "
+            "the base64 of a one-line text token; fix: delete it (kubectl -n "
+            f"{shell(ns)} delete secret {shell(secret_name)}) and deploy again, which makes "
+            "a new token, or put a token there (kubectl -n "
+            f"{shell(ns)} create secret generic {shell(secret_name)} --from-literal=token=...)")
+    redact.add(token, base64.b64encode(token.encode()).decode())
+    return token
 
 
 def _notebook_token(remote: Remote, values: Mapping[str, Any], existing: str | None
                     ) -> tuple[str, dict[str, Any] | None]:
-    """Reuse the Secret's token, or generate one locally; register it with the redactor."""
-    redact = remote.session.redact
+    """Reuse the Secret's token (already registered with the redactor), or generate one
+    locally and register it."""
     if existing:
-        redact.add(existing)
-        token = base64.b64decode(existing).decode().strip()
-        redact.add(token)
-        return token, None
+        return existing, None
     token = secrets.token_hex(24)
-    redact.add(token, base64.b64encode(token.encode()).decode())
+    remote.session.redact.add(token, base64.b64encode(token.encode()).decode())
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
               "metadata": {"name": values["tokenSecret"], "namespace": values["namespace"]},
               "stringData": {"token": token}}
@@ -128,7 +158,7 @@ def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence
     docs = render(name, values, **extra)
     head = f"# gpuk8s deploy {name} --render: what deploy would apply (no host was contacted)\n"
     if name == "jupyter":
-        head += "# (plus Secret jupyter-token, made at deploy time)\n"
+        head += f"# (plus Secret {values['tokenSecret']}, made at deploy time)\n"
     return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs])
 
 
@@ -180,7 +210,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         out = remote.apply([_namespace_doc(ns), *docs])
         for line in out.splitlines():
             rep.print(f"  {line}", style="dim")
-        result = wait(remote, ns, selector, timeout, pending_grace)
+        result = wait(remote, ns, selector, timeout, pending_grace, progress_printer(rep))
         pod_table(rep, f"{name}: pods", result)
         results = _job_results(session, remote, ns, result) if any(
             k.startswith("Job/") for k in result.objects) else {}
@@ -196,9 +226,11 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
             raise WorkloadError(f"{name} is not ready:\n  " + "\n  ".join(
                 session.redact(p) for p in result.problems))
         for svc in result.services:
-            _print_service(session, svc, result, token, show_secret)
-        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s); run folder: "
-                  f"{session.runlog.path}", style="green")
+            _print_service(session, svc, result, token, show_secret,
+                           token_secret=values.get("tokenSecret", "jupyter-token"))
+        # two lines: a run folder's path is long, and a line of the default view fits 80
+        rep.print(f"{name} ready ({time.monotonic() - started:.1f}s)", style="green")
+        rep.print(f"  run folder: {session.runlog.path}", style="dim")
         return summary
     except Gpuk8sError as exc:
         session.runlog.write_report(workload=name, error=session.redact(str(exc)))
@@ -247,17 +279,27 @@ def _json_line(line: str) -> dict[str, Any] | None:
 
 
 def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
-                   token: str | None, show_secret: bool | None) -> None:
+                   token: str | None, show_secret: bool | None, *,
+                   token_secret: str = "jupyter-token") -> None:
     spec = svc.get("spec", {})
     name = svc.get("metadata", {}).get("name", "")
     ports = spec.get("ports") or []
     if spec.get("type") != "NodePort" or not ports or not ports[0].get("nodePort"):
         session.reporter.print(f"  service {name}: {spec.get('clusterIP', '')}:"
                                f"{ports[0].get('port') if ports else ''} (inside the cluster)")
-        return
-    ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
-        session.host(session.first_cp).address
-    url = f"http://{ip}:{ports[0]['nodePort']}/"
+        if not ports:
+            return
+        # not on the network (security review 2, L5): through the API server to this machine
+        port = ports[0].get("port")
+        # two lines: the command stays whole (copy-pastable) within 80 columns
+        session.reporter.print("  open it from your machine (runs until Ctrl-C):")
+        session.reporter.print(f"    kubectl -n {svc['metadata'].get('namespace')} "
+                               f"port-forward service/{name} {port}:{port}")
+        url = f"http://127.0.0.1:{port}/"
+    else:
+        ip = next((p.host_ip for p in result.pods if p.host_ip), "") or \
+            session.host(session.first_cp).address
+        url = f"http://{ip}:{ports[0]['nodePort']}/"
     if token is None:
         session.reporter.print(f"  {name}: {url}")
         return
@@ -269,15 +311,15 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
         # folder (its logs and report.json go through the redactor)
         console.print(untrusted(f"  {name}: {url}?token={token}"), markup=False,
                       highlight=False)
-        console.print("  (the token is shown this once; it is kept in the Secret "
-                      f"{svc['metadata'].get('namespace')}/jupyter-token)", style="dim",
-                      markup=False)
+        console.print(untrusted("  (the token is shown this once; it is kept in the Secret "
+                                f"{svc['metadata'].get('namespace')}/{token_secret})"),
+                      style="dim", markup=False)
     else:
         ns = svc["metadata"].get("namespace")
         session.reporter.print(
             f"  {name}: {url}?token=<redacted> (output is not a terminal; read the token with "
-            f"kubectl -n {ns} get secret jupyter-token -o jsonpath='{{.data.token}}' | "
-            "base64 -d)")
+            f"kubectl -n {shell(str(ns))} get secret {shell(token_secret)} -o "
+            "jsonpath='{.data.token}' | base64 -d)")
 
 
 def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),

@@ -256,8 +256,25 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     return key.split("."), raw
 
 
+def _extra_env_problem(env: Any) -> str | None:
+    """extraEnv may not set the NVIDIA container toolkit's variables: NVIDIA_VISIBLE_DEVICES
+    (=all) would ask for every GPU of the node whatever the scheduler allocated, and the
+    other NVIDIA_* ones steer what the toolkit injects (capabilities, MIG devices, checks)."""
+    if not isinstance(env, Mapping):
+        return None
+    bad = sorted(str(k) for k in env if str(k).upper().startswith("NVIDIA_"))
+    if not bad:
+        return None
+    return (f"extraEnv {', '.join(bad)} is refused: NVIDIA_* variables steer the NVIDIA "
+            "container toolkit (NVIDIA_VISIBLE_DEVICES=all would ask for every GPU of the "
+            "node, not the ones the scheduler gave the pod); request GPUs with --set gpus=N")
+
+
 def check_values(values: Mapping[str, Any], origin: str = "values") -> None:
     """RULES and the text check on merged values (the defaults included)."""
+    problem = _extra_env_problem(values.get("extraEnv"))
+    if problem:
+        raise WorkloadError(f"{origin}: {problem}")
     for path, rule in RULES.items():
         node: Any = values
         for key in path.split("."):

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from gpuk8s.day2.gpuusage import query_command
 from gpuk8s.facts.dra import parse_dra
 from gpuk8s.facts.kube import parse_nodes
 from gpuk8s.gpusharing import MIG_LABEL, REPLICAS_LABEL
-from gpuk8s.report import Reporter
+from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.sinks import shell
 from gpuk8s.transport import ConnectSpec, Redactor, open_transport
 from gpuk8s.workloads.cluster import Remote, _json, open_control_plane, wait
@@ -53,11 +52,27 @@ class NodeCheck:
     slices: int | None = None
     #: gpu_monitoring: the GPUs Prometheus has DCGM samples of (None: not checked)
     dcgm: int | None = None
+    #: pods that hold the node's GPUs ("namespace/pod" -> how many), left to them
+    held: dict[str, int] = field(default_factory=dict)
+    #: the GPUs the verify pods asked for: those free (None: all of them, nothing held)
+    checked: int | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """Every GPU is held by other pods: nothing to run a verify pod on."""
+        return self.checked == 0 and not self.problem
 
     @property
     def ok(self) -> bool:
-        counts = len(self.smi) == self.expected == (
-            self.tf if self.with_tf and not self.mig else self.expected)
+        if self.skipped:
+            return True
+        want = self.expected if self.checked is None else self.checked
+        if self.mig and self.checked is not None:
+            # a MIG node's held instances: the pod sees the GPUs of those left, at least one
+            smi_ok = len(self.smi) >= 1
+        else:
+            smi_ok = len(self.smi) == want
+        counts = smi_ok and (self.tf == want if self.with_tf and not self.mig else True)
         if self.slices is not None and not self.mig:
             offered = self.slices == self.expected
         elif self.mig:
@@ -104,6 +119,67 @@ def gpu_nodes(nodes_json: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """The nvidia.com/* devices a pod holds, as the scheduler counts them: the sum over its
+    containers, or its largest init container if that is more (an extended resource's request
+    is its limit when only the limit is given)."""
+    def need(c: Mapping[str, Any]) -> dict[str, int]:
+        res = c.get("resources") or {}
+        both = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: int(str(v)) for k, v in both.items()
+                if k.startswith("nvidia.com/") and str(v).isdigit() and int(str(v)) > 0}
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for k, v in need(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in need(c).items():
+            total[k] = max(total.get(k, 0), v)
+    return total
+
+
+def gpu_holders(pods_json: Mapping[str, Any]) -> dict[str, dict[str, dict[str, int]]]:
+    """node -> "namespace/pod" -> {resource: count}: the pods bound to a node that hold its
+    GPUs (or MIG devices, or time-sliced shares) and have not ended; verify's own pods are
+    left out (verify removes them first)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for pod in pods_json.get("items") or []:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or \
+                (meta.get("labels") or {}).get(LABEL) == "verify" or not spec.get("nodeName"):
+            continue
+        held = _pod_requests(pod)
+        if held:
+            out.setdefault(spec["nodeName"], {})[
+                f"{meta.get('namespace', '')}/{meta.get('name', '')}"] = held
+    return out
+
+
+def leave_held(node: dict[str, Any], allocatable: Mapping[str, int],
+               holders: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Ask the node's verify pods only for what is free (allocatable minus what ``holders``
+    hold): ``node["limits"]`` shrunk in place (resources with nothing free dropped). Returns
+    "namespace/pod" -> the devices it holds."""
+    used: dict[str, int] = {}
+    for held in holders.values():
+        for k, v in held.items():
+            used[k] = used.get(k, 0) + v
+    limits = {}
+    for k, want in node["limits"].items():
+        free = max(0, int(allocatable.get(k, want)) - used.get(k, 0))
+        if min(want, free) > 0:
+            limits[k] = min(want, free)
+    node["limits"] = limits
+    return {pod: sum(held.values()) for pod, held in sorted(holders.items())}
+
+
+def scheduler_words(message: str) -> str:
+    """The scheduler's FailedScheduling message without its preemption half (which repeats
+    the node counts): one sentence of why no node fits."""
+    return message.split(" preemption:")[0].strip().rstrip(".")
+
+
 def verify(inventory: str | Path, *, reporter: Reporter | None = None,
            values_files: Sequence[str] = (), sets: Sequence[str] = (),
            pending_grace: float = 20,
@@ -133,6 +209,7 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
                                        replicas=n.get("replicas", 1), with_tf=with_tf,
                                        mig=n["mig"], mig_offered=n["mig_offered"])
                   for n in nodes}
+        _leave_held_gpus(remote, nodes, checks, _json(out, "nodes"))
         if dra:
             _slices(remote, checks)
         if cluster_vars.get("gpu_monitoring"):
@@ -146,7 +223,8 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
                                       "nvidia_smi": len(c.smi), "models": c.smi,
                                       "tensorflow": c.tf, "mig": c.mig,
                                       "mig_offered": c.mig_offered, "slices": c.slices,
-                                      "dcgm": c.dcgm, "ok": c.ok,
+                                      "dcgm": c.dcgm, "ok": c.ok, "held": c.held,
+                                      "checked": c.checked, "skipped": c.skipped,
                                       "problem": c.problem} for c in checks.values()},
                    "run_dir": str(session.runlog.path)}
         session.runlog.write_report(verify=summary["nodes"],
@@ -154,12 +232,38 @@ def verify(inventory: str | Path, *, reporter: Reporter | None = None,
         bad = [c.node for c in checks.values() if not c.ok]
         if bad:
             raise WorkloadError(f"verify failed on {', '.join(bad)}")
-        rep.print(f"verify: {len(checks)} GPU node(s) ok ({time.monotonic() - started:.1f}s)",
-                  style="green")
+        skipped = [c.node for c in checks.values() if c.skipped]
+        rep.print(f"verify: {len(checks) - len(skipped)} GPU node(s) ok"
+                  + (f", not checked (every GPU held): {', '.join(skipped)}" if skipped else "")
+                  + f" ({time.monotonic() - started:.1f}s)", style="green")
         return summary
     finally:
         for t in session.transports.values():
             t.close()
+
+
+def _leave_held_gpus(remote: Remote, nodes: list[dict[str, Any]],
+                     checks: Mapping[str, NodeCheck], nodes_json: Mapping[str, Any]) -> None:
+    """GPUs that running pods hold are theirs: each node's verify pods ask for the rest (a Job
+    asking for every GPU of a node where a Jupyter server holds one stays Pending)."""
+    rc, out = remote.probe({"pods": "$k get pods -A --field-selector "
+                                    "status.phase!=Succeeded,status.phase!=Failed -o json"}
+                           )["pods"]
+    if rc != 0:
+        raise WorkloadError(f"cannot list pods: {out.strip()[-300:]}")
+    holders = gpu_holders(_json(out, "pods"))
+    allocatable = {str((n.get("metadata") or {}).get("name", "")):
+                   {k: int(v) for k, v in ((n.get("status") or {}).get("allocatable") or {})
+                    .items() if k.startswith("nvidia.com/") and str(v).isdigit()}
+                   for n in nodes_json.get("items") or []}
+    for n in nodes:
+        held = holders.get(n["name"])
+        if not held:
+            continue
+        check = checks[n["name"]]
+        check.held = leave_held(n, allocatable.get(n["name"], {}), held)
+        check.checked = n["limits"].get("nvidia.com/gpu", 0) if not n["mig"] else \
+            sum(n["limits"].values())
 
 
 def _slices(remote: Remote, checks: Mapping[str, NodeCheck]) -> None:
@@ -206,7 +310,7 @@ def _run_stages(remote: Remote, values: Mapping[str, Any], nodes: list[dict[str,
     for stage in ("smi", "tf") if values["tensorflow"] else ("smi",):
         # CUDA sees one MIG device per process: TensorFlow on a MIG node would count one GPU
         todo = [n for n in nodes if n["gpus"] > 0 and not checks[n["name"]].problem
-                and not (stage == "tf" and n["mig"])]
+                and not checks[n["name"]].skipped and not (stage == "tf" and n["mig"])]
         if not todo:
             continue
         docs = render("verify", values, gpu_nodes=todo, stage=stage)
@@ -225,7 +329,10 @@ def _run_stages(remote: Remote, values: Mapping[str, Any], nodes: list[dict[str,
             if pod.node and pod.node != n["name"]:
                 check.problem = f"{what} pod ran on {pod.node}"
             text = logs.get(pod.name, (1, ""))[1]
-            if pod.phase != "Succeeded":
+            if pod.phase != "Succeeded" and pod.detail.startswith("FailedScheduling: "):
+                check.problem = (f"{what}: the scheduler cannot place its pod: "
+                                 + scheduler_words(pod.detail.split(": ", 1)[1]))
+            elif pod.phase != "Succeeded":
                 check.problem = f"{what}: pod {pod.phase}: " + (
                     pod.detail or text.strip().splitlines()[-1:][0] if text.strip() or
                     pod.detail else pod.phase)
@@ -236,21 +343,45 @@ def _run_stages(remote: Remote, values: Mapping[str, Any], nodes: list[dict[str,
 
 
 def _print(rep: Reporter, checks: Any, with_tf: bool) -> None:
+    """The table, a line per node (a failed node's result is FAIL), then each failure's
+    reason under it: a sentence needs a line of its own, not a table cell."""
     checks = list(checks)
-    table = Table(title="verify: GPUs per node", title_justify="left")
-    cols = ["node", "PCI GPUs", "offered", "nvidia-smi", "TensorFlow"]
+    cols = [Column("node"), Column("PCI GPUs", justify="right"), Column("offered"),
+            Column("nvidia-smi", justify="right"), Column("TensorFlow")]
     dcgm = any(c.dcgm is not None for c in checks)
-    cols += ["DCGM (Prometheus)"] if dcgm else []
-    for col in (*cols, "result"):
-        table.add_column(col)
-    for c in checks:
-        models = sorted(set(c.smi))
+    cols += [Column("DCGM", justify="right")] if dcgm else []
+    rows: list[list[Cell]] = []
+    for c in checks:  # nvidia-smi's count: the model names would take the line past 80
         tf = "skipped" if not with_tf else "skipped (MIG)" if c.mig else \
             "-" if c.tf is None else str(c.tf)
-        row: list[Any] = [rep.cell(c.node), str(c.expected), rep.cell(c.offered_text),
-               rep.cell(f"{len(c.smi)}" + (f" ({', '.join(models)})" if models else "")), tf]
+        smi = "-" if c.skipped else f"{len(c.smi)}" + (
+            f" (free: {c.checked} of {c.expected})" if c.checked is not None else "")
+        row: list[Cell] = [c.node, str(c.expected), c.offered_text, smi,
+                           "-" if c.skipped else tf]
         row += [str(c.dcgm)] if dcgm else []
-        table.add_row(*row, Text("ok", style="green") if c.ok else
-                      Text.assemble(("FAIL", "red"), " ",
-                                    rep.cell(c.problem or "counts differ")))
-    rep.console.print(table)
+        rows.append([*row, Text("not checked", style="yellow") if c.skipped
+                     else Text("ok", style="green") if c.ok else Text("FAIL", style="red")])
+    rep.table("verify: GPUs per node", [*cols, Column("result")], rows)
+    for c in checks:
+        if not c.ok and not c.skipped:
+            rep.console.print(Text.assemble("  ", rep.cell(c.node), ": ", ("FAIL", "red"), " ",
+                                            rep.cell(c.problem or "counts differ")),
+                              soft_wrap=True)
+        if c.held:
+            # a sentence per node, wrapped at the terminal's width (not a table cell)
+            rep.console.print(Text.assemble("  ", rep.cell(c.node), ": ",
+                                            rep.cell(held_words(c))), soft_wrap=False)
+
+
+def held_words(c: NodeCheck) -> str:
+    """Which pods hold a node's GPUs, for a person: "1 GPU held by ml/jupyter-abc"; every
+    GPU held: "all 2 GPUs held by ml/a, ml/b: verify runs when one is free"."""
+    count = sum(c.held.values())
+    pods = ", ".join(c.held)
+    unit = "GPU" if count == 1 else "GPUs"
+    if c.mig:
+        unit = "MIG device" if count == 1 else "MIG devices"
+    if c.skipped:
+        return (f"all {count} {unit} held by {pods}; not checked: run verify again when one "
+                "is free")
+    return f"{count} {unit} held by {pods}; verified the {c.checked} free"

@@ -10,6 +10,7 @@ from gpuk8s.checks import (
     Rule,
     check_containerd_version,
     check_fingerprint,
+    check_image_ref,
     check_registry_mirrors,
 )
 from gpuk8s.facts import Fact
@@ -32,6 +33,7 @@ PACKAGES = ("containerd.io", "docker-ce", "docker-ce-cli")
 RULES: dict[str, Rule] = {
     "container_runtime": Rule(choices=("containerd", "docker")),
     "containerd_version": Rule(check_containerd_version),
+    "containerd_sandbox_image": Rule(check_image_ref),
     "docker_repo_key_fingerprint": Rule(check_fingerprint),
     "registry_mirrors": Rule(check_registry_mirrors),
 }

@@ -1,7 +1,8 @@
-"""monitoring: with ``gpu_monitoring``, NVIDIA's DCGM exporter on every GPU node and one
-Prometheus scraping the exporters and the kubelets at the node addresses gpuk8s knows
-(a static target list rendered on every run, so a node added to the inventory is scraped after
-the next run); turned off, the namespace and its cluster roles are deleted."""
+"""monitoring: with ``gpu_monitoring``, NVIDIA's DCGM exporter on every GPU node (in its pod's
+network: no port on the nodes) and one Prometheus scraping the exporter pods, found through
+their headless Service's DNS name (no API access needed), and the kubelets at the node
+addresses gpuk8s knows (a static target list rendered on every run); turned off, the namespace
+and its cluster roles are deleted."""
 
 from __future__ import annotations
 
@@ -43,14 +44,15 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [Cluster()]
 
 
-def prometheus_config(nodes: Mapping[str, Mapping[str, Any]], interval: int) -> str:
-    """prometheus.yml: the DCGM exporter of every GPU node and every node's kubelet, each
-    target labelled with its node name (JSON, which is YAML: node values are data here)."""
-    def targets(port: int, gpu_only: bool) -> list[dict[str, Any]]:
+def prometheus_config(nodes: Mapping[str, Mapping[str, Any]], interval: int,
+                      domain: str = "cluster.local") -> str:
+    """prometheus.yml: the DCGM exporter pods (the A records of the headless dcgm-exporter
+    Service: pod IPs, port 9400; each series' node label from the exporter's own Hostname
+    label, its pod's spec.nodeName) and every node's kubelet, labelled with its node name
+    (JSON, which is YAML: node values are data here)."""
+    def targets(port: int) -> list[dict[str, Any]]:
         out = []
         for n in sorted(nodes.values(), key=lambda n: str(n["name"])):
-            if gpu_only and not n["gpus"]:
-                continue
             address = str(n["address"])
             host = f"[{address}]" if ":" in address else address
             out.append({"targets": [f"{host}:{port}"], "labels": {"node": str(n["name"])}})
@@ -59,12 +61,17 @@ def prometheus_config(nodes: Mapping[str, Mapping[str, Any]], interval: int) -> 
     config = {
         "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s"},
         "scrape_configs": [
-            {"job_name": "dcgm-exporter", "static_configs": targets(9400, True)},
+            {"job_name": "dcgm-exporter",
+             "dns_sd_configs": [{"names": [f"dcgm-exporter.{NAMESPACE}.svc.{domain}"],
+                                 "type": "A", "port": 9400,
+                                 "refresh_interval": f"{interval}s"}],
+             "metric_relabel_configs": [{"source_labels": ["Hostname"],
+                                         "target_label": "node"}]},
             {"job_name": "kubelet", "scheme": "https", "metrics_path": "/metrics/resource",
              "tls_config": {"insecure_skip_verify": True},
              "authorization": {"credentials_file":
                                "/var/run/secrets/kubernetes.io/serviceaccount/token"},
-             "static_configs": targets(10250, False)},
+             "static_configs": targets(10250)},
         ],
     }
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
@@ -83,7 +90,8 @@ def plan(ctx: HostContext) -> list[Op]:
                        f"--timeout=120s",
                        f"{KUBECTL} delete clusterrolebinding,clusterrole gpuk8s-prometheus "
                        "--ignore-not-found")]
-    config = prometheus_config(ctx.cluster["nodes"], int(ctx.var("prometheus_scrape_interval")))
+    config = prometheus_config(ctx.cluster["nodes"], int(ctx.var("prometheus_scrape_interval")),
+                               str(ctx.var("cluster_dns_domain")))
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
                   "metadata": {"name": "prometheus-config", "namespace": NAMESPACE},
                   "data": {"prometheus.yml": config}}

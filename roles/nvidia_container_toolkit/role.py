@@ -1,7 +1,10 @@
-"""nvidia_container_toolkit: the pinned toolkit and the nvidia runtime in containerd."""
+"""nvidia_container_toolkit: the pinned toolkit, the nvidia runtime in containerd, and the
+runtime's GPU isolation settings (a pod's own NVIDIA_VISIBLE_DEVICES is ignored; the device
+plugin's volume mounts name the GPUs a container gets)."""
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +20,19 @@ from gpuk8s.roles import HostContext
 LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 KEYRING = "/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg"
 DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
+#: nvidia-container-runtime's config (config.GetConfigFilePath()@v1.20.0)
+RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+#: GPU isolation: an unprivileged container's NVIDIA_VISIBLE_DEVICES (its pod's env or its
+#: image's) is ignored, and the devices come from the mounts under
+#: /var/run/nvidia-container-devices that the device plugin's volume-mounts strategy adds for
+#: the GPUs the kubelet allocated (internal/config/image/cuda_image.go@v1.20.0 VisibleDevices:
+#: mounts first when accepted, the variable only for a container with CAP_SYS_ADMIN or with
+#: the first key true; the toolkit's defaults are true and false: api/config/v1/config.go and
+#: toml.go commentDefaults@v1.20.0). Set with `nvidia-ctk config --set` (cmd/nvidia-ctk/config/
+#: config.go@v1.20.0), which the package's postinst keeps on upgrades (it runs `nvidia-ctk
+#: config --in-place` on the same file: packaging/debian/nvidia-container-toolkit-base.postinst).
+ISOLATION = {"accept-nvidia-visible-devices-envvar-when-unprivileged": False,
+             "accept-nvidia-visible-devices-as-volume-mounts": True}
 PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
             "libnvidia-container-tools", "libnvidia-container1")
 
@@ -29,7 +45,28 @@ RULES: dict[str, Rule] = {
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [PciDevices(), Containerd(), Packages(*PACKAGES), Files(LIST, "+" + KEYRING, DROP_IN)]
+    return [PciDevices(), Containerd(), Packages(*PACKAGES), Files(LIST, "+" + KEYRING, DROP_IN),
+            Files("+" + RUNTIME_CONFIG)]
+
+
+def isolation_settings(content: bytes | None) -> dict[str, object]:
+    """The isolation keys the runtime's config.toml sets (a commented default is unset)."""
+    try:
+        got = tomllib.loads((content or b"").decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+    return {k: got[k] for k in ISOLATION if k in got}
+
+
+def isolation_op(content: bytes | None, exists: bool) -> Op:
+    title = "nvidia_container_toolkit | GPU isolation"
+    if exists and isolation_settings(content) == ISOLATION:
+        return noop(title, "= an unprivileged container's NVIDIA_VISIBLE_DEVICES is ignored; "
+                    "GPUs come from the device plugin's volume mounts")
+    sets = " ".join(f"--set {k}={str(v).lower()}" for k, v in ISOLATION.items())
+    return change(title, f"+ {RUNTIME_CONFIG}: ignore NVIDIA_VISIBLE_DEVICES of unprivileged "
+                  "containers, take the device list from volume mounts",
+                  f"nvidia-ctk config --config-file={RUNTIME_CONFIG} --in-place {sets}")
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -50,6 +87,8 @@ def plan(ctx: HostContext) -> list[Op]:
                       dict.fromkeys(PACKAGES, version), hold=True,
                       apt=ctx.apt)
     ops.append(pkg_op)
+    runtime_config = f[Files("+" + RUNTIME_CONFIG)][RUNTIME_CONFIG]
+    ops.append(isolation_op(runtime_config.content, runtime_config.exists))
     containerd = f[Containerd()]
     default = bool(ctx.var("nvidia_container_runtime_default"))
     configured = "nvidia" in containerd.runtimes and states[DROP_IN].exists and \

@@ -17,6 +17,7 @@ through ``apt_https_proxy`` when one is set.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -52,10 +53,25 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [Packages(UNIT), Files("+" + CONF), Services(UNIT)]
 
 
-def config(vars: Mapping[str, Any]) -> bytes:
+def bind_addresses(cache_url: str) -> list[str]:
+    """Where the cache listens: loopback (the role's own readiness check, and the host's apt
+    when it names 127.0.0.1) and the cache host's cluster address, the one every node's apt
+    proxy file names (playbook.package_cache_url), never every interface (apt-cacher-ng's
+    default). acng.conf@3.7.4 (Debian 12): "BindAddress: localhost 192.168.7.254 ...", a
+    space-separated list; "Default: listens on all interfaces and protocols"."""
+    host = urllib.parse.urlsplit(cache_url).hostname if cache_url else None
+    if not host or host == "127.0.0.1":
+        return ["127.0.0.1"]
+    # an IPv6 literal as acng's [address]:port endpoint form (acng.conf@3.7.4)
+    return ["127.0.0.1", f"[{host}]:{PORT}" if ":" in host else host]
+
+
+def config(vars: Mapping[str, Any], cache_url: str = "") -> bytes:
     """acng reads every *.conf of /etc/apt-cacher-ng in order; this one comes last."""
     lines = ["# managed by gpuk8s (package_cache): the cluster's apt cache",
-             f"Port: {PORT}"]
+             f"Port: {PORT}",
+             # not on every interface (security review 2, L4): the nodes' network only
+             f"BindAddress: {' '.join(bind_addresses(cache_url))}"]
     if vars["apt_proxy"]:  # a URL without spaces or control characters (checked on load)
         lines.append(f"Proxy: {vars['apt_proxy']}")
     # log every transfer as it happens (bytes fetched from upstream are counted from this log)
@@ -80,7 +96,8 @@ def plan(ctx: HostContext) -> list[Op]:
     ops = [replace(install, secret=url_has_secret(ctx.var("apt_proxy")))]
     secret = url_has_secret(ctx.var("apt_proxy"))  # then for apt-cacher-ng's eyes only
     ops.append(files.content(f[Files("+" + CONF)][CONF], "package_cache | config",
-                             config(ctx.vars), notify=("restart apt-cacher-ng",),
+                             config(ctx.vars, str(ctx.cluster.get("package_cache_url") or "")),
+                             notify=("restart apt-cacher-ng",),
                              owner=UNIT if secret else "root", mode="0600" if secret else "0644",
                              secret=secret))
     unit = f[Services(UNIT)][UNIT]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuk8s import mig
-from gpuk8s.checks import Rule, check_str_list
+from gpuk8s.checks import LAB_KEY_FINGERPRINT, LAB_SUBNET, Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.controlplane import Reaches
 from gpuk8s.facts.kube import Containerd, RegistryAnswers
@@ -31,15 +31,29 @@ CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
 WORKER_PORTS = (10250,)
 
 #: checks whose failure makes a run unsafe, not just unwise: preflight_ignore cannot lift them
-NEVER_IGNORED = {"hostname", "init", "gpu_sharing"}
+NEVER_IGNORED = {"hostname", "init", "gpu_sharing", "lab_signing_key"}
 #: checks whose failure leaves nothing to plan for the host: `plan` stops at them too, instead
 #: of listing steps (enable kubelet, modprobe ...) that cannot run there
-UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing"})
+UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing", "lab_signing_key"})
 #: kernel modules the node needs: the base role's, which it persists and loads
 NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 #: (check name, message, fix); a check listed in preflight_ignore becomes a warning
 Problem = tuple[str, str, str]
+
+
+#: a rule that needs only the inventory: the host's variables, groups and the inventory's
+#: cluster values (ctx.facts is empty where `gpuk8s check` runs it)
+InventoryRule = Callable[[HostContext], list[Problem]]
+#: every such rule, in the order they report: preflight runs them on each host, and
+#: `gpuk8s check` runs the same ones before any host is contacted (register with
+#: @inventory_rule; tests/unit/test_check.py fails on a vars-only rule left out)
+INVENTORY_RULES: list[InventoryRule] = []
+
+
+def inventory_rule(rule: InventoryRule) -> InventoryRule:
+    INVENTORY_RULES.append(rule)
+    return rule
 
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
@@ -112,6 +126,43 @@ def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     return errors, warnings
 
 
+def _host_address(ctx: HostContext) -> str:
+    """The host's inventory address (cluster_values records it before preflight runs)."""
+    node = (ctx.cluster.get("nodes") or {}).get(ctx.host) or {}
+    return str(node.get("address") or ctx.vars.get("ansible_host") or ctx.host)
+
+
+def lab_key_problems(vars: Mapping[str, Any], address: str) -> list[Problem]:
+    """A repo pinned to the gpuk8s lab's signing key, whose private key is public
+    (tests/lab/keys/): refused unless the host's inventory ``address`` is in the lab's subnet,
+    or the inventory says lab_signing_key_allowed: true. Reads the inventory only (no fact):
+    `invoke check` can run it with each host's merged vars and address."""
+    # only the pins are read: other values (repo URLs) render from the host's facts
+    pins = sorted(name for name in vars if name.endswith("_key_fingerprint")
+                  and isinstance(vars[name], str)
+                  and "".join(vars[name].split()).upper() == LAB_KEY_FINGERPRINT)
+    if not pins or vars.get("lab_signing_key_allowed") is True:
+        return []
+    try:
+        in_lab = ipaddress.ip_address(address.strip("[]")) in LAB_SUBNET
+    except ValueError:
+        in_lab = False
+    if in_lab:
+        return []
+    return [("lab_signing_key", f"{', '.join(pins)} pin(s) the gpuk8s lab's repo signing key "
+             f"{LAB_KEY_FINGERPRINT}, whose private key is public (tests/lab/keys/): anyone "
+             f"could sign the packages this host installs as root; {address} is not in the "
+             f"lab's subnet {LAB_SUBNET}",
+             "pin your own repositories' signing keys (or drop those lines for the upstream "
+             "defaults); for a throwaway lab of your own served by tests/lab's repos, set "
+             "lab_signing_key_allowed: true")]
+
+
+@inventory_rule
+def _lab_key_rule(ctx: HostContext) -> list[Problem]:
+    return lab_key_problems(ctx.vars, _host_address(ctx))
+
+
 def _init_problems(sysinfo: SystemInfo) -> list[Problem]:
     """The kubelet and containerd run as systemd services: a host whose PID 1 is not systemd
     (a container, a microVM or sandbox started without an init, WSL without systemd) is
@@ -158,6 +209,7 @@ def _headers_problems(ctx: HostContext, sysinfo: SystemInfo) -> list[Problem]:
              "NVIDIA driver yourself before bootstrapping (a loaded driver is left as it is)")]
 
 
+@inventory_rule
 def _endpoint_address_problems(ctx: HostContext) -> list[Problem]:
     """With one control plane the API endpoint is its inventory address: a loopback one (a
     local connection to `localhost`) is an endpoint no other node reaches."""
@@ -187,14 +239,33 @@ def plan(ctx: HostContext) -> list[Op]:
     return []
 
 
-def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
-    """A MIG layout this host's GPUs cannot take: refused before any host changes."""
-    sharing = sharing_of(ctx.var("gpu_sharing"))
-    if sharing.mode == "time-slicing" and ctx.var("gpu_allocation") == "dra":
+@inventory_rule
+def _sharing_allocation_problems(ctx: HostContext) -> list[Problem]:
+    """Time-slicing is the device plugin's: it cannot go with gpu_allocation dra."""
+    if sharing_of(ctx.var("gpu_sharing")).mode == "time-slicing" and \
+            ctx.var("gpu_allocation") == "dra":
         return [("gpu_sharing", "gpu_sharing time-slicing is a setting of NVIDIA's device "
                  "plugin, and gpu_allocation is dra (no device plugin runs)",
                  "use gpu_sharing: {mode: none} or {mode: mig, ...} with dra, or "
                  "gpu_allocation: device-plugin for time-slicing")]
+    return []
+
+
+@inventory_rule
+def _dra_version_problems(ctx: HostContext) -> list[Problem]:
+    """DRA's resource.k8s.io/v1 is in Kubernetes 1.34 and newer."""
+    k8s_minor = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split(".")[:2])
+    if ctx.var("gpu_allocation") == "dra" and k8s_minor < (1, 34):
+        return [("gpu_allocation", f"gpu_allocation dra needs Kubernetes 1.34 or newer "
+                 f"(resource.k8s.io/v1); kubernetes_version is "
+                 f"{ctx.var('kubernetes_version')}", "set kubernetes_version: \"1.36\" "
+                 "or gpu_allocation: device-plugin")]
+    return []
+
+
+def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
+    """A MIG layout this host's GPUs cannot take: refused before any host changes."""
+    sharing = sharing_of(ctx.var("gpu_sharing"))
     if sharing.mode != "mig":
         return []
     models = sorted({g.model for g in gpus})
@@ -219,7 +290,7 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     gpus = [d for d in f[PciDevices()] if d.is_gpu]
     errors: list[Problem] = _init_problems(sysinfo)
     errors += _module_problems(sysinfo, f[KernelModules(*NEEDED_MODULES)])
-    errors += _endpoint_address_problems(ctx)
+    errors += [p for rule in INVENTORY_RULES for p in rule(ctx)]
     warnings: list[Problem] = []
     os_id, os_ver = os_.get("ID", "?"), os_.get("VERSION_ID", "?")
     invalid = [k for k in OS_RELEASE_IDS if f"{k}_AS_FOUND" in os_]
@@ -292,16 +363,22 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
         warnings.append(("containerd", f"containerd {containerd.version} is installed; "
                          f"Kubernetes {ctx.var('kubernetes_version')} needs 2.x, so gpuk8s "
                          "replaces it with containerd.io 2.x", "nothing to do"))
-    k8s_minor = tuple(int(x) for x in str(ctx.var("kubernetes_version")).split(".")[:2])
-    if ctx.var("gpu_allocation") == "dra" and k8s_minor < (1, 34):
-        errors.append(("gpu_allocation", f"gpu_allocation dra needs Kubernetes 1.34 or newer "
-                       f"(resource.k8s.io/v1); kubernetes_version is "
-                       f"{ctx.var('kubernetes_version')}", "set kubernetes_version: \"1.36\" "
-                       "or gpu_allocation: device-plugin"))
     for more_errors, more_warnings in (_mirror_problems(ctx), _endpoint_problems(ctx)):
         errors += more_errors
         warnings += more_warnings
+    return _ignored(ctx, errors, warnings)
+
+
+def inventory_check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+    """(errors, warnings) of the rules that need only the inventory (INVENTORY_RULES), with
+    preflight_ignore applied: what `gpuk8s check` reports for a host before contacting it."""
+    errors = [p for rule in INVENTORY_RULES for p in rule(ctx)]
+    return _ignored(ctx, errors, [])
+
+
+def _ignored(ctx: HostContext, errors: list[Problem], warnings: list[Problem]
+             ) -> tuple[list[Problem], list[Problem]]:
+    """A check listed in preflight_ignore (and not in NEVER_IGNORED) becomes a warning."""
     ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
-    warnings += [p for p in errors if p[0] in ignore]
-    errors = [p for p in errors if p[0] not in ignore]
-    return errors, warnings
+    return ([p for p in errors if p[0] not in ignore],
+            warnings + [p for p in errors if p[0] in ignore])

@@ -15,6 +15,11 @@ Schema of one definition file (tests/lab/packages/<group>/<name>.yaml)::
       - {dest: /lib/modules/@KREL@/build, link: /usr/src/linux-headers-@KREL@}   # symlink
       - {fetched: containerd, path: usr/bin/ctr, dest: /usr/bin/ctr, mode: "0755"}  # from a
         # real upstream .deb (see `fetch` below); never substituted
+      - {pypi: kubernetes_validate, path: x/_definitions.json, dest: /usr/lib/x/defs.json}
+        # one file of an installed PyPI package; never substituted
+      - {pypi_tree: celpy, dest: /usr/lib/gpuk8s-lab/@PKGNAME@/celpy}  # an installed pure-
+        # Python library the stand-ins import on nodes: its files but bytecode and compiled
+        # extensions (the nodes run its pure-Python code); never substituted
     conffiles: [/etc/foo.conf]          # files under /etc are conffiles anyway (like dh_installdeb)
     maintainer_scripts:                 # path relative to repo root, or inline text
       {postinst: <path or text>, prerm, postrm, preinst}
@@ -240,6 +245,23 @@ def _read_pypi(module: str, path: str) -> bytes:
     return p.read_bytes()
 
 
+def _read_pypi_tree(module: str) -> list[tuple[str, bytes]]:
+    """(path under the package folder, content) of every file of an installed Python package,
+    but bytecode and compiled extension modules."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise PackageError(f"Python package {module!r} is not installed (scripts/setup installs "
+                           "the dev extras)")
+    top = Path(next(iter(spec.submodule_search_locations)))
+    out = []
+    for p in sorted(top.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".so"):
+            out.append((p.relative_to(top).as_posix(), p.read_bytes()))
+    return out
+
+
 def _script_text(value: str) -> str:
     """Maintainer script: a path relative to the repo root, or inline text."""
     if "\n" not in value.strip() and (REPO_ROOT / value).is_file():
@@ -351,6 +373,10 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
             # real upstream data shipped inside an installed PyPI package (kubernetes-validate's
             # Kubernetes schemas): copied as-is, never substituted
             entries.append(Entry(dest, mode, _read_pypi(str(f["pypi"]), str(f["path"]))))
+            continue
+        if "pypi_tree" in f:
+            entries += [Entry(f"{dest}/{rel}", 0o644, data)
+                        for rel, data in _read_pypi_tree(str(f["pypi_tree"]))]
             continue
         data = str(f["content"]).encode() if "content" in f else _read_src(f["src"])
         if _is_text(data):

@@ -212,3 +212,45 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str]:
     result = fn(*args, reporter=Reporter(out), **kwargs)
     sys.stdout.write(out.getvalue())
     return result, out.getvalue()
+
+
+#: Rich's box drawing; a terminal's escape sequences (colour, cursor) and carriage returns
+BOX = re.compile(r"[\u2500-\u257f]")
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
+
+
+def invoke_at(columns: int, *args: str, tty: bool, timeout: float = 600) -> tuple[int, str]:
+    """The real ``invoke ARGS`` from the checkout with COLUMNS=``columns``: its output
+    (stdout and stderr) through a pipe, or on a terminal (a pty that wide) with the escape
+    sequences removed; and its exit code. What a person sees at that width."""
+    argv = [sys.executable, "-m", "invoke", *args]
+    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(ROOT), "TERM": "xterm"}
+    if not tty:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        return proc.returncode, proc.stdout
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=slave, stderr=slave,
+                             stdin=subprocess.DEVNULL)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    rc = child.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return rc, _ESCAPES.sub("", b"".join(chunks).decode(errors="replace"))
+

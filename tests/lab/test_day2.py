@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.runs import call, derived_inventory, restore_fresh
+from tests.lab.runs import BOX, call, derived_inventory, invoke_at, restore_fresh
 from tests.lab.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
@@ -90,6 +92,40 @@ def test_status_shows_the_bootstrapped_cluster(inv: Path) -> None:
     assert status["gpu-01"]["cuda"].startswith("13.0")
     assert all(r["drift"] == 0 for r in status.values()), {h: r["drift"] for h, r in
                                                             status.items()}
+
+
+def invoke_status(inv: Path, *args: str, tty: bool) -> str:
+    rc, out = invoke_at(80, "status", "--inventory", str(inv), *args, tty=tty)
+    assert rc == 0, out
+    return out
+
+
+def test_invoke_status_reads_at_80_columns_on_a_terminal_and_in_a_pipe(inv: Path) -> None:
+    """Issue 30: status wrapped 12 columns into a grid of three-letter cells at 80 columns
+    and in a pipe. The default view fits 80 columns with every cell whole; a pipe gets
+    plain aligned text (no box drawing). (-o wide's columns: tests/unit/test_tables.py.)"""
+    started = time.monotonic()
+    piped = invoke_status(inv, tty=False)
+    lines = piped.splitlines()
+    assert not BOX.search(piped), piped
+    assert max(len(x) for x in lines) <= 80, piped
+    head = lines.index(next(x for x in lines if x.startswith("HOST ")))
+    assert lines[head].split() == ["HOST", "ROLE", "STATE", "GPUS", "OFFERED", "PLAN"]
+    table = {x.split()[0]: x.split() for x in lines[head + 1:head + 1 + len(NODES)]}
+    assert sorted(table) == sorted(NODES), piped
+    assert table["cp-01"] == ["cp-01", "control-plane", "Ready", "0", "-", "in", "sync"]
+    assert table["gpu-01"] == ["gpu-01", "worker", "Ready", "2", "2", "in", "sync"]
+    assert table["gpu-02"] == ["gpu-02", "worker", "Ready", "1", "1", "in", "sync"]
+    assert table["cpu-01"] == ["cpu-01", "worker", "Ready", "0", "-", "in", "sync"]
+
+    on_tty = invoke_status(inv, tty=True)
+    tty_lines = [x for x in on_tty.splitlines() if x.strip()]
+    assert max(len(x) for x in tty_lines) <= 80, on_tty
+    for host in NODES:  # each host's row, whole, with its cells whole
+        row = next(x for x in tty_lines if re.search(rf"\b{host}\b", x))
+        assert "Ready" in row and "in sync" in row, on_tty
+
+    print(f"{piped}\n{on_tty}\ntwo invoke status runs: {time.monotonic() - started:.1f}s")
 
 
 def test_reprovision_touches_only_the_target_and_the_control_plane(cluster: Lab,

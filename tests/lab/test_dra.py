@@ -1,6 +1,8 @@
 """gpu_allocation: dra on the bootstrapped lab (issue 19's acceptance, part 2b): NVIDIA's DRA
 driver (a lab stand-in publishing the nvidia-smi stand-in's GPUs) replaces the device plugin;
-each GPU node publishes a ResourceSlice with as many devices as its PCI GPUs; a pod's claim is
+each GPU node publishes a ResourceSlice with as many devices as its PCI GPUs, as the plugin's
+ServiceAccount, whose token gpuk8s's ValidatingAdmissionPolicy keeps to its own node's slices
+(security review 2, M1); a pod's claim is
 allocated by the scheduler stand-in and prepared by the kubelet stand-in; the real TensorFlow
 job runs with `--set gpuAllocation=dra`; a claim for 3 GPUs stays Pending with the scheduler's
 real reason; back to the device plugin converges. The tests run in order on one cluster."""
@@ -82,6 +84,57 @@ def test_dra_replaces_the_device_plugin_and_every_gpu_is_published(cluster: Lab,
     assert classes == {"gpu.nvidia.com", "mig.nvidia.com"}
     again, text = bootstrap_inline(inventory(cluster, tmp_path, "dra"))
     assert again["changed"] == 0, text
+
+
+POLICY = "gpuk8s-nvidia-dra-driver-gpu-resourceslices"
+
+
+def forged_slice(name: str, node: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 9, "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-9", "attributes": {"type": {"string": "gpu"}}}]}}
+
+
+def test_the_plugins_token_may_not_touch_another_nodes_slices(cluster: Lab) -> None:
+    """Security review 2, M1: root on a GPU node can read the DRA kubelet plugin's token (its
+    pod is privileged, the token lies in the pod's projected volume). gpuk8s's
+    ValidatingAdmissionPolicy binds that token's ResourceSlice writes to the node it names:
+    creating or deleting gpu-02's slices with gpu-01's token is refused with the real
+    message, a slice of gpu-01 is allowed; the plugin published its own slices through the
+    policy (the test before) and the claims of the tests after are served from them."""
+    t0 = time.monotonic()
+    (pod,) = kubectl_json(cluster, "-n nvidia-dra-driver-gpu get pods --field-selector "
+                          "spec.nodeName=gpu-01")["items"]
+    token = (f"/var/lib/kubelet/pods/{pod['metadata']['uid']}/volumes/"
+             "kubernetes.io~projected/kube-api-access-*/token")
+    as_plugin = ("S=$(awk '/server:/ {print $2; exit}' /etc/kubernetes/kubelet.conf); "
+                 f"T=$(cat {token}); KUBECONFIG=/nonexistent kubectl --server=\"$S\" "
+                 "--certificate-authority=/etc/kubernetes/pki/ca.crt --token=\"$T\"")
+    who = json.loads(ssh_ok(cluster, "gpu-01", f"{as_plugin} auth whoami -o json"))
+    info = who["status"]["userInfo"]
+    assert info["username"] == \
+        "system:serviceaccount:nvidia-dra-driver-gpu:nvidia-dra-driver-gpu-kubeletplugin"
+    assert info["extra"]["authentication.kubernetes.io/node-name"] == ["gpu-01"]
+    denied = (f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request: "
+              "this user running on node 'gpu-01' may not modify resourceslices on node "
+              "'gpu-02'")
+    forged = json.dumps(forged_slice("forged-gpu-02", "gpu-02"))
+    rc, out, err = cluster.ssh("gpu-01", f"{as_plugin} create -f - <<'EOF'\n{forged}\nEOF")
+    assert rc == 1 and f'The resourceslices "forged-gpu-02" is invalid: : {denied}' in err, \
+        (out, err)
+    (theirs,) = [s["metadata"]["name"] for s in kubectl_json(cluster, "get resourceslices")[
+        "items"] if s["spec"]["nodeName"] == "gpu-02"]
+    rc, out, err = cluster.ssh("gpu-01", f"{as_plugin} delete resourceslice {theirs}")
+    assert rc == 1 and f'The resourceslices "{theirs}" is invalid: : {denied}' in err, (out, err)
+    # its own node's slices it may write (another driver's: the plugin's own stay as they are)
+    own = json.dumps(forged_slice("probe-gpu-01", "gpu-01", "probe.gpuk8s.io"))
+    assert "created" in ssh_ok(cluster, "gpu-01",
+                               f"{as_plugin} create -f - <<'EOF'\n{own}\nEOF")
+    assert "deleted" in ssh_ok(cluster, "gpu-01", f"{as_plugin} delete resourceslice probe-gpu-01")
+    assert slices(cluster) == {"gpu-01": ["gpu", "gpu"], "gpu-02": ["gpu"]}
+    assert time.monotonic() - t0 < 20
 
 
 def test_a_claim_is_allocated_and_three_gpus_stay_pending(cluster: Lab) -> None:

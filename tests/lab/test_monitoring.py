@@ -7,6 +7,7 @@ off removes it. The tests run in order on one cluster."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 import urllib.parse
@@ -70,9 +71,20 @@ def test_gpu_monitoring_scrapes_every_lab_gpu(cluster: Lab, tmp_path: Path) -> N
     assert models == {"gpu-01": "NVIDIA H100 80GB HBM3", "gpu-02": "NVIDIA H200"}
     targets = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get --raw "
                                 f"'{PROXY}/api/v1/targets'"))["data"]["activeTargets"]
-    dcgm = {t["labels"]["node"]: t["health"] for t in targets
-            if t["labels"]["job"] == "dcgm-exporter"}
-    assert dcgm == {"gpu-01": "up", "gpu-02": "up"}, targets
+    # the exporter pods, found through their headless Service's DNS name: pod IPs in the
+    # nodes' pod CIDRs, never a node address (security review 2, L4)
+    dcgm = [t for t in targets if t["labels"]["job"] == "dcgm-exporter"]
+    assert [t["health"] for t in dcgm] == ["up", "up"], targets
+    nodes = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get nodes -o json"))["items"]
+    node_ips = {a["address"] for n in nodes for a in n["status"]["addresses"]}
+    cidrs = [ipaddress.ip_network(n["spec"]["podCIDR"]) for n in nodes]
+    for t in dcgm:
+        host = t["scrapeUrl"].split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
+        assert host not in node_ips and any(ipaddress.ip_address(host) in c for c in cidrs), t
+    # and nothing answers on a GPU node's own address at the exporter's port
+    rc, out, err = cluster.ssh("cp-01", "curl -s -m 5 -o /dev/null -w '%{http_code}' "
+                               "http://10.88.0.12:9400/metrics")
+    assert rc != 0 and out in ("", "000"), (rc, out, err)
     again, text = bootstrap_inline(inventory(cluster, tmp_path, True))
     assert again["changed"] == 0, text
 
@@ -83,7 +95,9 @@ def test_status_and_gpu_usage_show_utilisation(cluster: Lab, tmp_path: Path) -> 
     assert [(r["node"], r["gpu"]) for r in rows] == [("gpu-01", "0"), ("gpu-01", "1"),
                                                      ("gpu-02", "0")], text
     assert all(r["util"] is not None and r["used"] is not None for r in rows), rows
-    assert "NVIDIA H200" in text
+    # the model is a wide column (the default view fits 80 columns)
+    _rows, wide = call(day2.gpu_usage, inv, wide=True)
+    assert "NVIDIA H200" in wide and "NVIDIA H200" not in text
     status, text = call(day2.status, inv)
     util = {r["host"]: r.get("gpu_util") for r in status}
     assert util["gpu-01"] is not None and util["gpu-02"] is not None, text

@@ -240,8 +240,7 @@ class Cluster:
         self.port = free_port()
         pk = root / "pki"
         pk.mkdir(parents=True)
-        env = {**os.environ, "GPUK8S_LAB_ROOT": "/"}
-        os.environ.update(env)
+        os.environ["GPUK8S_LAB_ROOT"] = "/"
         ca, cakey = str(pk / "ca.crt"), str(pk / "ca.key")
         pki.gen_ca(ca, cakey)
         pki.issue(str(pk / "apiserver.crt"), str(pk / "apiserver.key"), ca, cakey,
@@ -1802,6 +1801,24 @@ spec:
                    stdin=cm)
         assert json.loads(kubectl_ok(cluster, "get", "cm", "cfg", "-o", "json"))["data"] == {
             "color": "blue", "size": "big"}
+
+    def test_server_side_apply_drops_a_list_item_it_no_longer_applies(self,
+                                                                       cluster: Cluster) -> None:
+        """A redeploy without its volume (storage.enabled=false) removes the volume and its
+        mount whole, as the real server does; the stand-in once removed the item's key field
+        first and then could not find the item, leaving {"persistentVolumeClaim": {}}."""
+        pvc = ("      volumes: [{name: shared, persistentVolumeClaim: {claimName: share}}]\n")
+        mount = 'image: "registry.example/web:1"'
+        with_volume = DEPLOY.replace(mount, mount + ", volumeMounts: [{name: shared, "
+                                     "mountPath: /shared}]") + pvc
+        for manifest in (with_volume, DEPLOY):
+            kubectl_ok(cluster, "apply", "--server-side", "--field-manager=gpuk8s", "-f", "-",
+                       stdin=manifest)
+        spec = json.loads(kubectl_ok(cluster, "get", "deploy", "web", "-o", "json"))[
+            "spec"]["template"]["spec"]
+        assert "volumes" not in spec, spec
+        assert "volumeMounts" not in spec["containers"][0], spec["containers"][0]
+        kubectl_ok(cluster, "delete", "deploy", "web")
 
     def test_unknown_fields_refused_as_the_real_server_does(self, cluster: Cluster) -> None:
         bad = DEPLOY.replace("replicas: 1", "replicaz: 1")

@@ -18,8 +18,10 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -214,7 +216,10 @@ def test_distributed_tf_trains_across_two_gpu_nodes(cluster: Lab) -> None:
 
 def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
                                                               tf_venv: Path) -> None:
-    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True)
+    # NodePort is the documented opt-in (the default is a ClusterIP and a port-forward line,
+    # which the lab's API server does not serve): this host reaches it as a browser would
+    result, text = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=True,
+                       sets=["service.type=NodePort"])
     (pod,) = result["pods"]
     assert pod["phase"] == "Running" and pod["node"] in GPU_NODES
     secret = json.loads(kubectl(cluster, "get secret jupyter-token -n ml -o json"))
@@ -239,8 +244,29 @@ def test_jupyter_serves_its_token_holders_and_runs_a_notebook(cluster: Lab,
     assert "0 GPU(s):" in cells[0]["output"]
     # nvidia-smi inside the pod sees exactly the one GPU it was given
     assert cells[1]["output"].count("NVIDIA H") == 1, cells[1]["output"]
-    _again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
+    # the notebook server runs as nobody (security review 2, L5)
+    name = pods(cluster, "jupyter")[0]["metadata"]["name"]
+    assert "uid=65534" in kubectl(cluster, f"exec -n ml {name} -- id")
+    # the default: no NodePort, a port-forward line instead
+    again, text2 = run(workloads.deploy, cluster.inventory_path, "jupyter", show_secret=False)
     assert token not in text2 and "token=<redacted>" in text2
+    # the redeploy read the existing Secret: neither the token nor its base64 reaches its run
+    # folder (security review 2, L2)
+    written2 = "".join(p.read_text() for p in Path(again["run_dir"]).iterdir())
+    assert token not in written2 and secret["data"]["token"] not in written2
+    assert "port-forward service/jupyter 8888:8888" in text2, text2
+    svc = json.loads(kubectl(cluster, "get service jupyter -n ml -o json"))["spec"]
+    assert svc["type"] == "ClusterIP" and "nodePort" not in svc["ports"][0]
+    deadline = time.monotonic() + 15   # kube-proxy drops the NodePort's rules
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
+        except urllib.error.HTTPError:
+            pass
+        except OSError:
+            break
+        assert time.monotonic() < deadline, f"{base} still answers"
+        time.sleep(1)
     run(workloads.undeploy, cluster.inventory_path, "jupyter")
 
 
@@ -250,15 +276,22 @@ def test_tensorboard_serves_the_training_runs_scalars(cluster: Lab) -> None:
     (pod,) = pods(cluster, "tensorboard")
     assert pod["spec"]["nodeName"] != "cp-01"   # the control plane keeps its taint
     assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
-    url = f"http://{NODE_IPS[pod['spec']['nodeName']]}:30606"
-    assert f"{url}/" in text
-    assert get_status(f"{url}/data/runs") == 200
-    with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=30) as resp:
-        tags = json.load(resp)
+    # a ClusterIP (security review 2, L5): reached from inside the cluster, here a node
+    svc = json.loads(kubectl(cluster, "get service tensorboard -n ml -o json"))["spec"]
+    assert svc["type"] == "ClusterIP" and "nodePort" not in svc["ports"][0]
+    assert "port-forward service/tensorboard 6006:6006" in text, text
+    url = f"http://{svc['clusterIP']}:6006"
+
+    def get_json(path: str) -> Any:
+        rc, out, err = cluster.ssh("cp-01", f"curl -sf --retry 10 --retry-connrefused "
+                                   f"--retry-delay 1 -m 30 '{url}{path}'")
+        assert rc == 0, (path, out, err)
+        return json.loads(out)
+
+    assert isinstance(get_json("/data/runs"), list)
+    tags = get_json("/data/plugin/scalars/tags")
     assert {"loss", "accuracy"} <= set(tags["mnist"])
-    with urllib.request.urlopen(f"{url}/data/plugin/scalars/scalars?run=mnist&tag=accuracy",
-                                timeout=30) as resp:
-        points = json.load(resp)
+    points = get_json("/data/plugin/scalars/scalars?run=mnist&tag=accuracy")
     assert len(points) == int(EPOCHS) and all(0 <= p[2] <= 1 for p in points)
 
 
@@ -292,6 +325,52 @@ def test_verify_runs_nvidia_smi_in_real_pods(cluster: Lab) -> None:
                             key=lambda p: p.stat().st_mtime).read_text())
     assert {n: v["tensorflow"] for n, v in report["verify"].items()} == {"gpu-01": 0,
                                                                           "gpu-02": 0}
+
+
+def test_a_pods_own_nvidia_visible_devices_gets_it_no_other_gpu(cluster: Lab) -> None:
+    """Security review 2, L6: on gpu-01 (2 H100s) a pod that asks for 1 GPU and sets
+    NVIDIA_VISIBLE_DEVICES=all sees its 1 GPU only, and one that asks for none sees none: the
+    toolkit gpuk8s configured ignores the variable in unprivileged containers and takes the
+    device plugin's volume mounts (the lab's runtime and device plugin play v1.20.0 and
+    v0.20.0, tests/lab/CONTRACT.md)."""
+    config = "\n" + cluster.ssh("gpu-01", "cat /etc/nvidia-container-runtime/config.toml")[1]
+    assert "\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n" in config
+    assert "\naccept-nvidia-visible-devices-as-volume-mounts = true\n" in config
+    cuda = "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"
+
+    def pod(name: str, gpus: int) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
+                                                                "namespace": "default"},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-01"},
+                         "runtimeClassName": "nvidia", "restartPolicy": "Never",
+                         "containers": [{
+                             "name": "c", "image": cuda,
+                             "command": ["sh", "-c", "nvidia-smi -L || echo no nvidia-smi"],
+                             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                             "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus
+                             else {}}]}}
+
+    names = {"grab-one": 1, "grab-none": 0}
+    manifest = "\n---\n".join(json.dumps(pod(n, g)) for n, g in names.items())
+    rc, out, err = cluster.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf "
+                               f"apply -f - <<'EOF'\n{manifest}\nEOF")
+    assert rc == 0, out + err
+    try:
+        deadline = time.monotonic() + 60
+        phases: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            phases = {n: json.loads(kubectl(cluster, f"get pod {n} -o json")).get(
+                "status", {}).get("phase", "") for n in names}
+            if all(p in ("Succeeded", "Failed") for p in phases.values()):
+                break
+            time.sleep(1)
+        assert phases == {"grab-one": "Succeeded", "grab-none": "Succeeded"}, phases
+        one = kubectl(cluster, "logs grab-one")
+        assert one.count("GPU ") == 1 and "NVIDIA H100" in one, one
+        none = kubectl(cluster, "logs grab-none")
+        assert "no nvidia-smi" in none and "GPU " not in none, none
+    finally:
+        kubectl(cluster, "delete pod grab-one grab-none --ignore-not-found --wait=false")
 
 
 def test_a_failing_job_shows_its_exit_code(cluster: Lab, tmp_path: Path) -> None:
@@ -371,10 +450,137 @@ def test_a_pod_whose_runner_died_gets_a_new_sandbox_and_leaks_no_network(cluster
             break
         assert time.monotonic() < deadline, f"{node}: no new sandbox for {uid} ({after!r})"
         time.sleep(3)
-    url = f"http://{NODE_IPS[node]}:30606"
-    assert get_status(f"{url}/data/runs") == 200
+    # the new sandbox serves: through the Service's ClusterIP (no NodePort since review 2, L5)
+    ip = json.loads(kubectl(cluster, "get service tensorboard -n ml -o json"))["spec"][
+        "clusterIP"]
+    rc, out, err = cluster.ssh("cp-01", "curl -sf --retry 10 --retry-connrefused --retry-delay 1 "
+                               f"-m 30 -o /dev/null -w '%{{http_code}}' 'http://{ip}:6006/data/runs'")
+    assert (rc, out) == (0, "200"), (out, err)
     rc, out, _ = cluster.ssh(node, "ip netns list")
     assert out.count(f"gpuk8s-{uid[:13]}") == 1, out
+
+
+#: a claim whose NFS export the server does not have: the lab's share lacks its folder
+BROKEN_SHARE = f"""apiVersion: v1
+kind: Namespace
+metadata: {{name: ml}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: ml-broken-share}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  mountOptions: [nfsvers=4.1, hard]
+  nfs: {{server: "{HOST_IP}", path: /srv/no-such-export}}
+  claimRef: {{namespace: ml, name: broken-share}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: broken-share, namespace: ml}}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ""
+  volumeName: ml-broken-share
+  resources: {{requests: {{storage: 1Gi}}}}
+"""
+
+
+def test_a_volume_that_cannot_mount_fails_within_90s_naming_the_event_pod_and_node(
+        cluster: Lab) -> None:
+    """A claim bound to an NFS export the server does not have: the kubelet cannot mount it
+    and the pod stays ContainerCreating with FailedMount events (the real kubelet's text).
+    deploy shows the pod's progress as it goes and gives up within 90 s (not after its 600 s
+    timeout), naming the event, the pod, its node and a fix. It is a redeploy over a working
+    tensorboard, as a person changing a value would do: the old pod's availability does not
+    make the new template ready (the full module's run saw that)."""
+    assert not (shared_dir() / HOST_IP / "srv/no-such-export").exists()
+    run(workloads.deploy, cluster.inventory_path, "tensorboard",
+        sets=["storage.enabled=false"], timeout=300)
+    rc, out, err = cluster.ssh("cp-01", "kubectl --kubeconfig /etc/kubernetes/admin.conf "
+                               f"apply -f - <<'EOF'\n{BROKEN_SHARE}EOF\n")
+    assert rc == 0, out + err
+    started = time.monotonic()
+    try:
+        with pytest.raises(workloads.WorkloadError) as exc:
+            run(workloads.deploy, cluster.inventory_path, "tensorboard",
+                sets=["storage.claimName=broken-share"])
+        elapsed = time.monotonic() - started
+        (pod,) = pods(cluster, "tensorboard")
+        node = pod["spec"]["nodeName"]
+        state = pod["status"]["containerStatuses"][0]["state"]
+        events = json.loads(kubectl(cluster, "get events -n ml --field-selector "
+                                             f"involvedObject.name={pod['metadata']['name']},"
+                                             "reason=FailedMount -o json"))["items"]
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "tensorboard")
+        kubectl(cluster, "delete pvc broken-share -n ml --ignore-not-found")
+        kubectl(cluster, "delete pv ml-broken-share --ignore-not-found")
+    message = str(exc.value)
+    assert elapsed < 90, f"deploy took {elapsed:.0f}s to give up"
+    assert state == {"waiting": {"reason": "ContainerCreating"}}
+    assert events and events[-1]["message"].startswith(
+        'MountVolume.SetUp failed for volume "ml-broken-share" : mount failed: exit status 32\n'
+        "Mounting command: mount\nMounting arguments: -t nfs -o nfsvers=4.1,hard "
+        f"{HOST_IP}:/srv/no-such-export /var/lib/kubelet/pods/{pod['metadata']['uid']}/")
+    assert f"pod {pod['metadata']['name']} on node {node}: FailedMount: MountVolume.SetUp " \
+           'failed for volume "ml-broken-share"' in message
+    assert "reason given by server: No such file or directory" in message
+    assert "fix: the node cannot mount the volume" in message
+
+
+def test_deploy_fits_80_columns_in_a_pipe_and_shows_progress(cluster: Lab) -> None:
+    """`deploy` as a person runs it, with COLUMNS=80 and its output through a pipe: every
+    line of the default view fits 80 columns (progress lines are cut, not wrapped into a
+    grid) and the pods' progress shows as it happens."""
+    runs = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))   # a short run-folder path
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuk8s.cli", "deploy", "tensorboard", "-i",
+             str(cluster.inventory_path), "--set", "storage.enabled=false"],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=600, env={**os.environ, "COLUMNS": "80", "GPUK8S_RUNS_DIR": str(runs)})
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "tensorboard")
+        shutil.rmtree(runs, ignore_errors=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(
+        line for line in lines if len(line) > 80)
+    assert any(line.lstrip().startswith("tensorboard-") and ": Running" in line
+               for line in lines), out
+    assert "tensorboard ready (" in out and "Traceback" not in out
+
+
+def test_verify_leaves_gpus_held_by_pods_and_names_the_holder(cluster: Lab,
+                                                            tmp_path: Path) -> None:
+    """A Jupyter server holds one of gpu-01's two GPUs: verify's Job there asks for the other
+    (asking for both, it stayed Pending and the table printed the scheduler's message), checks
+    it, and says which pod holds the first."""
+    on_gpu01 = values_file(tmp_path, gpus=1, storage={"enabled": False},
+                           nodeSelector={"kubernetes.io/hostname": "gpu-01"})
+    run(workloads.deploy, cluster.inventory_path, "jupyter", values_files=[on_gpu01],
+        timeout=300)
+    try:
+        (holder,) = pods(cluster, "jupyter")
+        started = time.monotonic()
+        result, text = run(workloads.verify, cluster.inventory_path,
+                           sets=["tensorflow=false"])
+        elapsed = time.monotonic() - started
+    finally:
+        run(workloads.undeploy, cluster.inventory_path, "jupyter")
+    name = f"ml/{holder['metadata']['name']}"
+    gpu01, gpu02 = result["nodes"]["gpu-01"], result["nodes"]["gpu-02"]
+    assert gpu01["ok"] and gpu01["held"] == {name: 1} and gpu01["checked"] == 1
+    assert gpu01["nvidia_smi"] == 1 and gpu01["expected"] == 2
+    assert gpu02["ok"] and gpu02["held"] == {} and gpu02["nvidia_smi"] == 1
+    flat = " ".join(text.split())
+    assert f"gpu-01: 1 GPU held by {name}; verified the 1 free" in flat
+    assert "preemption" not in text and "FailedScheduling" not in text
+    assert elapsed < 120, f"verify took {elapsed:.0f}s"
 
 
 def test_undeploy_removes_everything(cluster: Lab) -> None:

@@ -205,7 +205,8 @@ def write_inventory(topology: Topology, path: str | Path, *, become_user: bool =
     """Write the Ansible-compatible inventory: root by key, or labadmin + sudo (become_user)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# gpuk8s lab inventory (written by tests/lab).\n"
+    header = ("# gpuk8s lab inventory (written by tests/lab). LAB ONLY: the repo signing key it "
+              "pins is public\n# (tests/lab/keys/); never start a real inventory from it.\n"
               + ("# become password: export GPUK8S_BECOME_PASSWORD=\"$(cat "
                  f"{state_dir() / 'secrets' / 'labadmin.password'})\"\n" if become_user else ""))
     out.write_text(header + yaml.safe_dump(inventory(topology, become_user=become_user),

@@ -174,17 +174,162 @@ def test_bundle_layout_with_a_fake_pip(tmp_path: Path) -> None:
 
 
 def test_the_checkout_copy_skips_the_bundles_folder(tmp_path: Path) -> None:
-    files, _ = b.source_files(ROOT, skip=ROOT / "dist")
-    assert "tasks.py" in files and "roles/base/role.py" in files
-    assert not [f for f in files if f.startswith(("dist/", ".venv/", "runs/"))]
-    no_git = tmp_path / "co"
-    (no_git / "roles").mkdir(parents=True)
-    for rel in ("pyproject.toml", "roles/a.py", ".venv/bin/python", "dist/x/y",
-                "x.egg-info/PKG-INFO", "inventories/artifacts/admin.conf", "inventories/l.yaml"):
-        (no_git / rel).parent.mkdir(parents=True, exist_ok=True)
-        (no_git / rel).write_text("x")
-    files, _ = b.source_files(no_git, skip=no_git / "dist")
-    assert sorted(files) == ["inventories/l.yaml", "pyproject.toml", "roles/a.py"]
+    source = b.source_files(ROOT, skip=ROOT / "dist")
+    assert "tasks.py" in source.files and "roles/base/role.py" in source.files
+    assert not [f for f in source.files if f.startswith(("dist/", ".venv/", "runs/"))]
+
+
+# -- what a bundle packs: committed files only, never secrets (review 2, M2) --------------------
+
+SECRET = "hunter2-S3CRET"
+ADMIN_CONF = ("apiVersion: v1\nkind: Config\nusers:\n- name: kubernetes-admin\n  user:\n"
+              "    client-certificate-data: QUJDREVGR0g=\n    client-key-data: "
+              "U0VDUkVUS0VZREFUQQ==\n")
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A small real git checkout of a gpuk8s-like project: committed, then dirtied."""
+    repo = tmp_path / "checkout"
+    files = {"pyproject.toml": (ROOT / "pyproject.toml").read_text(),
+             "tasks.py": "# tasks\n", "roles/base/role.py": "# role\n",
+             "gpuk8s/__init__.py": "", "inventories/lab.yaml": "all: {}\n",
+             ".gitignore": "runs/\n",
+             # committed by mistake: never packed all the same
+             "inventories/old/artifacts/admin.conf": ADMIN_CONF,
+             "inventories/keys/deploy.key": "x\n",
+             "docs/notes.txt": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaA==\n"}
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (repo / "scripts").mkdir()
+    (repo / "scripts/setup").write_text("#!/bin/sh\n")
+    (repo / "scripts/setup").chmod(0o755)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "init")
+    # after the commit: a password added to a tracked inventory, a tracked file deleted, an
+    # untracked inventory and the admin.conf bootstrap writes next to a subfolder inventory
+    (repo / "inventories/lab.yaml").write_text(f"all: {{vars: {{ansible_become_password: "
+                                               f"{SECRET}}}}}\n")
+    (repo / "roles/base/role.py").unlink()
+    (repo / "inventories/prod/artifacts").mkdir(parents=True)
+    (repo / "inventories/prod/artifacts/admin.conf").write_text(ADMIN_CONF)
+    (repo / "inventories/prod/hosts.yaml").write_text(f"# {SECRET}\n")
+    (repo / "runs/20260101-000000-bootstrap").mkdir(parents=True)
+    (repo / "runs/20260101-000000-bootstrap/cp-01.log").write_text(SECRET)
+    (repo / "inventories/staged.yaml").write_text(f"# {SECRET}\n")
+    _git(repo, "add", "inventories/staged.yaml")  # staged, never committed
+    return repo
+
+
+def _bundle_of(repo: Path, out: Path) -> tuple[dict[str, object], dict[str, bytes], str]:
+    summary = io.StringIO()
+    result = b.bundle(out, tarball=True, root=repo, runner=_fake_pip([]), out=summary)
+    with tarfile.open(str(result["path"])) as tar:
+        packed = {m.name.split("/", 2)[2]: tar.extractfile(m).read()  # type: ignore[union-attr]
+                  for m in tar.getmembers() if m.isfile() and m.name.count("/") >= 2
+                  and m.name.split("/")[1].startswith("gpuk8s-")}
+        modes = {m.name.split("/", 2)[2]: m.mode for m in tar.getmembers()
+                 if m.name.count("/") >= 2 and m.name.split("/")[1].startswith("gpuk8s-")}
+    assert modes["scripts/setup"] & 0o111 and not modes["tasks.py"] & 0o111
+    return result, packed, summary.getvalue()
+
+
+def test_a_bundle_packs_the_committed_files_only(tmp_path: Path) -> None:
+    repo = _checkout(tmp_path)
+    result, packed, summary = _bundle_of(repo, tmp_path / "out")
+    blob = b"".join(packed.values())
+    # the committed lab.yaml, not the edited one; the deleted file as committed
+    assert packed["inventories/lab.yaml"] == b"all: {}\n"
+    assert packed["roles/base/role.py"] == b"# role\n"
+    assert SECRET.encode() not in blob
+    assert b"client-key-data" not in blob and b"PRIVATE KEY" not in blob
+    assert not [p for p in packed if "artifacts" in p or p.startswith("runs/")
+                or p.endswith(".key") or p == "docs/notes.txt"]
+    # every change and every file left behind is named
+    assert result["changed"] == ["inventories/lab.yaml", "roles/base/role.py"]
+    assert result["untracked"] == ["inventories/staged.yaml",
+                                   "inventories/prod/artifacts/admin.conf",
+                                   "inventories/prod/hosts.yaml"]  # runs/ is ignored
+    assert set(result["withheld"]) == {  # type: ignore[arg-type]
+        "inventories/old/artifacts/admin.conf", "inventories/keys/deploy.key",
+        "docs/notes.txt"}
+    assert ("uncommitted changes left out (packed as in commit " in summary
+            and "(HEAD)): 2 file(s): inventories/lab.yaml, roles/base/role.py" in summary)
+    assert "not in commit" in summary and "inventories/prod/hosts.yaml" in summary
+    assert "never packed" in summary and "docs/notes.txt (holds a private key)" in summary
+    # the manifest lists what was packed, as sha256sum checks it
+    manifest = packed[b.MANIFEST].decode().splitlines()
+    lab_sha = hashlib.sha256(b"all: {}\n").hexdigest()
+    assert f"{lab_sha}  inventories/lab.yaml" in manifest
+    assert len(manifest) == len(packed) - 1
+
+
+def test_rebundling_from_a_bundles_checkout_carries_no_local_files(tmp_path: Path) -> None:
+    """A bundle's checkout has no .git and INSTALL.txt says to keep inventories there: a
+    bundle made from it packs what it shipped with, and nothing of the admin machine's."""
+    repo = _checkout(tmp_path)
+    first, _, _ = _bundle_of(repo, tmp_path / "out")
+    admin = tmp_path / "admin"
+    admin.mkdir()
+    with tarfile.open(str(first["path"])) as tar:
+        tar.extractall(admin, filter="tar")
+    checkout = next(admin.glob("gpuk8s-bundle-*/gpuk8s-*"))
+    (checkout / "inventories/prod/artifacts").mkdir(parents=True)
+    (checkout / "inventories/prod/artifacts/admin.conf").write_text(ADMIN_CONF)
+    (checkout / "inventories/prod/hosts.yaml").write_text(f"# {SECRET}\n")
+    (checkout / "inventories/lab.yaml").write_text(f"# {SECRET}\n")  # a shipped file, edited
+    (checkout / "runs/20260101-000000-plan").mkdir(parents=True)
+    (checkout / "runs/20260101-000000-plan/cp-01.log").write_text(SECRET)
+    (checkout / ".venv/bin").mkdir(parents=True)
+    (checkout / ".venv/bin/python").write_text("x")
+    result, packed, summary = _bundle_of(checkout, tmp_path / "out2")
+    assert SECRET.encode() not in b"".join(packed.values())
+    assert "inventories/lab.yaml" not in packed and "tasks.py" in packed
+    assert result["origin"] == b.MANIFEST and result["changed"] == ["inventories/lab.yaml"]
+    assert result["untracked"] == ["inventories/prod/artifacts/admin.conf",
+                                   "inventories/prod/hosts.yaml"]  # runs/, .venv/: unnamed
+    assert "inventories/prod/artifacts/admin.conf" in summary
+    assert ("left out, changed since the bundle was made (not as BUNDLE-FILES.sha256 lists "
+            "them): 1 file(s): inventories/lab.yaml") in summary
+    # a changed file gpuk8s needs: refused, not left out
+    (checkout / "tasks.py").write_text("# edited\n")
+    with pytest.raises(BundleError, match=r"tasks\.py") as err:
+        b.source_files(checkout)
+    assert "sha256sum -c BUNDLE-FILES.sha256" in str(err.value)
+
+
+def test_a_folder_without_git_or_manifest_is_refused(tmp_path: Path) -> None:
+    co = tmp_path / "co"
+    (co / "inventories/prod/artifacts").mkdir(parents=True)
+    (co / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (co / "inventories/prod/artifacts/admin.conf").write_text(ADMIN_CONF)
+    with pytest.raises(BundleError) as err:
+        b.bundle(tmp_path / "out", root=co, runner=lambda cmd: pytest.fail("ran pip"),
+                 out=io.StringIO())
+    text = str(err.value)
+    assert "neither a git checkout nor a bundle's checkout" in text
+    assert "fix: bundle from a git clone" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_artifacts_and_run_folders_are_ignored_at_any_depth(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    _git(tmp_path, "init", "-q", str(repo))
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
+    for rel in ("inventories/prod/artifacts/admin.conf", "site/a/runs/x/cp-01.log",
+                "elsewhere/20260101-000000-bootstrap/cp-01.log", "inventories/prod/hosts.yaml"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("x")
+    _git(repo, "add", "-A")
+    staged = subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--name-only"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(staged) == [".gitignore", "inventories/prod/hosts.yaml"]
 
 
 def test_invoke_and_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import io
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuk8s.cli import main
 from gpuk8s.errors import InventoryError
+from gpuk8s.facts import HostFacts
 from gpuk8s.inventory.check import check
 from gpuk8s.report import Reporter
 
@@ -632,3 +634,115 @@ def test_kubesprays_separate_etcd_group_is_named_in_the_fix(tmp_path: Path) -> N
     assert "survive as many failures as 1 do (0)" in text
     assert "This inventory's etcd group (node1, node2, node3) is where kubespray runs etcd" in text
     assert "list node1, node2, node3 under control_plane" in text
+
+
+# -- check and preflight hold an inventory to the same rules -----------------------------------
+def _preflight_module() -> Any:
+    from gpuk8s.roles import load_role
+
+    return load_role("preflight").module
+
+
+def test_local_yaml_is_refused_by_check_as_plan_refuses_it() -> None:
+    """inventories/local.yaml: `check` said "plan and bootstrap will accept this inventory",
+    then plan's preflight refused its loopback endpoint (the real H200 host). The same rule
+    now runs in both, with the same text."""
+    import collections
+
+    from gpuk8s.inventory import load_inventory
+    from gpuk8s.inventory.endpoint import inventory_cluster
+    from gpuk8s.roles import HostContext
+    from tests.unit.scenarios import fresh_facts
+
+    result, text = run(ROOT / "inventories" / "local.yaml")
+    assert result is None and "will accept" not in text
+    inv = load_inventory(ROOT / "inventories" / "local.yaml")
+    host = inv.hosts["localhost"]
+    vars = collections.ChainMap({"ansible_user": host.user}, dict(host.vars))
+    ctx = HostContext("localhost", "preflight", vars,
+                      fresh_facts("ubuntu2404", 1, "localhost", dict(vars)),
+                      {**inventory_cluster(inv), "joined": {}}, host.groups)
+    errors, _ = _preflight_module().check(ctx)  # plan's preflight, with a healthy host's facts
+    assert [p[0] for p in errors] == ["endpoint"]
+    _, message, fix = errors[0]
+    flat = " ".join(text.split())
+    assert f"localhost: {message} (preflight check endpoint)" in flat
+    assert f"fix: {fix}" in flat
+    assert "1 problem(s) in the inventory" in text
+
+
+def test_check_runs_every_inventory_rule_on_every_member() -> None:
+    mod = _preflight_module()
+    assert len(mod.INVENTORY_RULES) >= 3
+    seen: list[tuple[str, str]] = []
+    originals = list(mod.INVENTORY_RULES)
+
+    def recording(rule: Any) -> Any:
+        def wrapped(ctx: Any) -> Any:
+            seen.append((rule.__name__, ctx.host))
+            return rule(ctx)
+        return wrapped
+
+    mod.INVENTORY_RULES[:] = [recording(r) for r in originals]
+    try:
+        result, text = run(ROOT / "inventories" / "lab.yaml")
+    finally:
+        mod.INVENTORY_RULES[:] = originals
+    assert result is not None, text
+    hosts = ["cp-01", "gpu-01", "gpu-02", "cpu-01"]
+    assert sorted(seen) == sorted((r.__name__, h) for r in originals for h in hosts)
+
+
+class _FactsRead(Exception):
+    pass
+
+
+class _NoFacts(HostFacts):
+    """Facts that raise when a rule reads any: what `check` has (no host contacted)."""
+
+    def __getitem__(self, fact: Any) -> Any:
+        raise _FactsRead(fact)
+
+    def get(self, fact: Any, default: Any = None) -> Any:
+        raise _FactsRead(fact)
+
+
+def test_every_preflight_rule_that_reads_no_fact_runs_in_check() -> None:
+    """A rule of roles/preflight/role.py that takes a host's context and reads no fact (under
+    any of these inventories' variables) needs only the inventory: it must be one of
+    INVENTORY_RULES, which `check` runs. A new rule left out (say, one about a signing key
+    in the variables) fails here instead of letting check accept what plan refuses."""
+    import inspect
+
+    from gpuk8s.roles import HostContext
+    from tests.unit.scenarios import default_vars
+
+    mod = _preflight_module()
+    variants = [default_vars(), default_vars(control_plane_endpoint="k8s-api.lab:6443",
+                                             control_plane_endpoint_mode="external"),
+                default_vars(registry_mirrors={"docker.io": ["http://10.88.0.1:5000"]},
+                             gpu_allocation="dra", kubernetes_version="1.33",
+                             gpu_sharing={"mode": "time-slicing", "replicas": 2})]
+    cluster = {"control_planes": [{"host": "cp-01", "address": "127.0.0.1"}],
+               "endpoint_mode": "direct", "advertise_address": "127.0.0.1", "joined": {}}
+    candidates = []
+    for name, fn in vars(mod).items():
+        if not inspect.isfunction(fn) or fn.__module__ != mod.__name__ or name in (
+                "check", "inventory_check", "plan", "inventory_rule", "facts",
+                    "_host_address"):
+            continue
+        params = list(inspect.signature(fn).parameters.values())
+        if len(params) == 1 and "HostContext" in str(params[0].annotation):
+            candidates.append(fn)
+    assert len(candidates) >= 5, [f.__name__ for f in candidates]
+    inventory_only = []
+    for fn in candidates:
+        try:
+            for v in variants:
+                fn(HostContext("cp-01", "preflight", v, _NoFacts("cp-01", {}), dict(cluster),
+                               ("control_plane",)))
+        except _FactsRead:
+            continue
+        inventory_only.append(fn.__name__)
+    registered = [r.__name__ for r in mod.INVENTORY_RULES]
+    assert sorted(inventory_only) == sorted(registered)

@@ -80,13 +80,18 @@ def test_switching_modes_removes_the_other_ones_objects() -> None:
 
 
 def test_preflight_refuses_dra_before_1_34_and_time_slicing_with_dra() -> None:
-    from roles.preflight.role import _sharing_problems
+    from roles.preflight.role import inventory_check
 
     vars = default_vars(gpu_allocation="dra", gpu_sharing={"mode": "time-slicing",
                                                           "replicas": 2})
     ctx = HostContext("gpu-01", "preflight", vars, HostFacts("gpu-01", {}), {}, ("workers",))
-    (problem,) = _sharing_problems(ctx, [])
+    (problem,), _ = inventory_check(ctx)  # needs only the inventory: `check` says it too
     assert "time-slicing is a setting of NVIDIA's device plugin" in problem[1]
+    old = default_vars(gpu_allocation="dra", kubernetes_version="1.33")
+    ctx = HostContext("gpu-01", "preflight", old, HostFacts("gpu-01", {}), {}, ("workers",))
+    (problem,), _ = inventory_check(ctx)
+    assert problem[:2] == ("gpu_allocation", "gpu_allocation dra needs Kubernetes 1.34 or "
+                           "newer (resource.k8s.io/v1); kubernetes_version is 1.33")
 
 
 def test_a_dra_workload_claims_its_gpus_through_a_template() -> None:

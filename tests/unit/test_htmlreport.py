@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import stat
 from html.parser import HTMLParser
@@ -273,3 +274,30 @@ def test_a_password_in_a_field_the_page_does_not_know_is_redacted(tmp_path: Path
         "content": 'Acquire::http::Proxy "http://labuser:S3cretPw@proxy:3128";'}}}}
     page = htmlreport.render(make_run(tmp_path, report))
     assert "S3cretPw" not in page and "proxy:3128" in page
+
+
+def test_a_symlinked_log_or_report_is_named_not_read(tmp_path: Path) -> None:
+    """A run folder from someone else whose failed host's log is a symlink to the reader's
+    key (review 2, L3): the page says so and holds nothing of the target."""
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETKEYMATERIAL\n")
+    run = make_run(tmp_path / "ticket")
+    (run / "gpu-02.log").unlink()
+    (run / "gpu-02.log").symlink_to(secret)
+    page = htmlreport.render(run)
+    assert "SECRETKEYMATERIAL" not in page and "PRIVATE KEY" not in page
+    failures = page.split("<h2>Failures</h2>")[1].split("<h2>Cluster</h2>")[0]
+    assert "(gpu-02.log is a symlink: not read)" in failures
+    # a hard-to-spot variant: a FIFO (would hang a plain open) and a folder named like a log
+    (run / "gpu-02.log").unlink()
+    os.mkfifo(run / "gpu-02.log")
+    assert "(gpu-02.log is not a regular file: not read)" in htmlreport.render(run)
+    # report.json itself a symlink: refused with the fix, the target never parsed
+    other = make_run(tmp_path / "ticket", name="20261127-050417-bootstrap")
+    (other / "report.json").unlink()
+    stolen = tmp_path / "stolen.json"
+    stolen.write_text(json.dumps({"command": "SECRETKEYMATERIAL"}))
+    (other / "report.json").symlink_to(stolen)
+    with pytest.raises(RunFolderError, match=r"report\.json is a symlink: not read") as err:
+        htmlreport.render(other)
+    assert "SECRETKEYMATERIAL" not in str(err.value) and "fix:" in str(err.value)

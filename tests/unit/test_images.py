@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuk8s import cli
+from gpuk8s import images as images_module
+from gpuk8s.checks import check_image_ref
+from gpuk8s.errors import Gpuk8sError
 from gpuk8s.images import images, registry_of
 
 LAB = Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml"
@@ -64,3 +67,44 @@ def test_cli_list_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["images", "-i", str(LAB), "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["image"] for r in rows} == set(listed)
+
+
+# -- inventory text never reaches the terminal raw (review 2, L9) -------------------------------
+
+HOSTILE = "reg/pause:3\x1b]0;owned\x07\nghcr.io/evil/extra:1"
+
+
+def test_sandbox_image_is_checked_as_an_image_reference() -> None:
+    with pytest.raises(Gpuk8sError) as err:
+        images(LAB, sets=[f"containerd_sandbox_image={HOSTILE}"])
+    text = str(err.value)
+    assert "containerd_sandbox_image must be an image reference" in text
+    assert 'registry.k8s.io/pause:3.10' in text and "\x1b" not in text
+    for good in ("", "registry.k8s.io/pause:3.10", "10.0.0.5:5000/pause:3.10",
+                 "localhost:5000/library/pause@sha256:" + "a" * 64, "pause"):
+        assert check_image_ref("containerd_sandbox_image", good) is None, good
+    for bad in ("Reg/Pause:3", "reg/pause:3 ", "reg/pause:3;id", "-reg/pause", "reg//pause",
+                "reg/pause:", "reg/pause@sha256:abc", "$(id)/pause"):
+        assert check_image_ref("containerd_sandbox_image", bad) is not None, bad
+    listed = {r["image"] for r in images(LAB, sets=["containerd_sandbox_image=10.0.0.5:5000/"
+                                                    "pause:3.10"])}
+    assert "10.0.0.5:5000/pause:3.10" in listed
+
+
+@pytest.mark.parametrize("output", ["list", "table"])
+def test_every_printed_row_is_escaped_and_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], output: str) -> None:
+    """Whatever reaches print_images (a rule missed, a new image source): no escape sequence
+    reaches the terminal, and the list a mirroring tool reads gains no line."""
+    rows = [{"image": HOSTILE, "registry": "docker.io", "used_by": ["x\x1b[2Jy"]},
+            {"image": "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04", "registry": "nvcr.io",
+             "used_by": ["verify"]}]
+    monkeypatch.setattr(images_module, "images", lambda *a, **kw: rows)
+    images_module.print_images(LAB, output=output)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    lines = out.splitlines()
+    body = lines if output == "list" else lines[1:]
+    assert len(body) == 2
+    assert body[0].startswith("reg/pause:3\\x1b]0;owned\\x07\\nghcr.io/evil/extra:1")
+    assert not [line for line in lines if line.startswith("ghcr.io/evil")]

@@ -307,6 +307,30 @@ def test_the_exporter_serves_while_its_pod_lives(node_root: Path) -> None:
         get(f"http://127.0.0.1:{port}/metrics")
 
 
+def test_in_the_pod_network_it_listens_on_its_pod_ip_only(node_root: Path) -> None:
+    """Without hostNetwork (gpuk8s's manifest, security review 2, L4) ":9400" is every
+    address of the pod's own namespace: the lab binds the pod's IP, not the node's."""
+    port = free_port()
+
+    class PodNetKubelet(FakeKubelet):
+        def _pod_ip(self, uid: str) -> str:
+            assert uid == "uid-dcgm"
+            return "127.0.0.2"
+
+    kubelet = PodNetKubelet([])
+    p = pod(hostNetwork=False, container={"env": [
+        {"name": "DCGM_EXPORTER_LISTEN", "value": f":{port}"},
+        {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"}]})
+    ex = start(node_root, kubelet, p)
+    wait(lambda: ex.address is not None)
+    assert ex.address == ("127.0.0.2", port)
+    assert get(f"http://127.0.0.2:{port}/health")[::2] == (200, "OK")
+    with pytest.raises(urllib.error.URLError):   # the node's own address: nothing
+        get(f"http://127.0.0.1:{port}/health")
+    del kubelet.started["uid-dcgm"]
+    wait(lambda: ex.thread is None)
+
+
 def test_without_a_driver_or_nvidia_runtime_it_does_not_listen(node_root: Path) -> None:
     (node_root / "run/nvidia-lab/loaded-module-version").unlink()
     for runtime, why in (("nvidia", "Driver Not Loaded"), ("runc", "ERROR_LIBRARY_NOT_FOUND")):

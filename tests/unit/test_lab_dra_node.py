@@ -193,20 +193,27 @@ class TestPrepare:
 
 
 class RecordingClient:
-    """The API as the kubelet's DRA part uses it: slices kept in memory, requests recorded."""
+    """The API as the kubelet's DRA part uses it: slices kept in memory, the writes recorded
+    with who made them ("kubelet", or the plugin's ServiceAccount token)."""
 
-    def __init__(self) -> None:
-        self.slices: dict[str, Obj] = {}
-        self.calls: list[tuple[str, str]] = []
+    def __init__(self, slices: dict[str, Obj] | None = None,
+                 calls: list[tuple[str, str]] | None = None, who: str = "kubelet") -> None:
+        self.slices: dict[str, Obj] = {} if slices is None else slices
+        self.calls: list[tuple[str, str]] = [] if calls is None else calls
+        self.who = who
+        self.creds = type("Creds", (), {"token": who})()
 
     def get(self, path: str) -> Obj:
-        if path.startswith("/api/v1/nodes/"):
-            return {"metadata": {"name": "gpu-01", "uid": "node-uid"}}
-        assert "fieldSelector=spec.nodeName%3Dgpu-01" in path, path
-        return {"items": [copy.deepcopy(s) for s in self.slices.values()]}
+        return dict(self.request("GET", path))
 
     def request(self, method: str, path: str, body: Obj | None = None) -> Obj:
-        self.calls.append((method, path))
+        if method == "GET":
+            if path.startswith("/api/v1/nodes/"):
+                return {"metadata": {"name": "gpu-01", "uid": "node-uid"}}
+            assert "spec.nodeName%3Dgpu-01" in path, path
+            return {"items": [copy.deepcopy(s) for s in self.slices.values()]}
+        self.calls.append((method, path) if self.who == "kubelet" else
+                          (method, path, self.who))  # type: ignore[arg-type]
         if method == "POST":
             assert body is not None
             body["metadata"]["name"] = body["metadata"]["generateName"] + "x7k2p"
@@ -225,6 +232,15 @@ class PluginKubelet:
     def __init__(self) -> None:
         self.client = RecordingClient()
         self.programs: dict[tuple[str, str], list[Any]] = {}
+        self.tokens: list[str] = []
+
+    def pod_api(self, pod: Obj) -> Any:
+        """kubelet.pod_api: a token bound to the pod (here: "sa:<pod uid>")."""
+        from tests.lab.standins.k8s import programs
+
+        self.tokens.append(pod["metadata"]["uid"])
+        return programs.Api(RecordingClient(self.client.slices, self.client.calls,  # type: ignore[arg-type]
+                                            f"sa:{pod['metadata']['uid']}"))
 
     def log_path(self, pod: Obj, container: str) -> str:
         """A node path (GPUK8S_LAB_ROOT applies), as the kubelet's."""
@@ -249,10 +265,16 @@ def test_the_plugin_publishes_updates_and_the_kubelet_wipes(
     kubelet.client.slices["00000-gpu.nvidia.com-gpu-01-stale"]["metadata"]["name"] = \
         "00000-gpu.nvidia.com-gpu-01-stale"
     dra_node.sync(kubelet, [plugin_pod()])
-    # the kubelet wiped its node's slices at start, then the plugin published its own
+    # the kubelet wiped its node's slices at start (its own credentials), then the plugin
+    # published its own as its ServiceAccount, whose token lies in the pod's projected volume
     assert kubelet.client.calls == [
         ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/00000-gpu.nvidia.com-gpu-01-stale"),
-        ("POST", "/apis/resource.k8s.io/v1/resourceslices")]
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices", "sa:p")]
+    root = Path(os.environ["GPUK8S_LAB_ROOT"])
+    token = root / dra_node.token_dir("p").lstrip("/") / "token"
+    assert token.read_text() == "sa:p"
+    assert dra_node.token_dir("p").startswith(
+        "/var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access-")
     (body,) = kubelet.client.slices.values()
     assert body["metadata"]["name"] == "00000-gpu.nvidia.com-gpu-01-x7k2p"
     assert body["metadata"]["ownerReferences"] == [
@@ -274,7 +296,10 @@ def test_the_plugin_publishes_updates_and_the_kubelet_wipes(
     assert len(kubelet.client.calls) == 2
     dra_node.sync(kubelet, [plugin_pod(uid="p2")])
     assert kubelet.client.calls[-1] == (
-        "PUT", "/apis/resource.k8s.io/v1/resourceslices/00000-gpu.nvidia.com-gpu-01-x7k2p")
+        "PUT", "/apis/resource.k8s.io/v1/resourceslices/00000-gpu.nvidia.com-gpu-01-x7k2p",
+        "sa:p2")
+    assert kubelet.tokens == ["p", "p2"]  # one token per pod, not one per sync
+    assert not (root / "var/lib/kubelet/pods/p").exists()  # the old pod's volume is gone
     assert [d["name"] for d in kubelet.client.slices[body["metadata"]["name"]]["spec"][
         "devices"]] == ["gpu-0-mig-3g40gb-9-4", "gpu-1"]  # the stand-in driver put it at 4
     # the plugin pod is gone: unregistered at once, the slice wiped 30 s later
@@ -288,6 +313,42 @@ def test_the_plugin_publishes_updates_and_the_kubelet_wipes(
     now[0] += 2
     dra_node.sync(kubelet, [])
     assert kubelet.client.slices == {} and kubelet.client.calls[-1][0] == "DELETE"
+    assert len(kubelet.client.calls[-1]) == 2  # the kubelet's wipe, not the plugin's
+    assert not (root / "var/lib/kubelet/pods/p2").exists()
+
+
+def test_a_refused_slice_write_is_logged_and_tried_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's ResourceSlice controller logs a refused write (resourceslicecontroller.go
+    processNextWorkItem -> the driver's HandleError) and retries the pool: the slice comes
+    once the API server accepts it."""
+    from tests.lab.standins.k8s import programs
+    from tests.lab.standins.k8s.client import ApiError
+
+    for k, v in smi_root(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    kubelet = PluginKubelet()
+    logs = Path(os.environ["GPUK8S_LAB_ROOT"]) / "var/log/pods"
+    logs.mkdir(parents=True)
+    refuse = ["resourceslices.resource.k8s.io \"00000-gpu.nvidia.com-gpu-01-\" is forbidden: "
+              "ValidatingAdmissionPolicy 'p' with binding 'p' denied request: no"]
+
+    class Refusing(RecordingClient):
+        def request(self, method: str, path: str, body: Obj | None = None) -> Obj:
+            if method == "POST" and refuse:
+                raise ApiError(422, {"message": refuse[0], "reason": "Invalid"})
+            return super().request(method, path, body)
+
+    kubelet.pod_api = lambda pod: programs.Api(Refusing(  # type: ignore[method-assign]
+        kubelet.client.slices, kubelet.client.calls, "sa:p"))
+    dra_node.sync(kubelet, [plugin_pod()])
+    assert kubelet.client.slices == {}
+    log = (logs / "nvidia-dra-driver-gpu-kubelet-plugin-abcde-gpus.log").read_text()
+    assert log.splitlines()[-1] == ("LAB STAND-IN gpu-kubelet-plugin: processing ResourceSlice "
+                                    f"objects: create resource slice: {refuse[0]}")
+    refuse.clear()
+    dra_node.sync(kubelet, [plugin_pod()])
+    assert [s["spec"]["nodeName"] for s in kubelet.client.slices.values()] == ["gpu-01"]
 
 
 def test_a_plugin_whose_container_exits_publishes_nothing(

@@ -43,7 +43,22 @@ def test_on_applies_exporter_and_prometheus_then_waits_for_both() -> None:
             ("Service", "prometheus"), ("ConfigMap", "prometheus-config")} <= kinds
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["hostNetwork"] and pod["runtimeClassName"] == "nvidia"
+    # security review 2, L4: the exporter is in its pod's network, no port on the nodes
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert pod["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["DCGM_EXPORTER_LISTEN"]["value"] == ":9400"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    headless = next(d for d in docs if d["kind"] == "Service" and
+                    d["metadata"]["name"] == "dcgm-exporter")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == {"app.kubernetes.io/name": "dcgm-exporter"}
+    # finding the exporters takes no API access: Prometheus' rules are the kubelet's only
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]},
+        {"nonResourceURLs": ["/metrics", "/metrics/resource"], "verbs": ["get"]}]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     assert pod["containers"][0]["image"] == \
         "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless"
     prom = next(d for d in docs if d["kind"] == "Deployment")
@@ -53,12 +68,16 @@ def test_on_applies_exporter_and_prometheus_then_waits_for_both() -> None:
     assert "rollout status daemonset/dcgm-exporter" in op.commands[1]
 
 
-def test_scrape_targets_are_the_gpu_nodes_and_every_kubelet() -> None:
-    config = json.loads(load_role("monitoring").module.prometheus_config(NODES, 15))
+def test_scrape_targets_are_the_exporter_pods_and_every_kubelet() -> None:
+    config = json.loads(load_role("monitoring").module.prometheus_config(NODES, 15, "lab.x"))
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
-    assert jobs["dcgm-exporter"]["static_configs"] == [
-        {"targets": ["10.88.0.12:9400"], "labels": {"node": "gpu-01"}},
-        {"targets": ["[fd00::12]:9400"], "labels": {"node": "gpu-v6"}}]
+    # the exporter pods' IPs from their headless Service, never a node address
+    assert "static_configs" not in jobs["dcgm-exporter"]
+    assert jobs["dcgm-exporter"]["dns_sd_configs"] == [
+        {"names": ["dcgm-exporter.gpuk8s-monitoring.svc.lab.x"], "type": "A", "port": 9400,
+         "refresh_interval": "15s"}]
+    assert jobs["dcgm-exporter"]["metric_relabel_configs"] == [
+        {"source_labels": ["Hostname"], "target_label": "node"}]
     assert [c["labels"]["node"] for c in jobs["kubelet"]["static_configs"]] == \
         ["cp-01", "gpu-01", "gpu-v6"]
     assert jobs["kubelet"]["metrics_path"] == "/metrics/resource"

@@ -177,3 +177,38 @@ esac
                           capture_output=True, text=True, timeout=25)
     assert proc.returncode == 0 and count.read_text().strip() == "2"
     assert "did not finish in 1s; trying once more" in proc.stderr
+
+
+def test_pod_diagnosis_names_the_latest_warning_event_of_a_pod_that_never_started(
+        tmp_path: Path) -> None:
+    """A device plugin pod stuck in ContainerCreating has no log to show: the rollout wait's
+    diagnosis prints its latest Warning events (FailedMount, with the kubelet's text), asked
+    for by the pod's name, before the (empty) log."""
+    import subprocess
+
+    from gpuk8s.ops.kube import pod_diagnosis
+    mount = ('FailedMount: MountVolume.SetUp failed for volume "device-plugin" : hostPath '
+             "type check failed: /var/lib/kubelet/device-plugins is not a directory")
+    fake = tmp_path / "kubectl"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {tmp_path}/calls
+case "$*" in
+  *"get pods"*"-o name"*) echo pod/nvidia-device-plugin-ds-x7k2p ;;
+  *"get pods"*"-o wide"*) echo "nvidia-device-plugin-ds-x7k2p 0/1 ContainerCreating 0 3m" ;;
+  *"get events"*"involvedObject.name=nvidia-device-plugin-ds-x7k2p,type=Warning"*)
+    echo 'FailedScheduling: old'; echo '{mount}' ;;
+  *logs*) echo 'Error from server (BadRequest): container is waiting to start' ;;
+esac
+""")
+    fake.chmod(0o755)
+    script = pod_diagnosis("kube-system", "name=nvidia-device-plugin-ds", "gpu-01",
+                           "nvidia-device-plugin-ctr", kubectl=str(fake))
+    err = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                         check=True).stderr
+    assert err.splitlines() == [
+        "nvidia-device-plugin-ds-x7k2p 0/1 ContainerCreating 0 3m",
+        "--- pod/nvidia-device-plugin-ds-x7k2p: latest warning events",
+        "FailedScheduling: old", mount,
+        "--- pod/nvidia-device-plugin-ds-x7k2p: last log lines",
+        "Error from server (BadRequest): container is waiting to start"]
+    assert "--sort-by=.lastTimestamp" in (tmp_path / "calls").read_text()

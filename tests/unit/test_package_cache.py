@@ -81,6 +81,23 @@ def test_fresh_cache_host_installs_through_apt_proxy_then_configures_and_starts(
     assert "curl" in restart.commands[1] and "sleep 0.1" in restart.commands[1]
 
 
+@pytest.mark.parametrize(("url", "bind"), [
+    ("http://10.0.0.10:3142", "BindAddress: 127.0.0.1 10.0.0.10\n"),
+    ("http://[fd00::10]:3142", "BindAddress: 127.0.0.1 [fd00::10]:3142\n"),
+    ("http://cache.lab:3142", "BindAddress: 127.0.0.1 cache.lab\n")])
+def test_the_cache_listens_on_loopback_and_its_cluster_address_only(url: str,
+                                                                     bind: str) -> None:
+    """Not on every interface (security review 2, L4): loopback and the address the nodes'
+    apt proxy files name."""
+    vars = default_vars(package_cache=True)
+    role = load_role("package_cache")
+    ctx = HostContext("cp-01", "package_cache", vars, fresh_facts("debian12", 0, "cp-01", vars),
+                      {"package_cache_url": url}, ("control_plane",))
+    ops = role.plan(ctx)
+    assert bind in (ops[1].diff or "")
+    assert role.module.config(vars, url).decode().count("BindAddress:") == 1
+
+
 def test_without_apt_proxy_the_cache_fetches_directly() -> None:
     vars = default_vars(package_cache=True)
     ops, _ = cache_plan(fresh_facts("debian12", 0, "cp-01", vars), vars)

@@ -16,9 +16,10 @@ from gpuk8s.facts.kube import ManagedRegistryHosts
 from gpuk8s.facts.system import FileState
 from gpuk8s.ops import registry as reg
 from gpuk8s.roles import HostContext, load_role
+from tests.unit.pki import certificate_pem
 from tests.unit.scenarios import default_vars, fresh_facts
 
-CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+CA = certificate_pem()
 
 
 @pytest.mark.parametrize("value, said", [
@@ -46,7 +47,7 @@ def test_bad_mirrors_are_refused_with_the_registry_named(value: Any, said: str) 
 
 def test_good_mirrors_pass(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    ca.write_text(CA)
+    ca.write_bytes(CA)
     assert check_registry_mirrors("registry_mirrors", {
         "docker.io": ["http://10.0.0.5:5000", {"url": "https://reg.lab", "ca_file": str(ca)}],
         "10.0.0.5:5000": [{"url": "https://m2.lab:443/v2/proxy", "insecure": True}],

@@ -319,6 +319,19 @@ def test_admin_conf_with_an_exec_plugin_or_a_plain_server_is_refused() -> None:
         handoffs.check_admin_conf(yaml.safe_dump(plain), "cp-01")
 
 
+@pytest.mark.parametrize("field, value", [("users", 5), ("users", "admin"),
+                                          ("clusters", 7), ("clusters", {"a": 1})])
+def test_admin_conf_with_a_non_list_users_or_clusters_is_a_clear_error(field: str,
+                                                                       value: Any) -> None:
+    conf = {"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.10:6443"}}],
+            "users": [{"name": "admin", "user": {"client-certificate-data": "Qw=="}}],
+            field: value}
+    with pytest.raises(Gpuk8sError, match=f"cp-01: .* is refused: its {field} is a "
+                       f"{type(value).__name__}, not a list"):
+        handoffs.check_admin_conf(yaml.safe_dump(conf), "cp-01")
+
+
 def test_admin_conf_is_written_privately_and_never_through_a_symlink(tmp_path: Path) -> None:
     folder = tmp_path / "artifacts"
     folder.mkdir(mode=0o700)

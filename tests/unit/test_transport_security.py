@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from gpuk8s.transport import (
     base,
     open_all,
 )
+from gpuk8s.transport.ssh_errors import describe as ssh_describe
 
 PASSWORD = "s3cret;id -un"  # what root's sh would run if it ever got it
 
@@ -60,6 +62,12 @@ class SSHD:
     #: ``reject`` refuses every key
     drop_auth: int = 0
     reject: bool = False
+    #: while set, sshd's PAM account check refuses every user but root after the key is
+    #: accepted, as pam_nologin does while /run/nologin exists: the text goes to the client
+    #: as an authentication banner, then the connection closes (OpenSSH's userauth_finish)
+    nologin: str | None = None
+    #: sshd's own Banner, sent before authentication
+    banner: str | None = None
 
     def __post_init__(self) -> None:
         self.sock = socket.socket()
@@ -96,7 +104,7 @@ class SSHD:
         t.add_server_key(self.key)
         pending: dict[int, tuple[str, int]] = {}
         try:
-            t.start_server(server=_Server(self, pending, conn))
+            t.start_server(server=_Server(self, pending, conn, t))
         except Exception:  # the client refused our key: fine
             return
         while t.is_active():
@@ -128,16 +136,29 @@ class SSHD:
 
 class _Server(paramiko.ServerInterface):
     def __init__(self, sshd: SSHD, pending: dict[int, tuple[str, int]],
-                 conn: socket.socket) -> None:
+                 conn: socket.socket, transport: paramiko.Transport) -> None:
         self.sshd = sshd
         self.pending = pending
         self.conn = conn
+        self.transport = transport
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
 
+    def get_banner(self) -> tuple[str | None, str | None]:
+        return self.sshd.banner, "en-US"
+
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         self.sshd.users.append(username)
+        nologin = self.sshd.nologin
+        if nologin is not None and username != "root":
+            m = paramiko.Message()
+            m.add_byte(paramiko.common.cMSG_USERAUTH_BANNER)
+            m.add_string(nologin)
+            m.add_string("")
+            self.transport._send_message(m)
+            self.conn.shutdown(socket.SHUT_RDWR)
+            return paramiko.AUTH_FAILED
         if self.sshd.drop_auth > 0:
             self.sshd.drop_auth -= 1
             self.conn.shutdown(socket.SHUT_RDWR)
@@ -206,8 +227,8 @@ def spec_for(home: Path, sshd: SSHD | None, **kw: Any) -> ConnectSpec:
     kw.setdefault("address", "127.0.0.1")
     kw.setdefault("port", sshd.port if sshd else 22)
     kw.setdefault("user", "root")
-    return ConnectSpec(name="n1", key_files=(str(home.parent / "id_ecdsa"),),
-                       connect_timeout=5, **kw)
+    kw.setdefault("connect_timeout", 5)
+    return ConnectSpec(name="n1", key_files=(str(home.parent / "id_ecdsa"),), **kw)
 
 
 def connect(spec: ConnectSpec) -> SSHTransport:
@@ -378,6 +399,87 @@ def test_a_connection_dropped_during_authentication_is_retried(home: Path,
     assert len(sshd.users) == tries + 1   # refused once, never retried
 
 
+#: what systemd writes to /run/nologin at boot, and pam_nologin sends to every user but root
+NOLOGIN = ("System is booting up. Unprivileged users are not permitted to log in yet. Please "
+           "come back later. For technical details, see pam_nologin(8).")
+
+
+def test_a_booting_host_is_waited_for_saying_so(home: Path, servers: Any) -> None:
+    """Right after a boot, sshd lets root in but refuses every other user with pam_nologin's
+    banner and closes the connection. gpuk8s used to retry three times in about three seconds
+    and give up with "connection closed during authentication"; it waits (up to the connect
+    timeout, from the first refusal) and says so on the terminal."""
+    sshd = servers()
+    known_hosts(home, sshd.line())
+    sshd.nologin = NOLOGIN
+    connect(spec_for(home, sshd)).close()  # root is let in while the host boots
+    threading.Timer(4.5, lambda: setattr(sshd, "nologin", None)).start()
+    said: list[str] = []
+    started = time.monotonic()
+    t = SSHTransport(spec_for(home, sshd, user="ops", connect_timeout=8), notify=said.append)
+    t.connect()
+    assert 4.0 < time.monotonic() - started < 8.0
+    assert t.run("true").exit_code == 0
+    t.close()
+    assert len(said) == 1, said
+    assert said[0].startswith("n1: ops@127.0.0.1 was refused after its key was accepted; "
+                              f"sshd said: {NOLOGIN!r}. Waiting up to 8s (the connect "
+                              "timeout) for the host to finish booting")
+
+
+def test_a_host_still_booting_after_the_connect_timeout_shows_the_banner(
+        home: Path, servers: Any) -> None:
+    sshd = servers()
+    known_hosts(home, sshd.line())
+    sshd.nologin = NOLOGIN
+    said: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(ConnectError) as err:
+        SSHTransport(spec_for(home, sshd, user="ops", connect_timeout=2),
+                     notify=said.append).connect()
+    assert time.monotonic() - started < 5
+    text = str(err.value)
+    assert f"ops@127.0.0.1:{sshd.port}: the server accepted the key, then closed the " \
+           f"connection, saying: {NOLOGIN!r}; still so after " in text
+    assert "(the connect timeout, 2s). pam_nologin refuses every user but root" in text
+    assert "systemctl is-system-running --wait" in text and len(said) == 1
+
+
+def test_a_refused_key_error_carries_the_servers_banner(home: Path, servers: Any) -> None:
+    sshd = servers()
+    known_hosts(home, sshd.line())
+    sshd.reject = True
+    sshd.banner = "Authorized users only. Keys are managed at https://keys.example\n"
+    # an OpenSSH-format key: paramiko then reports the server's answer (see above)
+    key = home.parent / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    text = refusal(replace(spec_for(home, sshd, user="ops"), key_files=(str(key),)))
+    assert text.endswith("Authentication failed. The server said: 'Authorized users only. "
+                         "Keys are managed at https://keys.example'"), text
+    # a PEM key: paramiko's own error is its next key-type guess ("encountered EC key,
+    # expected OPENSSH key"); the refusal is still named as one
+    assert refusal(spec_for(home, sshd, user="ops")) == text
+
+
+def test_a_closed_port_is_said_in_words_not_errno_none(home: Path) -> None:
+    """paramiko's NoValidConnectionsError prints as "[Errno None] Unable to connect to port
+    ..."; the error names each address's cause instead."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = refusal(spec_for(home, None, port=port))
+    assert "Errno" not in text
+    assert text == (f"n1: cannot connect to 127.0.0.1:{port}: 127.0.0.1 port {port}: "
+                    "connection refused (nothing listens there: is sshd running, is the port "
+                    "right?)")
+    assert ssh_describe(OSError(None, "Socket is closed")) == "Socket is closed"
+    assert ssh_describe(paramiko.SSHException("[Errno None] odd")) == "odd"
+    assert ssh_describe(TimeoutError("timed out"), 10) == \
+        "no answer within 10s (the connect timeout)"
+    assert ssh_describe(socket.gaierror(-2, "Name or service not known")) == \
+        "the address does not resolve (Name or service not known)"
+
+
 def test_wildcard_known_hosts_lines_match_like_ssh(home: Path, servers: Any) -> None:
     sshd = servers()
     known = known_hosts(home, sshd.line(name="[127.0.0.*]:*"))
@@ -443,7 +545,7 @@ def test_open_all_never_loses_a_host(home: Path) -> None:
 # -- finding 11: the sudo password only where sudo asks for it ------------------------------
 def sudo_host(nopasswd: bool) -> Handler:
     def handler(command: str, stdin: bytes) -> tuple[int, bytes | list[bytes]]:
-        if command == "sudo -k -n -- true":
+        if command == "sudo -k -n -- sh -c true":
             return (0, b"") if nopasswd else (1, b"sudo: a password is required\n")
         return 0, b"0\n"
     return handler
@@ -456,7 +558,7 @@ def test_password_never_sent_where_sudo_needs_none(home: Path, servers: Any) -> 
     t.check_sudo()
     t.run("echo again")
     t.close()
-    assert [e.command for e in sshd.execs] == ["sudo -k -n -- true", "sudo -n -- sh -s",
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true", "sudo -n -- sh -s",
                                                "sudo -n -- sh -s"]
     assert all(PASSWORD.encode() not in e.stdin for e in sshd.execs)
 
@@ -467,7 +569,7 @@ def test_password_on_stdin_where_sudo_asks(home: Path, servers: Any) -> None:
     t = connect(spec_for(home, sshd, user="ops", become=True, become_password=PASSWORD))
     t.check_sudo()
     t.close()
-    assert [e.command for e in sshd.execs] == ["sudo -k -n -- true",
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true",
                                                "sudo -k -S -p '' -- sh -s"]
     assert sshd.execs[0].stdin == b""
     assert sshd.execs[1].stdin == f"{PASSWORD}\nid -u".encode()
@@ -495,7 +597,7 @@ def sudo_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int]
         log = folder / "argv.log"
         (folder / "sudo").write_text(
             '#!/bin/sh\nfor a; do printf "[%s]" "$a"; done >> "$SUDO_LOG"; echo >> "$SUDO_LOG"\n'
-            f'[ "$*" = "-k -n -- true" ] && exit {probe_rc}\n'
+            f'[ "$*" = "-k -n -- sh -c true" ] && exit {probe_rc}\n'
             'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n')
         (folder / "sudo").chmod(0o755)
         monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
@@ -511,7 +613,7 @@ def test_local_transport_never_feeds_the_password_to_sh(sudo_shim: Any) -> None:
                                    become_password=PASSWORD, local=True))
     result = t.run("echo ran")
     assert result.stdout == "ran\n"  # no "s3cret: not found", no `id -un` output
-    assert log.read_text().splitlines() == ["[-k][-n][--][true]", "[-n][--][sh][-s]"]
+    assert log.read_text().splitlines() == ["[-k][-n][--][sh][-c][true]", "[-n][--][sh][-s]"]
 
 
 def test_local_transport_argv_is_a_list(sudo_shim: Any) -> None:
@@ -521,6 +623,73 @@ def test_local_transport_argv_is_a_list(sudo_shim: Any) -> None:
     t.run("true")
     # sudo gets an empty prompt argument, not the two characters ''
     assert "[-k][-S][-p][][--][sh][-s]" in log.read_text().splitlines()
+
+
+#: a sudo that acts on a sudoers granting ``sh`` NOPASSWD and everything else only with a
+#: password (review 2, residual of #11): ``sh`` runs at once, its stdin untouched (the real
+#: sudo reads no password there); any other command, or -S for a command other than sh, wants
+#: the password. Logs each argv as [arg][arg] to $SUDO_LOG.
+SH_ONLY_SUDO = r"""#!/bin/sh
+for a; do printf "[%s]" "$a"; done >> "$SUDO_LOG"; echo >> "$SUDO_LOG"
+stdin_pw=0; nonint=0
+while [ "$1" != "--" ]; do
+  case $1 in -S) stdin_pw=1;; -n) nonint=1;; esac; shift
+done
+shift
+case $1 in
+  sh|/bin/sh|/usr/bin/sh) exec "$@";;
+esac
+[ "$nonint" = 1 ] && { echo "sudo: a password is required"; exit 1; }
+if [ "$stdin_pw" = 1 ]; then IFS= read -r pw; [ "$pw" = "$SUDO_PW" ] || exit 1; exec "$@"; fi
+exit 1
+"""
+
+
+@pytest.fixture
+def sh_only_sudo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "sh-only"
+    folder.mkdir()
+    (folder / "sudo").write_text(SH_ONLY_SUDO)
+    (folder / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    monkeypatch.setenv("SUDO_LOG", str(folder / "argv.log"))
+    monkeypatch.setenv("SUDO_PW", PASSWORD)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    return folder / "argv.log"
+
+
+def test_the_sudo_probe_asks_about_sh_the_command_the_scripts_run(
+        sh_only_sudo: Path) -> None:
+    """Review 2, residual note on #11: a sudoers granting ``sh`` without a password but not
+    ``true`` made the old probe (``sudo -k -n -- true``) fail, so the password was sent, and
+    root's sh (which sudo started without reading it) ran the password as a command line. The
+    probe asks about ``sh`` itself; the scripts run in a real shell here."""
+    t = LocalTransport(ConnectSpec(name="me", address="localhost", user="ops", become=True,
+                                   become_password=PASSWORD, local=True))
+    result = t.run("echo ran")
+    assert result.stdout == "ran\n", result.stdout  # no "s3cret: not found", no `id -un`
+    assert sh_only_sudo.read_text().splitlines() == ["[-k][-n][--][sh][-c][true]",
+                                                     "[-n][--][sh][-s]"]
+
+
+def test_the_sudo_probe_over_ssh_runs_in_a_real_shell(home: Path, servers: Any,
+                                                       sh_only_sudo: Path) -> None:
+    """The same sudoers behind sshd: each command line runs in a real ``sh -c`` with that
+    sudo first on PATH, as sshd runs it."""
+    def real_shell(command: str, stdin: bytes) -> tuple[int, bytes | list[bytes]]:
+        proc = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
+                              timeout=30, check=False)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    sshd = servers(real_shell)
+    known_hosts(home, sshd.line())
+    t = connect(spec_for(home, sshd, user="ops", become=True, become_password=PASSWORD))
+    t.check_sudo()
+    assert t.run("echo ran").stdout == "ran\n"
+    t.close()
+    assert all(PASSWORD.encode() not in e.stdin for e in sshd.execs)
+    assert [e.command for e in sshd.execs] == ["sudo -k -n -- sh -c true", "sudo -n -- sh -s",
+                                               "sudo -n -- sh -s"]
 
 
 # -- finding 11 (inventory): where a password may come from -----------------------------------

@@ -173,8 +173,11 @@ def test_gpu_check_table_prints_node_text_literally() -> None:
                            **gpucheck.parse_check("SMI-GPUS x\n", 0, 1)}])
     out = _clean(buf.getvalue())
     for text in (HOST, "580.95.05 \\x1b]0;owned", "torch 2.9[/x]", "H100 \\x1b]0;owned",
-                 "\\x1b[2J[/x] oops", "FAILED", "'SMI-GPUS x'"):
+                 "FAILED", "wrong results on GPU 0", "malformed nvidia-smi count line"):
         assert text in out, text
+    # the raw output is the error's and the run log's, not the table's: the error goes to the
+    # terminal through untrusted (cli._error)
+    assert "oops" not in out and f"{CLEAR}[/x] oops" in row["error"]
     json.dumps(row)  # the row still goes to report.json as is
 
 
@@ -185,7 +188,7 @@ def test_status_and_pod_tables_print_cluster_text_literally() -> None:
     _print_status(rep, [{"host": "gpu-01", "role": "worker", "state": "Ready",
                          "kubelet": f"v1.36[/x]{CLEAR}", "containerd": "2.1[bold]",
                          "driver": "580", "cuda": "", "gpus": 1, "gpu_model": "H100",
-                         "allocatable_gpu": 1, "drift": ""}], False)
+                         "allocatable_gpu": 1, "drift": ""}], False, wide=True)
     pod_table(rep, "pods [/x]", WaitResult(True, [PodRow("p[/x]", "n", f"Fail[/x]{CLEAR}", 1,
                                                           "[red]boom")], [], {}))
     out = _clean(buf.getvalue())

@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -20,8 +23,12 @@ from typing import Any
 import pytest
 
 from gpuk8s import workloads as w
-from gpuk8s.transport import CommandResult
-from tests.unit.fakes import runner_for, sectioned
+from gpuk8s.report import Reporter
+from gpuk8s.transport import CommandResult, Counters
+from gpuk8s.workloads import commands
+from gpuk8s.workloads.cluster import WaitResult
+from gpuk8s.workloads.values import WorkloadError
+from tests.unit.fakes import op_bodies, runner_for, sectioned
 
 #: a new object (with newlines), and a new key in a flow or block mapping (without any)
 NEWLINE_PAYLOAD = ("x\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
@@ -423,3 +430,102 @@ def test_one_apply_for_cluster_and_workloads_and_its_heredoc_cannot_be_ended_ear
     assert (tmp_path / "got").read_text() == text
     assert apply_script(text) == apply_script(text)  # deterministic: plans compare equal
     assert cluster.KUBECTL.startswith("kubectl --kubeconfig /etc/kubernetes/admin.conf ")
+
+
+# -- the notebook token never reaches the run folder (review 2, L2) -----------------------------
+
+NB_TOKEN = "3f1c2a9b8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e"
+NB_B64 = base64.b64encode(NB_TOKEN.encode()).decode()
+
+
+def _one_op(script: str, index: int) -> str:
+    """The begin-marker line of op ``index`` alone (what sectioned() answers to)."""
+    marker = re.search(r"@@GPUK8S-OP-[0-9a-f]+", script)
+    assert marker
+    return f'echo "{marker[0]} B {index} $(date +%s.%N)"\n'
+
+
+class _RedeployCP:
+    """A control plane where jupyter was deployed before: the Secret holds a token; the claim
+    is Bound; the apply fails and echoes what it was given (as a verbose error would)."""
+
+    def __init__(self, spec: Any, redact: Any, secret_data: str = NB_B64) -> None:
+        self.name, self.counters, self.data = spec.name, Counters(), secret_data
+        self.scripts: list[str] = []
+
+    def run(self, script: str, *, timeout: float | None = None) -> CommandResult:
+        self.scripts.append(script)
+        out, rc = [], 0
+        for i, body in enumerate(op_bodies(script)):  # each op answered on its own
+            text, rc = ((self.data, 0) if "get secret" in body else ("Bound", 0)
+                        if "persistentvolumeclaim" in body else
+                        (f"error: apply refused: token {NB_TOKEN} ({NB_B64})", 1))
+            out.append(sectioned(_one_op(script, i), text, rc).stdout)
+        return CommandResult(rc, "".join(out))
+
+    def close(self) -> None:
+        pass
+
+
+def _deploy_jupyter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str = NB_B64
+                    ) -> tuple[str, Path, list[_RedeployCP]]:
+    monkeypatch.setenv("GPUK8S_RUNS_DIR", str(tmp_path / "runs"))
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("all:\n  children:\n    control_plane:\n      hosts:\n        cp-01: "
+                   "{ansible_host: 10.0.0.11}\n    workers:\n      hosts:\n        gpu-01: "
+                   "{ansible_host: 10.0.0.21}\n")
+    out = io.StringIO()
+    cps: list[_RedeployCP] = []
+
+    def opener(spec: Any, redact: Any) -> _RedeployCP:
+        cps.append(_RedeployCP(spec, redact, data))
+        return cps[-1]
+
+    with pytest.raises(WorkloadError) as err:
+        w.deploy(inv, "jupyter", reporter=Reporter(out), opener=opener)
+    return str(err.value) + out.getvalue(), tmp_path / "runs", cps
+
+
+def test_a_redeploy_keeps_the_existing_token_out_of_the_run_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shown, runs, cps = _deploy_jupyter(tmp_path, monkeypatch)
+    assert any("get secret jupyter-token" in s for s in cps[0].scripts)  # the Secret was read
+    assert "apply refused" in shown  # the deploy went on to the apply with that token
+    files = [p for p in runs.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"cp-01.log", "report.json"}
+    for path in files:
+        text = path.read_text()
+        assert NB_TOKEN not in text and NB_B64 not in text, path.name
+    log = next(p for p in files if p.name == "cp-01.log").read_text()
+    assert "workload | token" in log and "<redacted>" in log
+    assert NB_TOKEN not in shown and NB_B64 not in shown
+
+
+@pytest.mark.parametrize("data", ["not base64!", base64.b64encode(b"\xff\xfe").decode(),
+                                  base64.b64encode(b"two\nlines").decode()])
+def test_a_secret_that_is_not_a_base64_token_is_a_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str) -> None:
+    shown, _, _ = _deploy_jupyter(tmp_path, monkeypatch, data)
+    assert "Secret ml/jupyter-token holds no usable notebook token" in shown
+    assert "kubectl -n ml delete secret jupyter-token" in shown
+    assert "apply refused" not in shown  # nothing applied over it
+
+
+def test_the_non_tty_hint_names_the_token_secret() -> None:
+    out = io.StringIO()
+
+    class S:
+        reporter = Reporter(out)
+        first_cp = "cp-01"
+
+        def host(self, name: str) -> Any:
+            return type("H", (), {"address": "10.0.0.11"})()
+
+    svc = {"metadata": {"name": "jupyter", "namespace": "team-a"},
+           "spec": {"type": "NodePort", "ports": [{"nodePort": 30888, "port": 8888}]}}
+    result = WaitResult(True, [], [], {}, [svc])
+    commands._print_service(S(), svc, result, NB_TOKEN, False,  # type: ignore[arg-type]
+                            token_secret="nb-token")
+    text = out.getvalue()
+    assert "kubectl -n team-a get secret nb-token -o jsonpath='{.data.token}'" in text
+    assert NB_TOKEN not in text and "jupyter-token" not in text

@@ -4,6 +4,7 @@ the values layer's edge cases. GPUK8S_UPDATE_GOLDEN=1 rewrites the golden files.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from gpuk8s import workloads as w
+from gpuk8s.report import Reporter
 from tests.unit.fakes import op_bodies, runner_for, sectioned
 
 GOLDEN = Path(__file__).parent / "golden" / "workloads"
@@ -24,6 +26,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "storage-default": ("storage", ["nfs.server=10.0.0.5"]),
     "storage-class": ("storage", ["storageClassName=nfs-csi", "size=1Ti"]),
     "jupyter-default": ("jupyter", []),
+    "jupyter-nodeport": ("jupyter", ["service.type=NodePort"]),
     "jupyter-custom": ("jupyter", ["gpus=2", "service.nodePort=null", "namespace=team-a",
                                    "nodeSelector.gpu-type=h100", "storage.enabled=false"]),
     "tensorflow-job-default": ("tensorflow-job", []),
@@ -133,7 +136,7 @@ def test_jupyter_token_comes_from_the_secret_not_argv() -> None:
                                                                   "key": "token"}
     assert "token" not in " ".join(c["command"]).lower()
     svc = _by_kind(rendered("jupyter-default"), "Service")
-    assert svc["spec"]["ports"][0]["nodePort"] == 30888
+    assert svc["spec"]["type"] == "ClusterIP" and "nodePort" not in svc["spec"]["ports"][0]
     assert "nodePort" not in _by_kind(rendered("jupyter-custom"), "Service")["spec"]["ports"][0]
     nb = json.loads(_by_kind(rendered("jupyter-default"), "ConfigMap")["data"]["gpus.ipynb"])
     assert "list_physical_devices('GPU')" in "".join(nb["cells"][1]["source"])
@@ -247,13 +250,88 @@ def test_gpu_nodes_from_node_list() -> None:
     assert not w.NodeCheck("gpu-03", 1, 1, smi=["NVIDIA H200"], tf=1, replicas=4).ok
 
 
+def _gpu_pod(ns: str, name: str, node: str, gpus: int, phase: str = "Running",
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name, "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+def test_verify_asks_only_for_the_gpus_that_running_pods_leave_free() -> None:
+    """A Jupyter server holds one GPU of gpu-01 (2 GPUs): verify's Job there asks for the
+    other one (asking for both, it stayed Pending until the timeout), gpu-02's whole GPU is
+    held so it is not checked, and both say by which pods; pods that ended, verify's own and
+    unbound ones hold nothing."""
+    from gpuk8s.workloads.verify import _print, gpu_holders, leave_held
+    pods = {"items": [
+        _gpu_pod("ml", "jupyter-abc", "gpu-01", 1),
+        _gpu_pod("ml", "train-1", "gpu-01", 1, phase="Succeeded"),
+        _gpu_pod("gpu-verify", "verify-smi-gpu-01-x", "gpu-01", 2,
+                 labels={"gpuk8s.io/workload": "verify"}),
+        _gpu_pod("ml", "eval-x", "gpu-02", 1),
+        _gpu_pod("ml", "pending-x", "", 1, phase="Pending"),
+        {"metadata": {"namespace": "kube-system", "name": "cpu-only"},
+         "spec": {"nodeName": "gpu-01", "containers": [{"name": "c"}]},
+         "status": {"phase": "Running"}}]}
+    holders = gpu_holders(pods)
+    assert holders == {"gpu-01": {"ml/jupyter-abc": {"nvidia.com/gpu": 1}},
+                       "gpu-02": {"ml/eval-x": {"nvidia.com/gpu": 1}}}
+    one = {"name": "gpu-01", "gpus": 2, "limits": {"nvidia.com/gpu": 2}}
+    assert leave_held(one, {"nvidia.com/gpu": 2}, holders["gpu-01"]) == {"ml/jupyter-abc": 1}
+    assert one["limits"] == {"nvidia.com/gpu": 1}
+    two = {"name": "gpu-02", "gpus": 1, "limits": {"nvidia.com/gpu": 1}}
+    leave_held(two, {"nvidia.com/gpu": 1}, holders["gpu-02"])
+    assert two["limits"] == {}
+    # the Job renders with the free count
+    (doc,) = w.render("verify", w.load_values("verify"), gpu_nodes=[one], stage="smi")
+    limits = doc["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": 1}
+
+    half = w.NodeCheck("gpu-01", 2, 2, smi=["NVIDIA H100 80GB HBM3"], with_tf=False,
+                       held={"ml/jupyter-abc": 1}, checked=1)
+    full = w.NodeCheck("gpu-02", 1, 1, with_tf=False, held={"ml/eval-x": 1}, checked=0)
+    assert half.ok and not half.skipped and full.ok and full.skipped
+    # the free GPU must still show: none seen is a failure
+    assert not w.NodeCheck("gpu-01", 2, 2, smi=[], with_tf=False, held={"ml/j": 1},
+                           checked=1).ok
+    out = io.StringIO()
+    rep = Reporter(out)
+    rep.console.width = 80
+    _print(rep, [half, full], with_tf=False)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    flat = " ".join(text.replace("│", " ").split())
+    wide = io.StringIO()
+    rep = Reporter(wide)
+    rep.console.width = 200
+    _print(rep, [half, full], with_tf=False)
+    assert "1 (free: 1 of 2)" in wide.getvalue()
+    assert "gpu-01: 1 GPU held by ml/jupyter-abc; verified the 1 free" in flat
+    assert ("gpu-02: all 1 GPU held by ml/eval-x; not checked: run verify again when one is "
+            "free") in flat
+    assert "gpu-02 1 1 - - not checked" in flat
+
+
+def test_verify_says_in_a_sentence_why_its_pod_cannot_be_placed() -> None:
+    from gpuk8s.workloads.verify import scheduler_words
+    msg = ("0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated "
+           "taint {node-role.kubernetes.io/control-plane: }, 2 node(s) didn't match Pod's node "
+           "affinity/selector. preemption: 0/4 nodes are available: 1 No preemption victims "
+           "found for incoming pod, 3 Preemption is not helpful for scheduling.")
+    assert scheduler_words(msg) == (
+        "0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated "
+        "taint {node-role.kubernetes.io/control-plane: }, 2 node(s) didn't match Pod's node "
+        "affinity/selector")
+
+
 # -- values -------------------------------------------------------------------------------------
 def test_values_precedence(tmp_path: Path) -> None:
     f = tmp_path / "v.yaml"
     f.write_text("gpus: 2\nservice: {nodePort: 31000}\nnodeSelector: {pool: a100}\n")
     v = w.load_values("jupyter", [f], ["gpus=3"])
     assert v["gpus"] == 3                       # --set beats the file
-    assert v["service"] == {"type": "NodePort", "port": 8888, "nodePort": 31000}  # deep merge
+    assert v["service"] == {"type": "ClusterIP", "port": 8888, "nodePort": 31000}  # deep merge
     assert v["nodeSelector"] == {"pool": "a100"}  # free-form mapping
     assert v["namespace"] == "ml"               # shared default
     assert w.load_values("jupyter", sets=["cpu=4"])["cpu"] == "4"
@@ -370,7 +448,203 @@ def test_snapshot_names_the_image_node_and_runtime_error_of_a_failed_pull() -> N
     assert not first.problems and first.pods[0].detail == f"ErrImagePull: {err}"
     since = {k: v - 31 for k, v in since.items()}
     later = w.snapshot(_fake_remote([job, pod]), "ml", "x=y", since, pending_grace=30)
-    assert later.problems == [f"pod tensorflow-job-x on node gpu-02: ErrImagePull: {err}"]
+    (problem,) = later.problems
+    assert problem.startswith(f"pod tensorflow-job-x on node gpu-02: ErrImagePull: {err}\n")
+    assert "fix: check the image name and that the node reaches its registry" in problem
+
+
+#: the kubelet's FailedMount for an NFS export the server does not have (kubernetes v1.35.0:
+#: pkg/volume/util/operationexecutor/operation_generator.go "MountVolume.SetUp failed",
+#: staging/src/k8s.io/mount-utils/mount_linux.go "mount failed: ...")
+MOUNT_ERR = ('MountVolume.SetUp failed for volume "ml-broken" : mount failed: exit status 32\n'
+             "Mounting command: mount\nMounting arguments: -t nfs 10.0.0.1:/srv/missing "
+             "/var/lib/kubelet/pods/u-1/volumes/kubernetes.io~nfs/ml-broken\n"
+             "Output: mount.nfs: mounting 10.0.0.1:/srv/missing failed, reason given by "
+             "server: No such file or directory\n")
+
+
+def _creating_pod(uid: str = "u-1") -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": "tensorboard-x", "namespace": "ml", "uid": uid},
+            "spec": {"nodeName": "gpu-01", "containers": [{"name": "tensorboard"}]},
+            "status": {"phase": "Pending", "containerStatuses": [
+                {"name": "tensorboard", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+
+
+def _event(reason: str, message: str, etype: str = "Warning", uid: str = "u-1",
+           at: str = "2026-01-01T00:00:05Z") -> dict[str, Any]:
+    return {"involvedObject": {"kind": "Pod", "name": "tensorboard-x", "uid": uid},
+            "type": etype, "reason": reason, "message": message, "lastTimestamp": at}
+
+
+DEPLOYMENT = {"kind": "Deployment", "metadata": {"name": "tensorboard"},
+              "spec": {"replicas": 1}, "status": {}}
+
+
+def _remote_with_events(items: list[dict[str, Any]], events: list[dict[str, Any]]) -> Any:
+    items = [DEPLOYMENT, *items]
+
+    class FakeRemote:
+        host = "cp-01"
+
+        def probe(self, commands: dict[str, str]) -> dict[str, tuple[int, str]]:
+            return {"objects": (0, json.dumps({"items": items})),
+                    "events": (0, json.dumps({"items": events}))}
+
+    return FakeRemote()
+
+
+def test_a_volume_that_cannot_mount_is_a_problem_after_the_mount_grace_time() -> None:
+    """A pod stuck in ContainerCreating whose latest event is FailedMount: named with its node,
+    the kubelet's text and a fix once it has lasted kube.MOUNT_GRACE (the kubelet retries
+    mounts), not at the first failure and not after the 600 s deploy timeout."""
+    from gpuk8s.ops.kube import MOUNT_GRACE
+    remote = _remote_with_events([_creating_pod()], [
+        _event("Scheduled", "Successfully assigned ml/tensorboard-x to gpu-01", "Normal",
+               at="2026-01-01T00:00:01Z"),
+        _event("FailedMount", MOUNT_ERR)])
+    since: dict[str, float] = {}
+    first = w.snapshot(remote, "ml", "x=y", since, pending_grace=20)
+    assert not first.problems and not first.ready
+    (row,) = first.pods
+    assert row.status == "ContainerCreating"
+    assert row.event == ('FailedMount: MountVolume.SetUp failed for volume "ml-broken" : '
+                         "mount failed: exit status 32")
+    assert row.detail.startswith("FailedMount: MountVolume.SetUp failed")
+    almost = w.snapshot(remote, "ml", "x=y", {k: v - (MOUNT_GRACE - 2) for k, v in
+                                               since.items()}, pending_grace=20)
+    assert not almost.problems   # past pending_grace but within the mount's grace time
+    later = w.snapshot(remote, "ml", "x=y", {k: v - MOUNT_GRACE for k, v in since.items()},
+                       pending_grace=20)
+    (problem,) = later.problems
+    assert problem.startswith("pod tensorboard-x on node gpu-01: FailedMount: "
+                              + MOUNT_ERR.strip().replace("\n", "\n    ") + "\n    fix: ")
+    assert "fix: the node cannot mount the volume" in problem
+    assert 45 <= MOUNT_GRACE <= 60
+
+
+def test_a_mount_that_recovers_or_an_earlier_pods_event_is_no_problem() -> None:
+    """FailedMount counts only while it is the pod's latest Warning and the pod is still
+    being created, and only the events of this pod (its uid), not of an earlier one."""
+    old = _event("FailedMount", MOUNT_ERR, uid="u-0")
+    stale = w.snapshot(_remote_with_events([_creating_pod()], [old]), "ml", "x=y",
+                       {"tensorboard-x/mount": -1e9}, pending_grace=0)
+    assert not stale.problems and stale.pods[0].event == ""
+    running = _creating_pod()
+    running["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "tensorboard", "state": {"running": {}}}]}
+    healed = w.snapshot(_remote_with_events([running], [_event("FailedMount", MOUNT_ERR)]),
+                        "ml", "x=y", {"tensorboard-x/mount": -1e9}, pending_grace=0)
+    assert not healed.problems and healed.pods[0].status == "Running"
+
+
+@pytest.mark.parametrize(("state", "last", "reason", "words"), [
+    ({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed "
+                  "container=tensorboard pod=tensorboard-x_ml(u-1)"}},
+     {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, "OOMKilled",
+     "raise the limit (--set memory=...)"),
+    ({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed "
+                  "container=tensorboard pod=tensorboard-x_ml(u-1)"}},
+     {"terminated": {"exitCode": 2, "reason": "Error"}}, "CrashLoopBackOff",
+     "kubectl -n ml logs tensorboard-x -c tensorboard --previous"),
+    ({"waiting": {"reason": "CreateContainerError", "message": "failed to create "
+                  "containerd task: no such file or directory"}}, None, "CreateContainerError",
+     "the runtime could not create the container"),
+    ({"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x:1"'}},
+     None, "ImagePullBackOff", "registry_mirrors"),
+])
+def test_pods_that_will_not_start_are_named_with_the_kubelets_reason_and_a_fix(
+        state: dict[str, Any], last: dict[str, Any] | None, reason: str, words: str) -> None:
+    pod = _creating_pod()
+    status = {"name": "tensorboard", "state": state, **({"lastState": last} if last else {})}
+    pod["status"] = {"phase": "Running" if reason != "ImagePullBackOff" else "Pending",
+                     "containerStatuses": [status]}
+    since: dict[str, float] = {}
+    first = w.snapshot(_remote_with_events([pod], []), "ml", "x=y", since, pending_grace=20)
+    assert not first.problems
+    later = w.snapshot(_remote_with_events([pod], []), "ml", "x=y",
+                       {k: v - 21 for k, v in since.items()}, pending_grace=20)
+    (problem,) = later.problems
+    assert problem.startswith(f"pod tensorboard-x on node gpu-01: {reason}: ")
+    assert words in problem
+    if last:
+        assert f"exit code {last['terminated']['exitCode']}" in problem
+
+
+def test_deploy_wait_shows_progress_once_per_change_and_stops_early_on_a_failed_mount(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deploy wait prints a line when a pod's status or latest event changes (image pull,
+    FailedMount), not on every look, and gives up on a FailedMount past its grace time
+    instead of waiting the whole timeout in silence."""
+    clock = [1000.0]
+    monkeypatch.setattr(w.cluster.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(w.cluster.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    deploy = {"kind": "Deployment", "metadata": {"name": "tensorboard"},
+              "spec": {"replicas": 1}, "status": {}}
+    pulling = _event("Pulling", 'Pulling image "tensorflow/tensorflow:2.20.0"', "Normal",
+                     at="2026-01-01T00:00:02Z")
+    looks = [[pulling]] * 3 + [[pulling, _event("FailedMount", MOUNT_ERR)]] * 100
+
+    class FakeRemote:
+        host = "cp-01"
+        calls = 0
+
+        def probe(self, commands: dict[str, str]) -> dict[str, tuple[int, str]]:
+            events = looks[min(self.calls, len(looks) - 1)]
+            self.calls += 1
+            return {"objects": (0, json.dumps({"items": [deploy, _creating_pod()]})),
+                    "events": (0, json.dumps({"items": events}))}
+
+    lines: list[str] = []
+    result = w.wait(FakeRemote(), "ml", "x=y", timeout=600,  # type: ignore[arg-type]
+                    pending_grace=20, progress=lines.append)
+    assert lines == [
+        'tensorboard-x on gpu-01: ContainerCreating (Pulling: Pulling image '
+        '"tensorflow/tensorflow:2.20.0")',
+        'tensorboard-x on gpu-01: ContainerCreating (FailedMount: MountVolume.SetUp failed '
+        'for volume "ml-broken" : mount failed: exit status 32)']
+    assert not result.ready and "FailedMount" in result.problems[0]
+    assert clock[0] - 1000.0 < 90   # well before the 600 s timeout
+
+
+def test_progress_lines_fit_the_terminal_and_stay_plain_text() -> None:
+    out = io.StringIO()
+    rep = Reporter(out)
+    rep.console.width = 80
+    show = w.cluster.progress_printer(rep)
+    assert show is not None
+    show(f"tensorboard-x on gpu-01: ContainerCreating (FailedMount: [bold]{'x' * 200}\x1b[2J)")
+    (line,) = out.getvalue().splitlines()
+    assert len(line) <= 80 and line.startswith("  tensorboard-x on gpu-01: ")
+    assert "[bold]" in line and "\x1b" not in line
+    assert w.cluster.progress_printer(Reporter(io.StringIO(), quiet=True)) is None
+
+
+def test_a_redeploy_that_changes_the_pod_template_waits_for_the_new_pods() -> None:
+    """A Deployment whose template the apply just changed still shows the old pod available:
+    ready only once the controller has observed the new generation and every replica is
+    updated, with no old one left (as kubectl rollout status), not at once on the old pod
+    (the lab saw a redeploy with a broken claim called ready in 1.3 s)."""
+    def deployment(generation: int, **status: int) -> dict[str, Any]:
+        return {"kind": "Deployment", "metadata": {"name": "tensorboard",
+                                                   "generation": generation},
+                "spec": {"replicas": 1}, "status": status}
+    old_pod = {"kind": "Pod", "metadata": {"name": "tensorboard-a"},
+               "spec": {"nodeName": "cpu-01"},
+               "status": {"phase": "Running", "containerStatuses": [
+                   {"name": "tensorboard", "state": {"running": {}}}]}}
+    unseen = w.snapshot(_fake_remote([deployment(2, observedGeneration=1, replicas=1,
+                                                 updatedReplicas=1, availableReplicas=1),
+                                      old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert not unseen.ready
+    assert unseen.objects == {"Deployment/tensorboard": "1/1 available, 0/1 updated"}
+    rolling = w.snapshot(_fake_remote([deployment(2, observedGeneration=2, replicas=2,
+                                                  updatedReplicas=1, availableReplicas=1),
+                                       old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert not rolling.ready
+    done = w.snapshot(_fake_remote([deployment(2, observedGeneration=2, replicas=1,
+                                               updatedReplicas=1, availableReplicas=1),
+                                    old_pod]), "ml", "x=y", {}, pending_grace=20)
+    assert done.ready and done.objects == {"Deployment/tensorboard": "1/1 available"}
 
 
 def test_snapshot_shows_how_a_job_pod_ended() -> None:

@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import (
+    admission,
     discovery,
     dra,
     dra_server,
@@ -62,6 +63,8 @@ from .store import Conflict, Store, StoreError
 
 Obj = dict[str, Any]
 NODE_GRACE = 40.0  # node-monitor-grace-period
+#: what one request's handling leaves for its answer: "warnings" (admission's Warn action)
+_REQUEST = threading.local()
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DS_TOLERATIONS = [
     {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
@@ -277,6 +280,7 @@ class ApiServer:
         self._sa_key: bytes | None = None
         self.registry = Registry()
         dra.gate(self.registry, self.version)  # resource.k8s.io/v1 from 1.34
+        admission.register(self.registry)  # ValidatingAdmissionPolicy(Binding), GA in 1.30
         #: this server's controllers' identity in leader election (kube-controller-manager's
         #: is "<hostname>_<uuid>")
         self.identity = f"{socket.gethostname()}_{uuid.uuid4()}"
@@ -325,7 +329,10 @@ class ApiServer:
         assert r is not None, name
         return r
 
-    def create(self, res: Resource, obj: Obj, ns: str = "", dry: bool = False) -> Obj:
+    def create(self, res: Resource, obj: Obj, ns: str = "", dry: bool = False,
+               user: admission.UserInfo | None = None) -> Obj:
+        """Store a new object; ``user``: a client's request, which admission checks (the
+        server's own controllers write without)."""
         with self.lock:
             md = obj.setdefault("metadata", {})
             if not md.get("name") and md.get("generateName"):
@@ -356,6 +363,7 @@ class ApiServer:
             self._defaults(res, obj)
             dra.admit(res, obj, HTTPError)
             _secret_string_data(res, obj)
+            self.admit(user, "CREATE", res, ns, name, obj, None, "", dry)
             if dry:
                 return obj
             out = self.store.put(self.key(res), obj)
@@ -363,7 +371,7 @@ class ApiServer:
             return out
 
     def update(self, res: Resource, obj: Obj, status_only: bool = False, dry: bool = False,
-               status_metadata: bool = False) -> Obj:
+               status_metadata: bool = False, user: admission.UserInfo | None = None) -> Obj:
         with self.lock:
             md = obj["metadata"]
             old = self.get(res, md.get("namespace", ""), md["name"])
@@ -394,14 +402,24 @@ class ApiServer:
                 else:
                     md["generation"] = old["metadata"].get("generation", 1)
             _secret_string_data(res, obj)
+            self.admit(user, "UPDATE", res, md.get("namespace", ""), md["name"], obj, old,
+                       "status" if status_only else "", dry)
             if dry:
                 return obj
             out = self.store.put(self.key(res), obj)
             self._after_write(res, out)
             return out
 
-    def delete(self, res: Resource, ns: str, name: str) -> Obj:
+    def delete(self, res: Resource, ns: str, name: str, dry: bool = False,
+               user: admission.UserInfo | None = None) -> Obj:
         with self.lock:
+            if user is not None or dry:
+                old = self.get(res, ns, name)
+                if old is None:
+                    raise not_found(res, name)
+                self.admit(user, "DELETE", res, ns, name, None, old, "", dry)
+                if dry:
+                    return old
             obj = self.store.delete(self.key(res), ns if res.namespaced else "", name)
             if obj is None:
                 raise not_found(res, name)
@@ -567,6 +585,13 @@ class ApiServer:
 
     # ---------------------------------------------------------------- authn / authz
     def authenticate(self, handler: BaseHTTPRequestHandler) -> tuple[str, list[str]]:
+        info = self.user_info(handler)
+        return info.username, list(info.groups)
+
+    def user_info(self, handler: BaseHTTPRequestHandler) -> admission.UserInfo:
+        """Who sends the request: a bootstrap token, a ServiceAccount token (with its uid and,
+        bound to a pod, the pod's and its node's names in extra), a client certificate, or
+        anonymous."""
         auth = handler.headers.get("Authorization", "")
         if auth.startswith("Bearer "):
             tok = auth[7:].strip()
@@ -578,7 +603,8 @@ class ApiServer:
                         and data.get("usage-bootstrap-authentication") == "true":
                     groups = ["system:bootstrappers"] + [
                         g for g in data.get("auth-extra-groups", "").split(",") if g]
-                    return f"system:bootstrap:{m.group(1)}", [*groups, "system:authenticated"]
+                    return admission.UserInfo(f"system:bootstrap:{m.group(1)}",
+                                              (*groups, "system:authenticated"))
             sa_user = self.service_account_user(tok)
             if sa_user is not None:
                 return sa_user
@@ -592,8 +618,8 @@ class ApiServer:
                         cn = v
                     elif k == "organizationName":
                         orgs.append(v)
-            return cn, [*orgs, "system:authenticated"]
-        return "system:anonymous", ["system:unauthenticated"]
+            return admission.UserInfo(cn, (*orgs, "system:authenticated"))
+        return admission.UserInfo("system:anonymous", ("system:unauthenticated",))
 
     def sa_key(self) -> bytes | None:
         """The key ServiceAccount tokens are signed with (from sa.key; None: no tokens)."""
@@ -602,7 +628,7 @@ class ApiServer:
                 self._sa_key = rbac.signing_key(fh.read())
         return self._sa_key
 
-    def service_account_user(self, token: str) -> tuple[str, list[str]] | None:
+    def service_account_user(self, token: str) -> admission.UserInfo | None:
         """The ServiceAccount a token names, while it, and the pod it is bound to, exist."""
         key = self.sa_key()
         c = rbac.claims(key, token) if key else None
@@ -618,7 +644,27 @@ class ApiServer:
             pod = self.get(self.R("pods"), ns, pod_ref.get("name", ""))
             if pod is None or pod["metadata"].get("uid") != pod_ref.get("uid"):
                 return None
-        return rbac.user_of(c)
+        user, groups = rbac.user_of(c)
+        return admission.UserInfo(user, tuple(groups), sa_ref.get("uid", ""), rbac.extra_of(c))
+
+    def admit(self, user: admission.UserInfo | None, operation: str, res: Resource, ns: str,
+              name: str, obj: Obj | None, old: Obj | None, sub: str, dry: bool) -> None:
+        """Validating admission of a client's write (admission.py): the ValidatingAdmission-
+        Policies that match it, through their bindings; refused: the real Status."""
+        if user is None:
+            return
+        policies = self.list(self.R("validatingadmissionpolicies"))
+        if not policies:
+            return
+        a = admission.Attributes(operation, res, name, ns if res.namespaced else "", obj, old,
+                                 user, sub, dry)
+        namespace = self.get(self.R("namespaces"), "", ns) if res.namespaced and ns else None
+        try:
+            warnings = admission.validate(
+                policies, self.list(self.R("validatingadmissionpolicybindings")), a, namespace)
+        except admission.Denied as e:
+            raise HTTPError(e.code, e.reason, e.message, e.details) from None
+        _REQUEST.__dict__.setdefault("warnings", []).extend(warnings)
 
     def token_request(self, ns: str, name: str, body: bytes, h: BaseHTTPRequestHandler
                       ) -> Obj:
@@ -1445,6 +1491,10 @@ class ApiServer:
                 data = body if isinstance(body, bytes) else (
                     body.encode() if isinstance(body, str) else json.dumps(body).encode())
                 self.send_response(code)
+                for text in _REQUEST.__dict__.pop("warnings", []):
+                    # k8s.io/apiserver pkg/endpoints/handlers/responsewriters: 299 warn-agent
+                    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+                    self.send_header("Warning", f'299 - "{escaped}"')
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -1517,6 +1567,7 @@ class ApiServer:
                     self.request.recv(128)
 
             def _handle(self, method: str) -> None:
+                _REQUEST.__dict__.pop("warnings", None)
                 try:
                     n = int(self.headers.get("Content-Length") or 0)
                     body = self.rfile.read(n) if n else b""
@@ -1580,7 +1631,8 @@ class ApiServer:
             return 200, "ok", text
         if parts == ["version"]:
             return 200, self.version_info(), js
-        user, groups = self.authenticate(h)
+        info = self.user_info(h)
+        user, groups = info.username, list(info.groups)
         anonymous = "system:unauthenticated" in groups
         if parts == ["metrics"]:
             if anonymous:
@@ -1640,7 +1692,7 @@ class ApiServer:
                 obj = wire.review(kind or virtual.kind, fields)
             else:
                 obj = self._decode(body, h)
-            return 201, self.review(virtual, obj, user, groups), js
+            return 201, self.review(virtual, obj, user, groups, info), js
         res = self.registry.by_path(group, version, plural)
         watching = method == "GET" and (q.get("watch") or [""])[0] in ("true", "1")
         if res is None:
@@ -1665,7 +1717,7 @@ class ApiServer:
         rbac_sub = "proxy" if sub.startswith("proxy/") else sub  # RBAC's services/proxy
         if not self.authorize(user, groups, verb, res, ns, name, rbac_sub):
             raise self.forbidden(user, verb, res, ns, name, rbac_sub)
-        return self.dispatch(method, res, ns, name, sub, q, body, h, user)
+        return self.dispatch(method, res, ns, name, sub, q, body, h, user, info)
 
     @staticmethod
     def forbidden(user: str, verb: str, res: Resource, ns: str, name: str, sub: str
@@ -1678,14 +1730,16 @@ class ApiServer:
         return HTTPError(403, "Forbidden", msg, {"name": name, "group": res.group,
                                                  "kind": res.plural})
 
-    def review(self, res: Resource, obj: Obj, user: str, groups: list[str]) -> Obj:
+    def review(self, res: Resource, obj: Obj, user: str, groups: list[str],
+               info: admission.UserInfo | None = None) -> Obj:
         """SelfSubjectAccessReview, SubjectAccessReview, SelfSubjectRulesReview and
         SelfSubjectReview: answered at once, never stored."""
         out = {**obj, "apiVersion": res.api_version, "kind": res.kind}
         out.setdefault("metadata", {})["creationTimestamp"] = None
         spec = obj.get("spec") or {}
         if res.kind == "SelfSubjectReview":
-            out["status"] = {"userInfo": {"username": user, "groups": groups}}
+            out["status"] = {"userInfo": info.as_request() if info is not None else
+                             {"username": user, "groups": groups}}
             return out
         if res.kind == "SelfSubjectRulesReview":
             allowed = self.authorize(user, groups, "create", self.R("clusterroles"), "", "", "")
@@ -1837,7 +1891,8 @@ class ApiServer:
 
     def dispatch(self, method: str, res: Resource, ns: str, name: str, sub: str,
                  q: dict[str, list[str]], body: bytes, h: BaseHTTPRequestHandler,
-                 user: str = "") -> tuple[int, Any, str]:
+                 user: str = "", info: admission.UserInfo | None = None
+                 ) -> tuple[int, Any, str]:
         js = "application/json"
         dry = self._one(q, "dryRun") == "All"
         # proxies to the kubelet run outside the lock: a slow kubelet must not stall the server
@@ -1885,7 +1940,7 @@ class ApiServer:
                                     f"(must be of type {res.kind})")
                 self._validate(res, obj, q)
                 merge.track_update(None, obj, mgr, sch, res.api_version)
-                return 201, self.create(res, obj, ns, dry=dry), js
+                return 201, self.create(res, obj, ns, dry=dry, user=info), js
             if method == "PUT":
                 obj = self._decode(body, h)
                 obj.setdefault("metadata", {})["name"] = name
@@ -1897,14 +1952,16 @@ class ApiServer:
                     raise not_found(res, name)
                 self._check_rv(res, old, obj)
                 merge.track_update(old, obj, mgr, sch, res.api_version, sub)
-                return 200, self.update(res, obj, status_only=(sub == "status"), dry=dry), js
+                return 200, self.update(res, obj, status_only=(sub == "status"), dry=dry,
+                                        user=info), js
             if method == "PATCH":
                 # a patch without a resourceVersion is applied again to the newest object when
                 # another API server wrote it first (the real GuaranteedUpdate); this server's
                 # cache catches up through its etcd watch
                 for attempt in range(10):
                     try:
-                        return 200, self.patch(res, ns, name, sub, q, body, h, mgr, dry), js
+                        return 200, self.patch(res, ns, name, sub, q, body, h, mgr, dry,
+                                               info), js
                     except Conflict:
                         if attempt == 9 or b'"resourceVersion"' in body:
                             raise
@@ -1912,17 +1969,17 @@ class ApiServer:
             if method == "DELETE":
                 if not name:
                     gone = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
-                    if not dry:
-                        for o in gone:
+                    refused: HTTPError | None = None
+                    for o in gone:  # each item is deleted, and admitted, on its own
+                        try:
                             self.delete(res, o["metadata"].get("namespace", ""),
-                                        o["metadata"]["name"])
+                                        o["metadata"]["name"], dry=dry, user=info)
+                        except HTTPError as e:
+                            refused = refused or e
+                    if refused is not None:
+                        raise refused
                     return 200, self._table_or_list(res, gone, q, h), js
-                if dry:
-                    obj = self.get(res, ns, name)
-                    if obj is None:
-                        raise not_found(res, name)
-                    return 200, obj, js
-                return 200, self.delete(res, ns, name), js
+                return 200, self.delete(res, ns, name, dry=dry, user=info), js
         raise HTTPError(405, "MethodNotAllowed", "the server does not allow this method")
 
     @staticmethod
@@ -1962,7 +2019,8 @@ class ApiServer:
                              "kind": res.plural})
 
     def patch(self, res: Resource, ns: str, name: str, sub: str, q: dict[str, list[str]],
-              body: bytes, h: BaseHTTPRequestHandler, mgr: str, dry: bool) -> Obj:
+              body: bytes, h: BaseHTTPRequestHandler, mgr: str, dry: bool,
+              user: admission.UserInfo | None = None) -> Obj:
         ctype = h.headers.get("Content-Type", "").split(";")[0].strip()
         sch = schema.for_kind(res.group, res.version, res.kind)
         old = self.get(res, ns, name)
@@ -1991,8 +2049,8 @@ class ApiServer:
             force = self._one(q, "force") == "true"
             new = merge.server_side_apply(old, applied, mgr, force, sch, res.api_version, sub)
             if old is None:
-                return self.create(res, new, ns, dry=dry)
-            return self.update(res, new, status_only=(sub == "status"), dry=dry)
+                return self.create(res, new, ns, dry=dry, user=user)
+            return self.update(res, new, status_only=(sub == "status"), dry=dry, user=user)
         if old is None:
             raise not_found(res, name)
         try:
@@ -2034,7 +2092,7 @@ class ApiServer:
         self._check_rv(res, old, new)
         merge.track_update(old, new, mgr, sch, res.api_version, sub)
         return self.update(res, new, status_only=(sub == "status"), dry=dry,
-                           status_metadata=res.plural == "nodes")
+                           status_metadata=res.plural == "nodes", user=user)
 
 
 def jws_detached(payload: str, token: str) -> str:

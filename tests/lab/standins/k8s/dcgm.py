@@ -2,7 +2,10 @@
 """NVIDIA's dcgm-exporter (4.x), EMULATED by the kubelet stand-in for the dcgm-exporter pod (the
 lab has neither the image nor DCGM): the node's kubelet serves what the exporter would serve,
 from the node's nvidia-smi stand-in, on the address the pod asks for (DCGM_EXPORTER_LISTEN /
---address, default ":9400"; the pod runs with hostNetwork, so <node InternalIP>:9400).
+--address, default ":9400"): with hostNetwork on the node's addresses; in the pod network (as
+gpuk8s runs it) on the pod's IP only (an emulated pod has no network namespace: the kubelet
+puts its IP on the node's loopback while it serves, as the cluster DNS address is put there;
+other nodes and pods reach it through flanneld's routes to the node's pod CIDR).
 
 What is upstream's (NVIDIA/dcgm-exporter 4.5.3-4.8.2, the newest 4.x release):
 - metric names, HELP texts and types of etc/default-counters.csv, one HELP/TYPE block per
@@ -157,35 +160,58 @@ class Exporter:
                  "DCGM that is not currently loaded")
         if s.kubernetes:
             self.log("INFO", "Kubernetes metrics collection enabled!")
-        if not (self.pod or {}).get("spec", {}).get("hostNetwork"):
-            _klog("E", "LAB STAND-IN dcgm-exporter: only a hostNetwork pod can be emulated (an "
-                  "emulated pod has no network namespace); nothing listens")
-            return "not hostNetwork"
         return self.serve()
+
+    def want_ip(self) -> str | None:
+        """A pod-network exporter's address: its pod's IP, the one the kubelet reports. None
+        for a hostNetwork pod."""
+        pod = self.pod or {"spec": {}, "metadata": {}}
+        if pod["spec"].get("hostNetwork"):
+            return None
+        return str(self.kubelet._pod_ip(pod["metadata"].get("uid", "")))
+
+    def pod_ip(self) -> str | None:
+        """want_ip, put on the node's loopback while the exporter serves."""
+        ip = self.want_ip()  # host unit tests (GPUK8S_LAB_ROOT): no ip(8)
+        if ip is not None and not os.environ.get("GPUK8S_LAB_ROOT"):
+            run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"])
+        return ip
 
     def serve(self) -> str | None:
         s = self.settings
         self.log("INFO", "HTTP server started - ready to serve metrics")
         self.log("INFO", "Starting webserver")
+        host, port = split_listen(s.listen)
+        own_ip = self.pod_ip()
+        if own_ip is not None and host in ("", "0.0.0.0", "::"):
+            host = own_ip   # every address of the pod's namespace: its pod IP
         try:
-            srv = http.server.ThreadingHTTPServer(split_listen(s.listen), _handler(self))
+            srv = http.server.ThreadingHTTPServer((host, port), _handler(self))
         except (OSError, ValueError) as e:
             code = e.errno if isinstance(e, OSError) else None
             why = os.strerror(code).lower() if code else str(e)
             err = f"listen tcp {s.listen}: bind: {why}"
             self.log("ERROR", "Failed to Listen and Server HTTP server.", error=err)
+            self._drop_ip(own_ip)
             return err
         srv.daemon_threads = True
         self.address = (str(srv.server_address[0]), int(srv.server_address[1]))
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         try:
-            while self.live() and self.settings.listen == s.listen:
+            while self.live() and self.settings.listen == s.listen and \
+                    self.want_ip() == own_ip:
                 time.sleep(0.2)
         finally:
             srv.shutdown()
             srv.server_close()
             self.address = None
+            self._drop_ip(own_ip)
         return None
+
+    @staticmethod
+    def _drop_ip(ip: str | None) -> None:
+        if ip is not None and not os.environ.get("GPUK8S_LAB_ROOT"):
+            run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"])
 
     # ------------------------------------------------------------ collection
     def query(self) -> tuple[int, str, list[str]]:

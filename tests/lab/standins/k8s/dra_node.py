@@ -18,6 +18,11 @@ the k8s.io/dynamic-resource-allocation 0.36 it vendors):
   <profile without dots, '+' as '-'>-<GI profile ID>-<placement start>`, type "mig", uuid,
   parentUUID, profile and the parent's attributes; capacity multiprocessors, copyEngines,
   decoders, encoders, jpegEngines, ofaEngines, memory and memorySlice<N> = 1 per slice;
+- the plugin's ResourceSlice controller (vendored k8s.io/dynamic-resource-allocation
+  resourceslice/resourceslicecontroller.go@v0.4.0) lists, creates, updates and deletes its
+  node's slices as the plugin's ServiceAccount (its pod's projected token), and a refused call
+  is logged ("processing ResourceSlice objects", `create resource slice: <error>`) and tried
+  again; the plugin writes nothing else (no Node, no claim status, no events);
 - the devices are enumerated when the plugin starts (MIG devices made later are published
   after a restart); the kubelet wipes a driver's slices 30 s after the driver became unusable,
   and at its own start, and prepares a pod's claims before its sandbox: `Failed to prepare
@@ -28,8 +33,11 @@ the k8s.io/dynamic-resource-allocation 0.36 it vendors):
 
 What is the lab's: facts come from the node's nvidia-smi stand-in (`--query-gpu`, `-q`, `-L`,
 `mig -lgi/-lci/-lgip`), not NVML; "registered" = the plugin pod runs on the node and nvidia-smi
-answers (the real plugin exits when NVML cannot initialise); the plugin writes with the
-kubelet's credentials (the lab has no service account tokens); no pcieRoot attribute (the lab's
+answers (the real plugin exits when NVML cannot initialise); the plugin's token is a
+TokenRequest bound to its pod (as the kubelet's projected volume asks for one), written where
+the kubelet writes it, /var/lib/kubelet/pods/<pod uid>/volumes/kubernetes.io~projected/
+kube-api-access-<5 characters of the uid's digest>/token, renewed at 80% of its hour; the
+kubelet's own wipes use the kubelet's credentials; no pcieRoot attribute (the lab's
 PCI folder has no sysfs links); the MIG memory comes from -lgip's GiB; the plugin's log is
 clearly labelled lab text; devices reach the container as the device plugin's do (podrun,
 labgpu.VISIBLE_ENV), for every container of the pod.
@@ -38,13 +46,15 @@ labgpu.VISIBLE_ENV), for every container of the pod.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
+import shutil
 import time
 from typing import Any
 
 from . import nodeinfo
 from .client import ApiError
-from .common import P, run
+from .common import P, run, write
 
 Obj = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
@@ -54,6 +64,11 @@ PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 QUERY = "index,uuid,name,memory.total,pci.bus_id,compute_cap,driver_version,mig.mode.current"
 BRANDS = {"NVIDIA": "Nvidia", "NVIDIA RTX": "NvidiaRTX", "GeForce RTX": "GeForce"}
 PREFIX = "prepare dynamic resources: "
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PODS_DIR = "/var/lib/kubelet/pods"
+PROJECTED = "volumes/kubernetes.io~projected"
+#: the kubelet's token manager renews a projected token at 80% of its lifetime (3607 s)
+TOKEN_RENEW = 0.8 * 3607
 
 
 # ------------------------------------------------------------------ nvidia-smi -> devices
@@ -234,6 +249,10 @@ class Plugin:
         self.devices: list[Obj] = []
         self.pod_uid = ""  # the plugin pod whose start enumerated self.devices
         self.logged = ""
+        #: the plugin's API as its ServiceAccount (programs.Api), for pod api_pod, since api_at
+        self.api: Any = None
+        self.api_pod = ""
+        self.api_at = 0.0
 
 
 _PLUGINS: dict[int, Plugin] = {}
@@ -262,17 +281,89 @@ def _log(kubelet: Any, pod: Obj, state: Plugin, line: str) -> None:
 
 
 def _slices(kubelet: Any) -> list[Obj]:
-    path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D" \
-           f"{kubelet.node_name}"
+    path = f"{SLICES}?fieldSelector=spec.nodeName%3D{kubelet.node_name}"
     items = kubelet.client.get(path).get("items") or []
     return [s for s in items if (s.get("spec") or {}).get("driver") == DRIVER]
 
 
 def _wipe(kubelet: Any, slices: list[Obj]) -> None:
+    """The kubelet's own wipe of the driver's slices, with the kubelet's credentials."""
     for s in slices:
         with contextlib.suppress(ApiError):
-            kubelet.client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/"
-                                   f"{s['metadata']['name']}")
+            kubelet.client.request("DELETE", f"{SLICES}/{s['metadata']['name']}")
+
+
+def token_dir(pod_uid: str) -> str:
+    """Where the kubelet writes the plugin pod's projected ServiceAccount token (a node path;
+    the volume's suffix is random upstream, derived from the uid here)."""
+    suffix = "".join(c for c in hashlib.sha256(pod_uid.encode()).hexdigest()
+                     if c.isalpha())[:5].ljust(5, "x")
+    return f"{PODS_DIR}/{pod_uid}/{PROJECTED}/kube-api-access-{suffix}"
+
+
+def _forget_tokens(state: Plugin, pods: list[Obj]) -> None:
+    """The plugin pod is gone: its token volume goes with its pod folder."""
+    live = {p["metadata"]["uid"] for p in pods}
+    if state.api_pod and state.api_pod not in live:
+        shutil.rmtree(P(f"{PODS_DIR}/{state.api_pod}"), ignore_errors=True)
+        state.api, state.api_pod = None, ""
+
+
+def plugin_api(kubelet: Any, pod: Obj, state: Plugin) -> Any:
+    """The plugin's API as its ServiceAccount: a token bound to its pod (kubelet.pod_api, a
+    TokenRequest), written to the pod's projected volume, renewed as the kubelet renews it.
+    None when the kubelet cannot get one."""
+    uid = pod["metadata"]["uid"]
+    if state.api is None or state.api_pod != uid or \
+            time.monotonic() - state.api_at >= TOKEN_RENEW:
+        api = kubelet.pod_api(pod)
+        if api is None:
+            return None
+        if state.api_pod and state.api_pod != uid:
+            shutil.rmtree(P(f"{PODS_DIR}/{state.api_pod}"), ignore_errors=True)
+        state.api, state.api_pod, state.api_at = api, uid, time.monotonic()
+        write(f"{token_dir(uid)}/token", api.client.creds.token, 0o644)
+    return state.api
+
+
+def _publish(kubelet: Any, pod: Obj, state: Plugin, devices: list[Obj]) -> None:
+    """The plugin's ResourceSlice controller: its node's one slice holds ``devices``, written
+    as the plugin's ServiceAccount; a refused call is logged and tried at the next sync."""
+    api = plugin_api(kubelet, pod, state)
+    if api is None:
+        _log(kubelet, pod, state, "processing ResourceSlice objects: no ServiceAccount token "
+             "(the kubelet's TokenRequest failed)")
+        return
+    node = kubelet.node_name
+    code, got = api.call("GET", f"{SLICES}?fieldSelector=spec.driver%3D{DRIVER}%2C"
+                         f"spec.nodeName%3D{node}")
+    if code != 200:
+        return _refused(kubelet, pod, state, "retrieve ResourceSlice objects", got)
+    slices = [s for s in got.get("items") or [] if (s.get("spec") or {}).get("driver") == DRIVER]
+    if len(slices) == 1 and slices[0]["spec"].get("devices") == devices:
+        return None
+    for extra in slices[1:]:
+        code, got = api.call("DELETE", f"{SLICES}/{extra['metadata']['name']}")
+        if code not in (200, 404):
+            return _refused(kubelet, pod, state, "remove slices", got)
+    if slices:
+        body = slices[0]
+        body["spec"]["devices"] = devices
+        code, got = api.call("PUT", f"{SLICES}/{body['metadata']['name']}", body)
+        return _refused(kubelet, pod, state, "update resource slice", got) if code != 200 \
+            else None
+    code, me = api.call("GET", f"/api/v1/nodes/{node}")
+    if code != 200:
+        return _refused(kubelet, pod, state, f'retrieve node "{node}"', me)
+    code, got = api.call("POST", SLICES, slice_body(node, me["metadata"]["uid"], devices))
+    return _refused(kubelet, pod, state, "create resource slice", got) if code != 200 else None
+
+
+def _refused(kubelet: Any, pod: Obj, state: Plugin, what: str, body: Obj) -> None:
+    """resourceslicecontroller.go processNextWorkItem: the error goes to the driver's
+    HandleError (cmd/gpu-kubelet-plugin/driver.go@v0.4.0: logged), the pool is retried."""
+    _log(kubelet, pod, state, f'processing ResourceSlice objects: {what}: '
+         f'{body.get("message", "the API server refused the request")}')
 
 
 def sync(kubelet: Any, pods: list[Obj]) -> None:
@@ -289,6 +380,7 @@ def sync(kubelet: Any, pods: list[Obj]) -> None:
     if not state.wiped_at_start:  # the kubelet wipes its node's slices when it starts
         _wipe(kubelet, slices)
         slices, state.wiped_at_start = [], True
+    _forget_tokens(state, pods)
     pod = _plugin_pod(pods)
     started = kubelet.programs.get((pod["metadata"]["uid"], "gpus")) if pod else None
     if pod is None or (started is not None and started[0].state != "ok"):
@@ -311,19 +403,10 @@ def sync(kubelet: Any, pods: list[Obj]) -> None:
         if slices and time.monotonic() - state.unusable_since >= WIPE_DELAY:
             _wipe(kubelet, slices)
         return
-    devices = state.devices
-    if slices and slices[0]["spec"].get("devices") == devices and len(slices) == 1:
+    if slices and slices[0]["spec"].get("devices") == state.devices and len(slices) == 1:
         return
-    _wipe(kubelet, slices[1:])
-    if slices:
-        body = slices[0]
-        body["spec"]["devices"] = devices
-        kubelet.client.request("PUT", f"/apis/resource.k8s.io/v1/resourceslices/"
-                               f"{body['metadata']['name']}", body)
-        return
-    node = kubelet.client.get(f"/api/v1/nodes/{kubelet.node_name}")
-    kubelet.client.request("POST", "/apis/resource.k8s.io/v1/resourceslices",
-                           slice_body(kubelet.node_name, node["metadata"]["uid"], devices))
+    assert pod is not None
+    _publish(kubelet, pod, state, state.devices)
 
 
 def prepare(kubelet: Any, pod: Obj) -> str | None:

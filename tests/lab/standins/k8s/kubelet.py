@@ -51,6 +51,7 @@ from .scheduler import pod_requests
 
 #: the pods holding this node's GPUs (note_gpu_clients), read by the nvidia-smi stand-in
 GPU_CLIENTS = "/run/gpuk8s-lab/gpu-clients"
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 Obj = dict[str, Any]
 #: etcd flags that name files or folders of the node
@@ -321,6 +322,8 @@ class Kubelet:
         self.gpu_assign: dict[str, list[str]] = {}
         #: what the device plugin advertises: resource name -> device IDs
         self.devices: dict[str, list[str]] = {}
+        #: the running device plugin container (its device list strategy shapes Allocate)
+        self.plugin_container: Obj | None = None
         #: emulated programs (programs.py): (pod uid, container) -> [outcome, restarts,
         #: monotonic time of the next start while it fails]
         self.programs: dict[tuple[str, str], list[Any]] = {}
@@ -356,6 +359,11 @@ class Kubelet:
                 config = self.plugin_config(p)
                 if config is None:
                     return {}
+                ctr = next((c for c in p["spec"].get("containers") or []
+                            if c.get("name") == "nvidia-device-plugin-ctr"), {})
+                self.plugin_container = ctr
+                if not programs.device_plugin_sees_gpus(ctr, read(TOOLKIT_CONFIG)):
+                    return {}  # "No devices found. Waiting indefinitely."
                 started = self.programs.get((p["metadata"]["uid"], "nvidia-device-plugin-ctr"))
                 if started is not None and started[0].state != "ok":
                     return {}  # it exited (MIG devices it may not read): nothing registered
@@ -1021,6 +1029,8 @@ class Kubelet:
                                                                  str(e))])
                     return want
                 dra_node.cdi(self, pod, spec)
+                spec["deviceAllocation"] = programs.device_plugin_allocation(
+                    self.plugin_container, spec["gpus"])
                 try:
                     realpods.start(uid, spec)
                 except realpods.NoRuntime as e:

@@ -319,6 +319,9 @@ def remove_at(obj: Any, path: Leaf) -> None:
     elif el.startswith("v:") and isinstance(parent, list):
         want = json.loads(el[2:])
         parent[:] = [x for x in parent if x != want]
+    if isinstance(parent, list) and not parent and len(path) > 1 and path[-2].startswith("f:"):
+        # a list left empty is not serialized (the API types' slices are omitempty)
+        remove_at(obj, path[:-1])
 
 
 def path_str(path: Leaf) -> str:
@@ -412,8 +415,17 @@ def server_side_apply(live: Obj | None, applied: Obj, manager: str, force: bool,
         for e in entries:
             if e is not prev:
                 others |= _entry_leaves(e)
-        for p in sorted(_entry_leaves(prev) - mine - others, key=len, reverse=True):
+        # the fields this manager no longer applies and nobody else owns go, each removed
+        # from the top: a list item whose key field went first could no longer be found
+        # (a volume left as {"persistentVolumeClaim": {}}); a map or item under which another
+        # manager, or this apply, still owns a field stays, and only its lost fields go
+        kept = {q[:i] for q in others | mine for i in range(1, len(q) + 1)}
+        removed: list[Leaf] = []
+        for p in sorted(_entry_leaves(prev) - mine - others, key=len):
+            if p in kept or any(p[:len(r)] == r for r in removed):
+                continue
             remove_at(base, p)
+            removed.append(p)
     new = apply_values(base, applied, s)
     entries = [e for e in entries if not _same(e, manager, "Apply", sub)
                and _entry_leaves(e)]

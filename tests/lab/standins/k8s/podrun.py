@@ -35,6 +35,50 @@ BACKOFF_MAX = 60.0
 #: what the NVIDIA container toolkit would inject from the host driver, here the lab's stand-ins
 GPU_MOUNTS = ("/usr/bin/nvidia-smi", "/usr/lib/gpuk8s-lab/nvidia", "/run/nvidia-lab",
               "/sys/bus/pci/devices")
+#: nvidia-container-runtime's config, read at each container's creation
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+#: where the device plugin's volume-mounts strategy names the allocated devices
+#: (internal/config/image/cuda_image.go@v1.20.0 DeviceListAsVolumeMountsRoot)
+DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+
+
+def toolkit_settings(text: str | None) -> tuple[bool, bool]:
+    """(accept-nvidia-visible-devices-envvar-when-unprivileged,
+    accept-nvidia-visible-devices-as-volume-mounts) from the runtime's config.toml; a key not
+    set (or commented out) has the toolkit's default, true and false (api/config/v1/
+    config.go@v1.20.0 GetDefault)."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(text or "")
+    except (tomllib.TOMLDecodeError, ValueError):
+        doc = {}
+    envvar = doc.get("accept-nvidia-visible-devices-envvar-when-unprivileged", True)
+    mounts = doc.get("accept-nvidia-visible-devices-as-volume-mounts", False)
+    return envvar is True, mounts is True
+
+
+def runtime_devices(env: dict[str, str], mounts: list[Obj], privileged: bool,
+                    settings: tuple[bool, bool]) -> list[str] | None:
+    """The devices nvidia-container-runtime gives a container (CUDA.VisibleDevices,
+    internal/config/image/cuda_image.go@v1.20.0): with volume mounts accepted, the names of
+    the mounts under /var/run/nvidia-container-devices, if any; else NVIDIA_VISIBLE_DEVICES
+    (the container's env: the device plugin's, then the pod's own over it, then the image's
+    below both), honoured only in a privileged container (CAP_SYS_ADMIN) or with the
+    envvar key true. Returns the requests as written ("all", indexes or UUIDs); [] for none.
+    None: "all"."""
+    accept_envvar, accept_mounts = settings
+    if accept_mounts:
+        names = [m["dst"][len(DEVICE_MOUNT_ROOT) + 1:] for m in mounts
+                 if str(m.get("dst", "")).startswith(DEVICE_MOUNT_ROOT + "/")]
+        names = [n for n in names if n and not n.startswith("imex/")]
+        if names:
+            return names
+    value = env.get("NVIDIA_VISIBLE_DEVICES")
+    requests = [] if value is None else [v.strip() for v in value.split(",") if v.strip()]
+    if not requests or requests in (["void"], ["none"]) or not (privileged or accept_envvar):
+        return []
+    return None if "all" in requests else requests
 
 
 def ts() -> str:
@@ -63,6 +107,21 @@ def ctr_error(text: str) -> str:
     """containerd's message from ctr's stderr (its last `ctr: ` line)."""
     lines = [ln for ln in text.strip().splitlines() if ln.startswith("ctr: ")]
     return lines[-1][5:] if lines else text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def _device_uuid(request: str) -> str:
+    """A device request as the runtime resolves it: a GPU index is the node's GPU of that
+    index (its UUID, which the nvidia-smi stand-in filters on); a UUID stays."""
+    if not request.isdigit():
+        return request
+    sys.path.insert(0, "/usr/lib/gpuk8s-lab/nvidia")
+    try:
+        import labgpu  # type: ignore[import-not-found]
+
+        got = [g.uuid for g in labgpu.gpus() if g.index == int(request)]
+    except (ImportError, OSError):
+        got = []
+    return got[0] if got else request
 
 
 class CNI:
@@ -279,15 +338,39 @@ class Pod:
         if c.get("workingDir"):
             flags += ["--cwd", c["workingDir"]]
         flags += ["--hostname", self.spec["hostname"]]
+        if c.get("user"):   # the pod's runAsUser:runAsGroup, as the CRI sets the process user
+            flags += ["--user", c["user"]]
         env = dict(c.get("env") or {})
         mounts = list(c.get("mounts") or []) + [
             {"src": os.path.join(self.dir, name), "dst": f"/etc/{name}", "ro": False}
             for name in ("hosts", "hostname", "resolv.conf")]
         gpus = self.spec.get("gpus") or []
-        if gpus and self.spec.get("gpuRuntime"):
+        visible: list[str] | None = []
+        if gpus and self.spec.get("cdi"):
             # a DRA claim's devices come through CDI: NVIDIA's CDI spec sets "void"
-            env.update({"NVIDIA_VISIBLE_DEVICES": "void" if self.spec.get("cdi") else
-                        ",".join(gpus), "GPUK8S_LAB_VISIBLE_GPUS": ",".join(gpus)})
+            env.update({"NVIDIA_VISIBLE_DEVICES": "void"})
+            visible = list(gpus)
+        elif self.spec.get("gpuRuntime"):
+            # the kubelet puts the device plugin's Allocate answer (envs, mounts) under the
+            # container's own env (kubelet_pods.go: device envs first, the spec's after them,
+            # so a pod's NVIDIA_VISIBLE_DEVICES wins); the image's env is below both
+            alloc = self.spec.get("deviceAllocation") or {} if gpus else {}
+            image_env = dict(e.partition("=")[::2] for e in
+                             self.image_config(image_ref(c["image"])).get("Env") or [])
+            env = {**alloc.get("envs", {}), **env}
+            mounts += [{"src": m["hostPath"], "dst": m["containerPath"], "ro": True}
+                       for m in alloc.get("mounts", [])]
+            try:
+                with open(TOOLKIT_CONFIG) as f:
+                    config: str | None = f.read()
+            except OSError:
+                config = None
+            visible = runtime_devices({**image_env, **env}, mounts, bool(c.get("privileged")),
+                                      toolkit_settings(config))
+            visible = None if visible is None else [_device_uuid(d) for d in visible]
+        if visible is None or visible:
+            if visible is not None:
+                env["GPUK8S_LAB_VISIBLE_GPUS"] = ",".join(visible)
             mounts += [{"src": p, "dst": p, "ro": True} for p in GPU_MOUNTS
                        if os.path.exists(p)]
             # the GPUs' UUIDs derive from their host (labgpu.HOST_ID_FILE)

@@ -369,6 +369,50 @@ def device_plugin_mig_ok(container: Obj, toolkit_version: str) -> bool:
     return has_sys_admin(container) and env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all" and newer
 
 
+def device_list_strategies(container: Obj) -> list[str]:
+    """--device-list-strategy / DEVICE_LIST_STRATEGY (cmd/nvidia-device-plugin/main.go@v0.20.0;
+    default envvar). The per-node config file's flags.plugin.deviceListStrategy is not read:
+    gpuk8s's configs do not set it, and the env wins over the file (api/config/v1/flags.go
+    UpdateFromCLIFlags)."""
+    args = [str(a) for a in (container.get("command") or [])[1:] + (container.get("args") or [])]
+    value = env_of(container).get("DEVICE_LIST_STRATEGY", "envvar")
+    for i, a in enumerate(args):
+        if a.startswith("--device-list-strategy="):
+            value = a.partition("=")[2]
+        elif a == "--device-list-strategy" and i + 1 < len(args):
+            value = args[i + 1]
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def device_plugin_allocation(container: Obj | None, ids: list[str]) -> Obj:
+    """The plugin's ContainerAllocateResponse for devices ``ids`` (internal/plugin/
+    server.go@v0.20.0 getAllocateResponse): envvar -> NVIDIA_VISIBLE_DEVICES=<ids>;
+    volume-mounts -> NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices and a /dev/null
+    mount at /var/run/nvidia-container-devices/<id> per device (updateResponseForDeviceMounts).
+    The cdi-* strategies are not played (gpuk8s does not use them)."""
+    strategies = device_list_strategies(container or {})
+    envs: dict[str, str] = {}
+    mounts: list[Obj] = []
+    if "envvar" in strategies:
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+    if "volume-mounts" in strategies:
+        envs["NVIDIA_VISIBLE_DEVICES"] = "/var/run/nvidia-container-devices"
+        mounts = [{"hostPath": "/dev/null",
+                   "containerPath": f"/var/run/nvidia-container-devices/{i}"} for i in ids]
+    return {"envs": envs, "mounts": mounts}
+
+
+def device_plugin_sees_gpus(container: Obj, toolkit_config: str | None) -> bool:
+    """Whether the toolkit gives the plugin's container its node's GPUs: it asks for them with
+    its image's NVIDIA_VISIBLE_DEVICES=all (deployments/container/Dockerfile@v0.20.0), which
+    the toolkit honours in a container with CAP_SYS_ADMIN, or in any with
+    accept-nvidia-visible-devices-envvar-when-unprivileged (default true)
+    (internal/config/image/cuda_image.go@v1.20.0 VisibleDevices)."""
+    from .podrun import toolkit_settings
+
+    return has_sys_admin(container) or toolkit_settings(toolkit_config)[0]
+
+
 DEVICE_PLUGIN_MIG_ERROR = (
     'E1126 00:00:00.000000       1 main.go:177] error starting plugins: unable to add default '
     "resources to config: error visiting devices: error visiting device: error visiting device: "

@@ -2,8 +2,15 @@
 """ServiceAccount tokens and RBAC for the stand-in API server.
 
 Tokens: what the TokenRequest API (``POST .../serviceaccounts/<name>/token``) hands out and the
-ServiceAccount authenticator accepts, with the real token's claims (iss, sub, aud, exp, and the
-``kubernetes.io`` claim naming the namespace, ServiceAccount, pod and node). LAB SIMPLIFICATION:
+ServiceAccount authenticator accepts, with the real token's claims (iss, sub, aud, exp, jti, and
+the ``kubernetes.io`` claim naming the namespace, ServiceAccount, pod and, for a token bound to a
+pod, the pod's node: kubernetes pkg/serviceaccount/claims.go Claims, ServiceAccountTokenPodNodeInfo
+GA and locked on since 1.32). The authenticated user is the real one (claims.go Validate,
+k8s.io/apiserver pkg/authentication/serviceaccount/util.go@kubernetes-1.34.0 UserInfo): the
+ServiceAccount's username, uid and groups, and in ``extra`` the bound pod's
+authentication.kubernetes.io/pod-name and pod-uid, its node's node-name and node-uid, and
+credential-id ``JTI=<jti>`` (pkg/authentication/token/jwt CredentialIDForJTI), which
+ValidatingAdmissionPolicies read as ``request.userInfo.extra``. LAB SIMPLIFICATION:
 the real API server signs them RS256 with --service-account-signing-key-file (sa.key) and checks
 them with sa.pub; the stand-in signs them HS256 with a key derived from the same sa.key, so
 every control plane of a cluster (they share sa.key) accepts the others' tokens, as the real
@@ -87,6 +94,32 @@ def claims(key: bytes, token: str) -> Obj | None:
 def user_of(c: Obj) -> tuple[str, list[str]]:
     ns = c["kubernetes.io"]["namespace"]
     return c["sub"], [SA_GROUPS[0], f"system:serviceaccounts:{ns}", SA_GROUPS[1]]
+
+
+#: the keys of a ServiceAccount user's extra (util.go PodNameKey ... NodeUIDKey; user.go
+#: CredentialIDKey)
+POD_NAME, POD_UID = "authentication.kubernetes.io/pod-name", "authentication.kubernetes.io/pod-uid"
+NODE_NAME = "authentication.kubernetes.io/node-name"
+NODE_UID = "authentication.kubernetes.io/node-uid"
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
+
+
+def extra_of(c: Obj) -> dict[str, list[str]]:
+    """The user's extra from a token's claims (ServiceAccountInfo.UserInfo): the pod's name and
+    uid when it is bound to one, the node's name (and uid, when known) when the token names a
+    node, the credential id of its jti."""
+    k8s = c.get("kubernetes.io") or {}
+    out: dict[str, list[str]] = {}
+    pod, node = k8s.get("pod") or {}, k8s.get("node") or {}
+    if pod.get("name") and pod.get("uid"):
+        out[POD_NAME], out[POD_UID] = [pod["name"]], [pod["uid"]]
+    if c.get("jti"):
+        out[CREDENTIAL_ID] = [f"JTI={c['jti']}"]
+    if node.get("name"):
+        out[NODE_NAME] = [node["name"]]
+        if node.get("uid"):
+            out[NODE_UID] = [node["uid"]]
+    return out
 
 
 # ------------------------------------------------------------------ authorization

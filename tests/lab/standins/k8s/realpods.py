@@ -156,12 +156,12 @@ class Resolver:
                                   f"{kind.lower()}")
             return path
         if "persistentVolumeClaim" in v:
-            return self.claim(name, v["persistentVolumeClaim"]["claimName"])
+            return self.claim(name, v["persistentVolumeClaim"]["claimName"], base)
         kind = next((k for k in v if k != "name"), "?")
         raise VolumeError(f"LAB STAND-IN kubelet: volume type {kind} (volume {name!r}) is not "
                           "supported in the lab")
 
-    def claim(self, name: str, claim: str) -> str:
+    def claim(self, name: str, claim: str, base: str = "") -> str:
         pvc = self._get("persistentvolumeclaims", claim)
         if pvc is None:
             raise VolumeError(f'persistentvolumeclaim "{claim}" not found')
@@ -174,7 +174,8 @@ class Resolver:
             raise VolumeError(f'persistentvolume "{pv_name}" not found') from e
         spec = pv.get("spec", {})
         if "hostPath" in spec:
-            return str(spec["hostPath"]["path"])
+            # the PV's hostPath goes through the same plugin as a pod's hostPath volume
+            return self.volume({"name": pv_name, "hostPath": spec["hostPath"]}, base)
         if "nfs" in spec:
             server, path = spec["nfs"].get("server", ""), spec["nfs"].get("path", "/")
             if not os.path.isdir(P(LAB_NFS_ROOT)):
@@ -182,13 +183,36 @@ class Resolver:
                                   f"failed: exit status 32 (LAB STAND-IN: no shared folder "
                                   f"{LAB_NFS_ROOT} in this node)")
             local = f"{LAB_NFS_ROOT}/{server}/{path.strip('/')}"
-            os.makedirs(P(local), exist_ok=True)
+            if not os.path.isdir(P(local)):
+                raise VolumeError(nfs_mount_error(pv_name, server, path,
+                                                  spec.get("mountOptions") or [], base))
             return local
         raise VolumeError(f"LAB STAND-IN kubelet: persistent volume {pv_name}: only nfs and "
                           "hostPath volumes are supported in the lab")
 
 
-def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str]) -> Obj:
+def nfs_mount_error(pv_name: str, server: str, path: str, options: list[str], base: str) -> str:
+    """The kubelet's FailedMount text for an NFS volume whose export the server does not have
+    (the lab's export is the shared folder's S/P: missing, the real server's answer). From
+    kubernetes v1.35.0: pkg/volume/util/operationexecutor/operation_generator.go
+    (GenerateError("MountVolume.SetUp failed", err): 'MountVolume.SetUp failed for volume
+    "<spec name>" : <err>'), pkg/volume/nfs/nfs.go (source "<server>:<path>", target
+    .../volumes/kubernetes.io~nfs/<pv>, fstype nfs, the PV's mountOptions) and
+    staging/src/k8s.io/mount-utils/mount_linux.go ("mount failed: %v\nMounting command:
+    %s\nMounting arguments: %s\nOutput: %s", MakeMountArgs: -t FSTYPE [-o OPTS] SOURCE
+    TARGET); the output is mount.nfs's (nfs-utils) for a path the server does not export,
+    exit status 32 (mount(8)'s "mount failure")."""
+    source = f"{server}:{path}"
+    target = f"{base}/volumes/kubernetes.io~nfs/{pv_name}"
+    args = ["-t", "nfs", *(["-o", ",".join(options)] if options else []), source, target]
+    return (f'MountVolume.SetUp failed for volume "{pv_name}" : mount failed: exit status 32\n'
+            f"Mounting command: mount\nMounting arguments: {' '.join(args)}\n"
+            f"Output: mount.nfs: mounting {source} failed, reason given by server: No such "
+            "file or directory\n")
+
+
+def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str],
+                   pod_sc: Obj | None = None) -> Obj:
     mounts = []
     for m in c.get("volumeMounts") or []:
         src = volumes[m["name"]]
@@ -197,10 +221,19 @@ def container_spec(c: Obj, env: dict[str, str], volumes: dict[str, str]) -> Obj:
             os.makedirs(P(src), exist_ok=True)
         mounts.append({"src": P(src), "dst": m["mountPath"], "ro": bool(m.get("readOnly"))})
     limits = (c.get("resources") or {}).get("limits") or {}
-    return {"name": c["name"], "image": c.get("image", ""),
+    sc = c.get("securityContext") or {}
+    # runAsUser/runAsGroup: the container's, else the pod's (the image's USER otherwise)
+    uid = sc.get("runAsUser", (pod_sc or {}).get("runAsUser"))
+    gid = sc.get("runAsGroup", (pod_sc or {}).get("runAsGroup"))
+    return {"name": c["name"],
+            "user": None if uid is None else f"{uid}:{gid if gid is not None else 0}",
+            "image": c.get("image", ""),
             "imagePullPolicy": c.get("imagePullPolicy"),
             "command": c.get("command"), "args": c.get("args"), "env": env,
             "workingDir": c.get("workingDir"), "mounts": mounts,
+            # the toolkit counts CAP_SYS_ADMIN as privileged (privileged.go@v1.20.0)
+            "privileged": bool(sc.get("privileged")) or
+            "SYS_ADMIN" in ((sc.get("capabilities") or {}).get("add") or []),
             "memory": int(parse_quantity(limits["memory"])) if "memory" in limits else None,
             "cpus": float(parse_quantity(limits["cpu"])) if "cpu" in limits else None}
 
@@ -215,7 +248,8 @@ def prepare(client: Client, pod: Obj, node_ip: str, gpus: list[str], gpu_runtime
     volumes = {v["name"]: r.volume(v, base) for v in spec.get("volumes") or []}
     groups: dict[str, list[Obj]] = {}
     for group in ("initContainers", "containers"):
-        groups[group] = [container_spec(c, r.env(c, node_ip), volumes)
+        groups[group] = [container_spec(c, r.env(c, node_ip), volumes,
+                                        spec.get("securityContext"))
                          for c in spec.get(group) or []]
     ports = [{"hostPort": p["hostPort"], "containerPort": p["containerPort"],
               "protocol": p.get("protocol", "TCP").lower()}
