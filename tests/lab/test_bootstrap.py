@@ -260,7 +260,7 @@ def test_on_a_terminal_the_run_shows_the_live_panel(fresh: Lab, tmp_path: Path) 
     # the node's own times: the final table's time column is not 0.0s for any host
     # (box-drawn where it fits the terminal, plain aligned text where it does not)
     times = re.findall(r"^[│ ]*(\S+)[│ ]+\d+[│ ]+\d+[│ ]+\d+[│ ]+([\d.]+)s[│ ]*$",
-                       plain.split("result")[-1], re.M)
+                       plain.split("result")[-1].replace("\r", ""), re.M)
     assert times and "cpu-01" in dict(times), plain[-2000:]
     assert all(t != "0.0" for _host, t in times), plain[-2000:]
 

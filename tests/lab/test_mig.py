@@ -113,9 +113,13 @@ def test_a_device_plugin_that_may_not_read_mig_devices_offers_none_and_gpuk8s_sa
     """The device plugin reads each MIG device's memory through /dev/nvidia-caps: the chart
     gives it NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN, gpuk8s runs it privileged on MIG
     clusters. The lab's plugin exits as the real v0.20.0 does without that ("Insufficient
-    Permissions"): put back the DaemonSet gpuk8s shipped before (all capabilities dropped) and
-    gpu-01 offers no MIG device, a bootstrap fails naming the plugin's error, and the next
-    bootstrap with gpuk8s's own manifest brings the 4 instances back."""
+    Permissions"): give it the securityContext gpuk8s ships on clusters without MIG
+    (CAP_SYS_ADMIN only, which lets the toolkit give it the node's GPUs under
+    volume-mounts, review 2 L6) and no NVIDIA_MIG_MONITOR_DEVICES: gpu-02's whole GPU is
+    still offered, gpu-01 offers no MIG device, a bootstrap fails naming the plugin's error,
+    and the next bootstrap with gpuk8s's own manifest brings the 4 instances back. (With every
+    capability dropped the plugin would see no GPU at all: the toolkit gpuk8s configures
+    ignores NVIDIA_VISIBLE_DEVICES in unprivileged containers.)"""
     ds = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system get daemonset "
                            "nvidia-device-plugin-daemonset -o json"))
     containers = ds["spec"]["template"]["spec"]["containers"]
@@ -124,7 +128,7 @@ def test_a_device_plugin_that_may_not_read_mig_devices_offers_none_and_gpuk8s_sa
     env = [e for e in containers[i]["env"] if e["name"] != "NVIDIA_MIG_MONITOR_DEVICES"]
     patch = json.dumps([
         {"op": "replace", "path": f"/spec/template/spec/containers/{i}/securityContext",
-         "value": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}},
+         "value": {"capabilities": {"add": ["SYS_ADMIN"], "drop": ["ALL"]}}},
         {"op": "replace", "path": f"/spec/template/spec/containers/{i}/env", "value": env}])
     ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system patch daemonset "
            f"nvidia-device-plugin-daemonset --type=json -p '{patch}'")
