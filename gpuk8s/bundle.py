@@ -1,7 +1,7 @@
 """``invoke bundle``: gpuk8s for an admin machine that reaches no package index.
 
 Run it where PyPI (or a mirror) answers and carry the result over. gpuk8s reads roles/ and
-templates/ from its checkout (:func:`gpuk8s.roles.project_root`), so the bundle holds the
+templates/ from its checkout (:func:`gpuk8s.paths.project_root`), so the bundle holds the
 checkout itself (its committed files, never secrets: :func:`source_files`) and, in wheels/,
 a wheel of gpuk8s and of every runtime dependency for the target's Python and platform, with
 setuptools, which ``pip install -e .`` builds with. Only the admin machine's Python
@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from gpuk8s.bundlefiles import MANIFEST, left_out, source_files
 from gpuk8s.errors import BundleError
-from gpuk8s.roles import project_root
+from gpuk8s.paths import project_root
 
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 

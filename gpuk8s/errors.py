@@ -141,3 +141,13 @@ class RunFolderError(Gpuk8sError):
         self.message = message
         self.fix = fix
         super().__init__(f"{message}\n  fix: {fix}")
+
+
+class ProjectRootError(Gpuk8sError):
+    """GPUK8S_HOME (or, unset, the folder gpuk8s is installed in) is not a gpuk8s checkout:
+    roles/, templates/ or the variables' defaults are missing there; says what, and the fix."""
+
+    def __init__(self, message: str, *, fix: str) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message}\n  fix: {fix}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -18,13 +17,8 @@ from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.system import OsRelease
 from gpuk8s.ops import Op
 from gpuk8s.ops.apt import Apt
+from gpuk8s.paths import project_root
 from gpuk8s.templating import HostVars, host_placeholders
-
-
-def project_root() -> Path:
-    """The checkout gpuk8s runs from (roles/, templates/): $GPUK8S_HOME or the package's parent."""
-    env = os.environ.get("GPUK8S_HOME")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -60,9 +54,12 @@ class HostContext:
         return render(self.role, name, {**raw, **self.cluster, **extra}).encode()
 
 
-@cache
 def _env(role: str) -> jinja2.Environment:
-    root = project_root()
+    return _root_env(project_root(), role)
+
+
+@cache
+def _root_env(root: Path, role: str) -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(root / "roles" / role / "templates"),
                                         str(root / "templates")]),
@@ -105,9 +102,14 @@ class Role:
         return frozenset(getattr(self.module, "REPLANNED_HANDLERS", ()))
 
 
-@cache
 def load_role(name: str) -> Role:
-    path = project_root() / "roles" / name / "role.py"
+    """The role ``name`` of the project root (gpuk8s.paths.project_root), loaded once."""
+    return _load_role(project_root(), name)
+
+
+@cache
+def _load_role(root: Path, name: str) -> Role:
+    path = root / "roles" / name / "role.py"
     if not path.exists():
         raise PlanError(f"role {name!r} not found at {path}")
     spec = importlib.util.spec_from_file_location(f"gpuk8s_roles.{name}", path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import builtins
 import difflib
 import functools
-import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from gpuk8s import paths
 from gpuk8s.checks import (
     JINJA_MARK,
     Rule,
@@ -28,7 +28,6 @@ from gpuk8s.checks import (
 from gpuk8s.errors import InventoryError
 from gpuk8s.templating import ENV, is_rendered
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
 
 
@@ -86,14 +85,13 @@ class VarSpec:
 
 
 def load_variable_specs(project_root: Path | None = None) -> dict[str, VarSpec]:
-    """Read gpuk8s/defaults.yaml and roles/*/defaults.yaml (sorted) into specs, by name.
+    """Read gpuk8s/defaults.yaml and roles/*/defaults.yaml (sorted) into specs, by name, from
+    ``project_root``, by default the one the roles come from (gpuk8s.paths.project_root).
 
-    Raises InventoryError when a defaults file is broken or two files define one variable.
+    Raises InventoryError when a defaults file is broken or two files define one variable,
+    ProjectRootError when $GPUK8S_HOME is no gpuk8s checkout.
     """
-    # the checkout the roles come from: $GPUK8S_HOME, as gpuk8s.roles.project_root (a gpuk8s
-    # wheel installed apart from its checkout has only gpuk8s/defaults.yaml beside it)
-    home = os.environ.get("GPUK8S_HOME")
-    root = (project_root or (Path(home) if home else PROJECT_ROOT)).resolve()
+    root = (project_root or paths.project_root()).resolve()
     return dict(_load_specs_cached(root))
 
 

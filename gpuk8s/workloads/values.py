@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from gpuk8s.errors import Gpuk8sError
-from gpuk8s.roles import project_root
+from gpuk8s.paths import project_root
 from gpuk8s.sinks import DNS1123_SUBDOMAIN
 from gpuk8s.variables import parse_set_value
 

@@ -3,14 +3,12 @@ from a local wheel cache and installed, with no index, into a fresh venv."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 
 from gpuk8s import bundle as b
 from gpuk8s.errors import BundleError
+from tests.unit.installs import bare_venv, no_index, sh, wheel_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -349,42 +348,12 @@ def test_invoke_and_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- the real thing ------------------------------------------------------------------------
 
-def _wheel_cache(reqs: list[str]) -> Path:
-    """Every wheel the bundle needs for this Python, downloaded once (from the index pip is
-    set up with) into ~/.cache/gpuk8s/bundle-wheels/<key>, key: requirements, Python, platform."""
-    key = hashlib.sha256(repr((sorted(reqs), sys.version_info[:2],
-                               sysconfig.get_platform())).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "gpuk8s" / \
-        "bundle-wheels" / key
-    if not cache.is_dir():
-        partial = cache.with_name(f"{key}.partial-{os.getpid()}")
-        proc = subprocess.run(b.download_command(reqs, partial, b.Target()),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode:
-            shutil.rmtree(partial, ignore_errors=True)
-            pytest.fail("cannot fill the wheel cache (needs the package index once):\n" +
-                        proc.stdout[-3000:])
-        with contextlib.suppress(OSError):  # unless another run filled it first
-            partial.rename(cache)
-        shutil.rmtree(partial, ignore_errors=True)
-    return cache
-
-
-def _sh(cmd: list[str], cwd: Path, **env: str) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env={**os.environ, **env})
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout[-4000:]}"
-    return proc.stdout
-
-
 def test_a_real_bundle_installs_with_no_index(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    cache = _wheel_cache(b.project(ROOT)["requirements"])
+    cache = wheel_cache(b.project(ROOT)["requirements"])
     start = time.monotonic()
-    # from here on pip sees no config, no index and no find-links but the ones passed
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # refused if ever asked
-    for var in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT", "GPUK8S_HOME"):
+    no_index(monkeypatch)
+    for var in ("GPUK8S_HOME", "PYTHONPATH"):  # PYTHONPATH: the venvs import their own gpuk8s
         monkeypatch.delenv(var, raising=False)
     result = b.bundle(tmp_path / "out", tarball=True, find_links=[str(cache)], no_index=True,
                       out=io.StringIO())
@@ -400,19 +369,17 @@ def test_a_real_bundle_installs_with_no_index(tmp_path: Path,
                                  env={**os.environ, "PYTHON": sys.executable})
     # meanwhile the other way: the gpuk8s wheel in a bare venv, GPUK8S_HOME at the checkout
     venv = tmp_path / "venv"
-    _sh([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
-    _sh([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
-         "--no-index", "--find-links", str(top / "wheels"), "gpuk8s"], tmp_path)
+    bare_venv(venv, top / "wheels", "gpuk8s")
     code = "import gpuk8s, fabric, invoke, paramiko; print(gpuk8s.__file__)"
-    assert str(venv) in _sh([str(venv / "bin/python"), "-c", code], tmp_path)
-    out = _sh([str(venv / "bin/gpuk8s"), "check", "-i", "inventories/lab.yaml"], checkout,
+    assert str(venv) in sh([str(venv / "bin/python"), "-c", code], tmp_path)
+    out = sh([str(venv / "bin/gpuk8s"), "check", "-i", "inventories/lab.yaml"], checkout,
               GPUK8S_HOME=str(checkout))
     assert "no problems" in out
     log, _ = installer.communicate(timeout=300)
     assert installer.returncode == 0, log[-4000:]
     python = checkout / ".venv/bin/python"
-    assert str(checkout) in _sh([str(python), "-c", code], tmp_path)  # editable: the checkout
-    assert "bootstrap" in _sh([str(checkout / ".venv/bin/invoke"), "--list"], checkout)
+    assert str(checkout) in sh([str(python), "-c", code], tmp_path)  # editable: the checkout
+    assert "bootstrap" in sh([str(checkout / ".venv/bin/invoke"), "--list"], checkout)
     elapsed = time.monotonic() - start
     print(f"bundle {result['bytes'] / 2**20:.1f} MiB, {result['wheels']} wheels; "
           f"built and installed twice in {elapsed:.1f} s")
