@@ -278,15 +278,26 @@ class Cluster:
         self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
             **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
             **(env or {})})
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        self.wait_listening()
         from k8s.client import Client
 
         self.client = Client(kubeconfig.load(str(self.kubeconfig)))
+
+    def wait_listening(self, timeout: float = 60) -> None:
+        """Until the API server accepts connections. It imports its CEL library and waits for
+        its etcd first: seconds on a loaded 2-core CI machine (10 s was once not enough)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.flush()
+                raise AssertionError(f"the API server exited {self.proc.returncode}:\n"
+                                     + (self.root / "apiserver.log").read_text()[-3000:])
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"the API server did not listen on {self.port} in {timeout:.0f} s")
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 60
                 ) -> subprocess.CompletedProcess[str]:
@@ -852,6 +863,7 @@ spec:
         args = cluster.proc.args
         cluster.proc = subprocess.Popen(args, stderr=cluster.log, stdout=cluster.log, env={
             **os.environ, "PYTHONPATH": str(STANDINS)})
+        cluster.wait_listening()
         cluster.wait(lambda: cluster.kubectl("get", "node", "gpu-01").returncode == 0)
 
 

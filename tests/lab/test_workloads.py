@@ -18,6 +18,7 @@ import base64
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,16 @@ def pod_log(lab: Lab, pod: dict[str, Any]) -> str:
 def in_pod_cidr(lab: Lab, pod: dict[str, Any]) -> bool:
     node = json.loads(kubectl(lab, f"get node {pod['spec']['nodeName']} -o json"))
     return ip_address(pod["status"]["podIP"]) in ip_network(node["spec"]["podCIDR"])
+
+
+def get_in_cluster(lab: Lab, url: str, *curl: str) -> str:
+    """GET url with curl on cp-01, from inside the cluster (a ClusterIP Service since review 2,
+    L5), connection refusals retried while kube-proxy's rules catch up; the body, or what
+    ``curl`` options ask to print."""
+    rc, out, err = lab.ssh("cp-01", "curl -sf --retry 10 --retry-connrefused --retry-delay 1 "
+                           f"-m 30 {' '.join(shlex.quote(c) for c in curl)} {shlex.quote(url)}")
+    assert rc == 0, (url, out, err)
+    return out
 
 
 def get_status(url: str, wait: float = 15) -> int:
@@ -283,10 +294,7 @@ def test_tensorboard_serves_the_training_runs_scalars(cluster: Lab) -> None:
     url = f"http://{svc['clusterIP']}:6006"
 
     def get_json(path: str) -> Any:
-        rc, out, err = cluster.ssh("cp-01", f"curl -sf --retry 10 --retry-connrefused "
-                                   f"--retry-delay 1 -m 30 '{url}{path}'")
-        assert rc == 0, (path, out, err)
-        return json.loads(out)
+        return json.loads(get_in_cluster(cluster, url + path))
 
     assert isinstance(get_json("/data/runs"), list)
     tags = get_json("/data/plugin/scalars/tags")
@@ -453,9 +461,8 @@ def test_a_pod_whose_runner_died_gets_a_new_sandbox_and_leaks_no_network(cluster
     # the new sandbox serves: through the Service's ClusterIP (no NodePort since review 2, L5)
     ip = json.loads(kubectl(cluster, "get service tensorboard -n ml -o json"))["spec"][
         "clusterIP"]
-    rc, out, err = cluster.ssh("cp-01", "curl -sf --retry 10 --retry-connrefused --retry-delay 1 "
-                               f"-m 30 -o /dev/null -w '%{{http_code}}' 'http://{ip}:6006/data/runs'")
-    assert (rc, out) == (0, "200"), (out, err)
+    assert get_in_cluster(cluster, f"http://{ip}:6006/data/runs", "-o", "/dev/null",
+                          "-w", "%{http_code}") == "200"
     rc, out, _ = cluster.ssh(node, "ip netns list")
     assert out.count(f"gpuk8s-{uid[:13]}") == 1, out
 
