@@ -1,8 +1,14 @@
-"""Roles in Ansible's shape (defaults.yaml, templates/, role.py) loaded from <project>/roles."""
+"""Roles in Ansible's shape (defaults.yaml, templates/, role.py) loaded from <project>/roles.
+
+roles/<name>/role.py is imported once, as the module ``roles.<name>.role`` (the package
+``roles`` is the project root's roles/), whether load_role, another role or a test imports it."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
 import importlib.util
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -112,8 +118,24 @@ def _load_role(root: Path, name: str) -> Role:
     path = root / "roles" / name / "role.py"
     if not path.exists():
         raise PlanError(f"role {name!r} not found at {path}")
-    spec = importlib.util.spec_from_file_location(f"gpuk8s_roles.{name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Role(name, module)
+    _import_roles_package(root)
+    return Role(name, importlib.import_module(f"roles.{name}.role"))
+
+
+def _import_roles_package(root: Path) -> None:
+    """Make the package ``roles`` root/roles (as ``import roles`` with root on sys.path would);
+    one that is imported already from another folder is a PlanError."""
+    folder = root / "roles"
+    package = sys.modules.get("roles")
+    if package is None:
+        spec = importlib.machinery.PathFinder.find_spec("roles", [str(root)])
+        assert spec
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["roles"] = package
+        assert spec.loader
+        spec.loader.exec_module(package)
+    where = [Path(p).resolve() for p in getattr(package, "__path__", [])]
+    if where != [folder.resolve()]:
+        shown = ", ".join(map(str, where)) or repr(package)
+        raise PlanError(f"cannot load the roles of {root}: the package roles is imported from "
+                        f"{shown} already")

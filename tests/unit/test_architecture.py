@@ -5,8 +5,13 @@ imports included), its packages (facts/, session.py...) import only the layers b
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import sys
+import types
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,3 +286,52 @@ def test_a_role_sees_its_url_rendered_with_the_host_facts() -> None:
     assert ctx.var("nvidia_cuda_repo_url") == "https://x.example/ubuntu2404/"
     assert ctx.var("docker_repo_url") == "https://d.example/ubuntu"
     assert ctx.var("apt_lock_timeout") == 5
+
+
+def role_files_by_module() -> dict[Path, list[str]]:
+    """Each file of roles/ that is imported: the names of its module objects in sys.modules."""
+    loaded: dict[Path, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().is_relative_to(ROOT / "roles"):
+            loaded.setdefault(Path(file).resolve(), []).append(name)
+    return loaded
+
+
+def test_a_role_module_is_imported_under_one_name() -> None:
+    """roles/<name>/role.py is one module, roles.<name>.role, whether load_role, another role
+    or a test imports it: one copy of its state (preflight's INVENTORY_RULES...)."""
+    import roles.preflight.role as preflight
+    from gpuk8s.playbook import ALL_ROLES
+    from gpuk8s.roles import load_role
+
+    for role in ALL_ROLES:
+        load_role(role)
+    assert preflight.check is sys.modules["roles.preflight.role"].check
+    loaded = role_files_by_module()
+    assert ROOT / "roles" / "preflight" / "role.py" in loaded
+    wrong = {str(path.relative_to(ROOT)): names for path, names in loaded.items()
+             if names != [_module_name(path)]}
+    assert wrong == {}, "role files imported under another name (or twice): import a role " \
+        "as roles.<name>.role, or through gpuk8s.roles.load_role"
+    # a second import of a role file, as a loader of its own would make it, is caught
+    path = ROOT / "roles" / "base" / "role.py"
+    spec = importlib.util.spec_from_file_location("elsewhere.base", path)
+    assert spec and spec.loader
+    sys.modules["elsewhere.base"] = importlib.util.module_from_spec(spec)
+    try:
+        assert sorted(role_files_by_module()[path]) == ["elsewhere.base", "roles.base.role"]
+    finally:
+        del sys.modules["elsewhere.base"]
+
+
+def test_the_roles_package_is_the_project_roots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another folder's package roles, imported first, is a PlanError, not a silent mix."""
+    from gpuk8s.errors import PlanError
+    from gpuk8s.roles import _import_roles_package
+
+    other = types.ModuleType("roles")
+    other.__path__ = ["/elsewhere/roles"]
+    monkeypatch.setitem(sys.modules, "roles", other)
+    with pytest.raises(PlanError, match="the package roles is imported from /elsewhere/roles"):
+        _import_roles_package(ROOT)
