@@ -25,7 +25,7 @@ from gpuk8s.inventory.check import cluster_problems
 from gpuk8s.inventory.endpoint import inventory_cluster
 from gpuk8s.inventory.model import BASTION, Host, Inventory
 from gpuk8s.report import Reporter, untrusted
-from gpuk8s.roles import HostContext, load_role
+from gpuk8s.roles import HostContext, PreflightExports, exports
 from gpuk8s.runner import become_prompt, bootstrap
 from gpuk8s.session import open_session
 from gpuk8s.variables import load_variable_specs
@@ -163,7 +163,7 @@ def preflight_problems(inv: Inventory, *, skip_broken: bool = False
     has problems already, so a host whose variables a rule cannot read is passed over."""
     if not inv.control_planes:
         return [], []
-    role = load_role("preflight").module
+    role = exports(PreflightExports)
     cluster = inventory_cluster(inv)
     errors: list[InventoryError] = []
     warnings: list[str] = []

@@ -55,9 +55,9 @@ def kubeadm_images(vars: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def cluster_images(vars: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(image, what pulls it) for the cluster itself at these variables."""
-    from gpuk8s.roles import load_role
+    from gpuk8s.roles import ContainerRuntimeExports, exports
 
-    sandbox = load_role("container_runtime").module.sandbox_image(vars)
+    sandbox = exports(ContainerRuntimeExports).sandbox_image(vars)
     out = [*kubeadm_images(vars), (sandbox, "containerd (pod sandbox)")]
     cni = str(vars["cni"])
     context = dict(vars)

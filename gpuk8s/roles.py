@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import jinja2
 
+from gpuk8s.checks import Rule
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.system import OsRelease
@@ -83,29 +84,98 @@ def render(role: str, name: str, context: Mapping[str, Any]) -> str:
         raise PlanError(f"template {name} (role {role}): {exc.message}") from None
 
 
+#: a handler: the op a role's steps notify by name, run once after them
+Handler = Callable[[HostContext], Op]
+#: a preflight problem: (check name, message, fix); a check listed in preflight_ignore becomes
+#: a warning
+Problem = tuple[str, str, str]
+#: a host's preflight problems: (errors, warnings)
+Problems = tuple[list[Problem], list[Problem]]
+
+
+class Exports:
+    """What other code uses of one role beside its plan: a frozen dataclass per role (below),
+    which that role's role.py fills in as EXPORTS; read it with :func:`exports`."""
+
+    role: ClassVar[str]
+
+
+@dataclass(frozen=True)
+class ContainerRuntimeExports(Exports):
+    role: ClassVar[str] = "container_runtime"
+    #: the pod sandbox (pause) image containerd runs at these variables
+    sandbox_image: Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class NvidiaDriverExports(Exports):
+    role: ClassVar[str] = "nvidia_driver"
+    #: the driver packages the role installs or asks about at these variables
+    driver_package_names: Callable[[Mapping[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class PreflightExports(Exports):
+    role: ClassVar[str] = "preflight"
+    #: one host's checks, preflight_ignore applied
+    check: Callable[[HostContext], Problems]
+    #: the checks that need only the inventory (`gpuk8s check` runs them before any contact)
+    inventory_check: Callable[[HostContext], Problems]
+    #: checks whose failure leaves nothing to plan for the host
+    unplannable: frozenset[str]
+
+
+E = TypeVar("E", bound=Exports)
+
+
 @dataclass(frozen=True)
 class Role:
-    """A loaded role module."""
+    """A loaded role, used through these methods only: its plan, facts, HANDLERS,
+    REPLANNED_HANDLERS, RULES, PACKAGES and EXPORTS (each optional but plan)."""
 
     name: str
-    module: ModuleType
+    _module: ModuleType = field(repr=False)
 
     def facts(self, vars: Mapping[str, Any]) -> Sequence[Fact[Any]]:
-        fn: Callable[[Mapping[str, Any]], Sequence[Fact[Any]]] | None = \
-            getattr(self.module, "facts", None)
+        """The facts its plan reads on a host with these variables."""
+        fn: Callable[[Mapping[str, Any]], Sequence[Fact[Any]]] | None = self._get("facts", None)
         return fn(vars) if fn else ()
 
     def plan(self, ctx: HostContext) -> list[Op]:
-        result: list[Op] = self.module.plan(ctx)
-        return result
+        fn: Callable[[HostContext], list[Op]] = self._get("plan")
+        return fn(ctx)
 
-    def handlers(self) -> Mapping[str, Callable[[HostContext], Op]]:
-        return getattr(self.module, "HANDLERS", {})
+    def handlers(self) -> Mapping[str, Handler]:
+        return self._get("HANDLERS", {})
 
     def replanned_handlers(self) -> frozenset[str]:
         """Handlers the role plans again from the host's state (REPLANNED_HANDLERS): a run
         killed before one of them needs no marker to have it run next time."""
-        return frozenset(getattr(self.module, "REPLANNED_HANDLERS", ()))
+        return frozenset(self._get("REPLANNED_HANDLERS", ()))
+
+    def rules(self) -> Mapping[str, Rule]:
+        """Its variables' rules (RULES): their checks, choices and scope."""
+        return self._get("RULES", {})
+
+    def packages(self) -> tuple[str, ...]:
+        """The apt packages it installs (PACKAGES), which a reset with purge removes."""
+        return tuple(self._get("PACKAGES", ()))
+
+    def exports(self, kind: type[E]) -> E:
+        """Its EXPORTS, which must be a ``kind``."""
+        value = self._get("EXPORTS", None)
+        if not isinstance(value, kind):
+            raise PlanError(f"role {self.name} exports no {kind.__name__} (its EXPORTS is "
+                            f"{type(value).__name__}, in {self._module.__file__})")
+        return value
+
+    def _get(self, attr: str, *default: Any) -> Any:
+        return getattr(self._module, attr, *default)
+
+
+def exports(kind: type[E]) -> E:
+    """The EXPORTS of the role ``kind`` describes (``kind.role``)."""
+    return load_role(kind.role).exports(kind)
 
 
 def load_role(name: str) -> Role:

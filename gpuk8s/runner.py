@@ -34,7 +34,7 @@ from gpuk8s.playbook import (
     package_cache_host,
 )
 from gpuk8s.report import Reporter
-from gpuk8s.roles import load_role
+from gpuk8s.roles import PreflightExports, exports, load_role
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, context, open_session
 
 
@@ -43,7 +43,7 @@ def preflight(session: Session, *, show: bool = True) -> None:
     (``show``: print the warnings and problems first; status only reads them)."""
     errors: dict[str, list[tuple[str, str, str]]] = {}
     warnings: dict[str, list[tuple[str, str, str]]] = {}
-    role = load_role(PREFLIGHT).module
+    role = exports(PreflightExports)
     for name in session.scope:
         session.cluster.setdefault("joined", {})[name] = _file_exists(
             session.facts[name], "/etc/kubernetes/kubelet.conf")
@@ -319,7 +319,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         try:
             preflight(session)
         except PreflightError as exc:
-            unplannable = load_role(PREFLIGHT).module.UNPLANNABLE
+            unplannable = exports(PreflightExports).unplannable
             if not check or any(p[0] in unplannable for ps in exc.problems.values() for p in ps):
                 raise  # a host that cannot be named, or has no systemd, has no plan either
             blocked = exc  # plan anyway: show what a fixed host would get

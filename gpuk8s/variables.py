@@ -50,7 +50,7 @@ def rules() -> dict[str, Rule]:
 
     out = dict(CLUSTER_RULES)
     for role in dict.fromkeys(ALL_ROLES):
-        out.update(getattr(load_role(role).module, "RULES", {}))
+        out.update(load_role(role).rules())
     return out
 
 

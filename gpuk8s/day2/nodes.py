@@ -105,19 +105,16 @@ def _role_packages(role: str, facts: HostFacts) -> list[str]:
     """The packages a role installs that this host has (its PACKAGES, as the probe saw them)."""
     from gpuk8s.roles import load_role
 
-    names: tuple[str, ...] = load_role(role).module.PACKAGES
-    return sorted(facts.get(Packages(*names)) or {})
+    return sorted(facts.get(Packages(*load_role(role).packages())) or {})
 
 
 
 def _driver_names(session: Session, host: str) -> list[str]:
     """The driver packages the nvidia_driver role asks about (the same fact request, so the
     probe already answered it); their dependencies go with --autoremove."""
-    from gpuk8s.roles import load_role
+    from gpuk8s.roles import NvidiaDriverExports, exports
 
-    module = load_role("nvidia_driver").module
-    names: list[str] = module.driver_package_names(session.host(host).vars)
-    return names
+    return exports(NvidiaDriverExports).driver_package_names(session.host(host).vars)
 
 
 # -- add / remove -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from gpuk8s.ops import registry as reg
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.kube import KUBEADM_IMAGES
 from gpuk8s.ops.services import restart_containerd
-from gpuk8s.roles import HostContext
+from gpuk8s.roles import ContainerRuntimeExports, HostContext
 
 CONFIG = "/etc/containerd/config.toml"
 LIST = "/etc/apt/sources.list.d/docker.list"
@@ -146,3 +146,6 @@ HANDLERS = {
     "reload docker": lambda ctx: change("container_runtime | reload docker", "reload docker",
                                         "systemctl reload docker"),
 }
+
+#: what other code uses of this role (gpuk8s.roles.exports)
+EXPORTS = ContainerRuntimeExports(sandbox_image=sandbox_image)

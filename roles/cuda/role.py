@@ -11,7 +11,8 @@ from gpuk8s.facts.nvidia import CudaToolkits
 from gpuk8s.facts.system import OsRelease, Packages, PciDevices
 from gpuk8s.ops import Op, noop
 from gpuk8s.ops.apt import packages
-from gpuk8s.roles import HostContext, load_role
+from gpuk8s.roles import HostContext
+from roles.nvidia_driver.role import cuda_repo_op, driver_source
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
@@ -39,10 +40,9 @@ def plan(ctx: HostContext) -> list[Op]:
         return []
     if not ctx.var("cuda_toolkit_enabled"):
         return [noop("cuda | toolkit", "= cuda_toolkit_enabled is false")]
-    driver = load_role("nvidia_driver").module
     ops = []
-    if driver.driver_source(ctx.vars, ctx.facts[OsRelease()]) != "cuda":
-        ops.append(driver.cuda_repo_op(ctx, "cuda | CUDA apt repo"))
+    if driver_source(ctx.vars, ctx.facts[OsRelease()]) != "cuda":
+        ops.append(cuda_repo_op(ctx, "cuda | CUDA apt repo"))
     name = _package(ctx.vars)
     version = str(ctx.var("cuda_version"))
     present = ctx.facts[CudaToolkits()]

@@ -21,7 +21,7 @@ from gpuk8s.facts.system import (
 )
 from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
-from gpuk8s.roles import HostContext
+from gpuk8s.roles import HostContext, NvidiaDriverExports
 
 BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
 CUDA_LIST = "/etc/apt/sources.list.d/cuda.list"
@@ -241,3 +241,6 @@ HANDLERS = {
 #: planned from the loaded module (nvidia-smi): "load installed driver" asks for the reboot,
 #: and a driver that sees fewer GPUs than the PCI bus gets its check
 REPLANNED_HANDLERS = ("reboot", "verify driver")
+
+#: what other code uses of this role (gpuk8s.roles.exports)
+EXPORTS = NvidiaDriverExports(driver_package_names=driver_package_names)

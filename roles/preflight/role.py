@@ -23,8 +23,9 @@ from gpuk8s.facts.system import (
 from gpuk8s.gpusharing import sharing_of
 from gpuk8s.ops import Op
 from gpuk8s.ops import registry as reg
-from gpuk8s.roles import HostContext, load_role
+from gpuk8s.roles import HostContext, PreflightExports, Problem, Problems
 from gpuk8s.sinks import node_name_problem
+from roles.base.role import MODULES
 
 SUPPORTED_OS = {("ubuntu", "22.04"), ("ubuntu", "24.04"), ("debian", "12")}
 CONTROL_PLANE_PORTS = (6443, 2379, 2380, 10250, 10257, 10259)
@@ -36,10 +37,8 @@ NEVER_IGNORED = {"hostname", "init", "gpu_sharing", "lab_signing_key"}
 #: of listing steps (enable kubelet, modprobe ...) that cannot run there
 UNPLANNABLE = frozenset({"hostname", "init", "gpu_sharing", "lab_signing_key"})
 #: kernel modules the node needs: the base role's, which it persists and loads
-NEEDED_MODULES: tuple[str, ...] = load_role("base").module.MODULES
+NEEDED_MODULES: tuple[str, ...] = MODULES
 _LOOPBACK = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
-#: (check name, message, fix); a check listed in preflight_ignore becomes a warning
-Problem = tuple[str, str, str]
 
 
 #: a rule that needs only the inventory: the host's variables, groups and the inventory's
@@ -85,7 +84,7 @@ def _endpoint_facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [Reaches(str(endpoint))]
 
 
-def _endpoint_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+def _endpoint_problems(ctx: HostContext) -> Problems:
     """control_plane_endpoint must resolve on every node; a load balancer that does not answer
     yet is only a warning (its backends are the control planes this run builds)."""
     facts = _endpoint_facts(ctx.vars)
@@ -105,7 +104,7 @@ def _endpoint_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     return [], []
 
 
-def _mirror_problems(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+def _mirror_problems(ctx: HostContext) -> Problems:
     """Every registry mirror answers on this node (any HTTP answer of /v2/: 200, or 401 from a
     registry that wants a login)."""
     errors: list[Problem] = []
@@ -282,7 +281,7 @@ def _sharing_problems(ctx: HostContext, gpus: list[Any]) -> list[Problem]:
     return []
 
 
-def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+def check(ctx: HostContext) -> Problems:
     """(errors, warnings) for one host."""
     f = ctx.facts
     os_ = f[OsRelease()]
@@ -369,16 +368,19 @@ def check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
     return _ignored(ctx, errors, warnings)
 
 
-def inventory_check(ctx: HostContext) -> tuple[list[Problem], list[Problem]]:
+def inventory_check(ctx: HostContext) -> Problems:
     """(errors, warnings) of the rules that need only the inventory (INVENTORY_RULES), with
     preflight_ignore applied: what `gpuk8s check` reports for a host before contacting it."""
     errors = [p for rule in INVENTORY_RULES for p in rule(ctx)]
     return _ignored(ctx, errors, [])
 
 
-def _ignored(ctx: HostContext, errors: list[Problem], warnings: list[Problem]
-             ) -> tuple[list[Problem], list[Problem]]:
+def _ignored(ctx: HostContext, errors: list[Problem], warnings: list[Problem]) -> Problems:
     """A check listed in preflight_ignore (and not in NEVER_IGNORED) becomes a warning."""
     ignore = set(ctx.var("preflight_ignore")) - NEVER_IGNORED
     return ([p for p in errors if p[0] not in ignore],
             warnings + [p for p in errors if p[0] in ignore])
+
+
+#: what other code uses of this role (gpuk8s.roles.exports)
+EXPORTS = PreflightExports(check=check, inventory_check=inventory_check, unplannable=UNPLANNABLE)

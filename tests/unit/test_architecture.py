@@ -245,7 +245,7 @@ def test_every_rule_names_a_variable_its_role_owns() -> None:
         if name not in CLUSTER_RULES:
             from gpuk8s.roles import load_role
 
-            assert name in getattr(load_role(owner).module, "RULES", {}), \
+            assert name in load_role(owner).rules(), \
                 f"{name} is {owner}'s variable but another role declares its rule"
 
 
@@ -335,3 +335,38 @@ def test_the_roles_package_is_the_project_roots(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "roles", other)
     with pytest.raises(PlanError, match="the package roles is imported from /elsewhere/roles"):
         _import_roles_package(ROOT)
+
+
+#: a reach into the module behind a Role (load_role(x).module.ATTR, role._module)
+_REACH_IN = re.compile(r"load_role\([^)]*\)\s*\.\s*module\b|\._module\b")
+
+
+def test_no_code_reaches_into_the_module_behind_a_role() -> None:
+    """Code uses a role through Role's typed methods and its EXPORTS (gpuk8s.roles), or imports
+    roles.<name>.role outright: never through the module a Role wraps."""
+    from gpuk8s.roles import load_role
+
+    assert not hasattr(load_role("base"), "module")
+    files = [*(ROOT / "gpuk8s").rglob("*.py"), *(ROOT / "roles").rglob("*.py"),
+             *(ROOT / "tests" / "unit").glob("*.py"), ROOT / "tasks.py"]
+    skip = {ROOT / "gpuk8s" / "roles.py", Path(__file__).resolve()}
+    offenders = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+                 for path in sorted(set(files) - skip)
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if _REACH_IN.search(line)]
+    assert offenders == [], "use the role's methods, add what it offers to its EXPORTS " \
+        "(gpuk8s/roles.py), or import roles.<name>.role"
+    assert _REACH_IN.search('sandbox = load_role("container_runtime").module.sandbox_image(v)')
+
+
+def test_every_role_exports_what_gpuk8s_reads() -> None:
+    """Each Exports of gpuk8s/roles.py is its role's EXPORTS; another role has none to give."""
+    from gpuk8s.errors import PlanError
+    from gpuk8s.roles import Exports, PreflightExports, exports, load_role
+
+    kinds = Exports.__subclasses__()
+    assert len(kinds) >= 3
+    for kind in kinds:
+        assert isinstance(exports(kind), kind)
+    with pytest.raises(PlanError, match="role base exports no PreflightExports"):
+        load_role("base").exports(PreflightExports)

@@ -14,6 +14,7 @@ from gpuk8s.cli import main
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts import HostFacts
 from gpuk8s.report import Reporter
+from roles.preflight import role as preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -637,12 +638,6 @@ def test_kubesprays_separate_etcd_group_is_named_in_the_fix(tmp_path: Path) -> N
 
 
 # -- check and preflight hold an inventory to the same rules -----------------------------------
-def _preflight_module() -> Any:
-    from gpuk8s.roles import load_role
-
-    return load_role("preflight").module
-
-
 def test_local_yaml_is_refused_by_check_as_plan_refuses_it() -> None:
     """inventories/local.yaml: `check` said "plan and bootstrap will accept this inventory",
     then plan's preflight refused its loopback endpoint (the real H200 host). The same rule
@@ -662,7 +657,7 @@ def test_local_yaml_is_refused_by_check_as_plan_refuses_it() -> None:
     ctx = HostContext("localhost", "preflight", vars,
                       fresh_facts("ubuntu2404", 1, "localhost", dict(vars)),
                       {**inventory_cluster(inv), "joined": {}}, host.groups)
-    errors, _ = _preflight_module().check(ctx)  # plan's preflight, with a healthy host's facts
+    errors, _ = preflight.check(ctx)  # plan's preflight, with a healthy host's facts
     assert [p[0] for p in errors] == ["endpoint"]
     _, message, fix = errors[0]
     flat = " ".join(text.split())
@@ -672,10 +667,9 @@ def test_local_yaml_is_refused_by_check_as_plan_refuses_it() -> None:
 
 
 def test_check_runs_every_inventory_rule_on_every_member() -> None:
-    mod = _preflight_module()
-    assert len(mod.INVENTORY_RULES) >= 3
+    assert len(preflight.INVENTORY_RULES) >= 3
     seen: list[tuple[str, str]] = []
-    originals = list(mod.INVENTORY_RULES)
+    originals = list(preflight.INVENTORY_RULES)
 
     def recording(rule: Any) -> Any:
         def wrapped(ctx: Any) -> Any:
@@ -683,11 +677,11 @@ def test_check_runs_every_inventory_rule_on_every_member() -> None:
             return rule(ctx)
         return wrapped
 
-    mod.INVENTORY_RULES[:] = [recording(r) for r in originals]
+    preflight.INVENTORY_RULES[:] = [recording(r) for r in originals]
     try:
         result, text = run(ROOT / "inventories" / "lab.yaml")
     finally:
-        mod.INVENTORY_RULES[:] = originals
+        preflight.INVENTORY_RULES[:] = originals
     assert result is not None, text
     hosts = ["cp-01", "gpu-01", "gpu-02", "cpu-01"]
     assert sorted(seen) == sorted((r.__name__, h) for r in originals for h in hosts)
@@ -717,7 +711,6 @@ def test_every_preflight_rule_that_reads_no_fact_runs_in_check() -> None:
     from gpuk8s.roles import HostContext
     from tests.unit.scenarios import default_vars
 
-    mod = _preflight_module()
     variants = [default_vars(), default_vars(control_plane_endpoint="k8s-api.lab:6443",
                                              control_plane_endpoint_mode="external"),
                 default_vars(registry_mirrors={"docker.io": ["http://10.88.0.1:5000"]},
@@ -726,8 +719,8 @@ def test_every_preflight_rule_that_reads_no_fact_runs_in_check() -> None:
     cluster = {"control_planes": [{"host": "cp-01", "address": "127.0.0.1"}],
                "endpoint_mode": "direct", "advertise_address": "127.0.0.1", "joined": {}}
     candidates = []
-    for name, fn in vars(mod).items():
-        if not inspect.isfunction(fn) or fn.__module__ != mod.__name__ or name in (
+    for name, fn in vars(preflight).items():
+        if not inspect.isfunction(fn) or fn.__module__ != preflight.__name__ or name in (
                 "check", "inventory_check", "plan", "inventory_rule", "facts",
                     "_host_address"):
             continue
@@ -744,5 +737,5 @@ def test_every_preflight_rule_that_reads_no_fact_runs_in_check() -> None:
         except _FactsRead:
             continue
         inventory_only.append(fn.__name__)
-    registered = [r.__name__ for r in mod.INVENTORY_RULES]
+    registered = [r.__name__ for r in preflight.INVENTORY_RULES]
     assert sorted(inventory_only) == sorted(registered)

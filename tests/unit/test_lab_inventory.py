@@ -11,14 +11,14 @@ import yaml
 from gpuk8s import checks
 from gpuk8s.errors import InventoryError
 from gpuk8s.inventory import load_inventory
-from gpuk8s.roles import HostContext, load_role
+from gpuk8s.roles import HostContext
 from gpuk8s.session import role_vars
+from roles.preflight import role as preflight
 from tests.lab import paths
 from tests.lab.topology import Topology, inventory
 from tests.unit.scenarios import fresh_facts
 
 ROOT = Path(__file__).resolve().parents[2]
-PREFLIGHT = load_role("preflight").module
 
 
 def test_committed_lab_inventory_matches_the_generated_one() -> None:
@@ -57,7 +57,7 @@ def _lab_host(address: str, *sets: str) -> HostContext:
 
 
 def _errors(ctx: HostContext) -> dict[str, str]:
-    errors, _ = PREFLIGHT.check(ctx)
+    errors, _ = preflight.check(ctx)
     return {name: f"{message} | fix: {fix}" for name, message, fix in errors}
 
 
@@ -86,8 +86,8 @@ def test_preflight_refuses_the_lab_key_outside_the_lab() -> None:
     # preflight_ignore cannot lift it, and plan stops at it as at a bad hostname
     ignored = _lab_host("192.168.10.21", "preflight_ignore=[lab_signing_key]")
     assert "lab_signing_key" in _errors(ignored)
-    assert "lab_signing_key" in PREFLIGHT.NEVER_IGNORED
-    assert "lab_signing_key" in PREFLIGHT.UNPLANNABLE
+    assert "lab_signing_key" in preflight.NEVER_IGNORED
+    assert "lab_signing_key" in preflight.UNPLANNABLE
 
 
 def test_the_lab_itself_and_an_explicit_opt_in_pass() -> None:
@@ -95,8 +95,8 @@ def test_the_lab_itself_and_an_explicit_opt_in_pass() -> None:
     # from the inventory alone (what `invoke check` has): every lab host passes
     inv = load_inventory(ROOT / "inventories" / "lab.yaml")
     assert [h for h in inv.hosts.values()
-            if PREFLIGHT.lab_key_problems(role_vars(h), h.address)] == []
-    assert PREFLIGHT.lab_key_problems(role_vars(inv.hosts["cp-01"]), "cp-01.example.com")
+            if preflight.lab_key_problems(role_vars(h), h.address)] == []
+    assert preflight.lab_key_problems(role_vars(inv.hosts["cp-01"]), "cp-01.example.com")
     allowed = _lab_host("192.168.10.21", "lab_signing_key_allowed=true")
     assert "lab_signing_key" not in _errors(allowed)
     with pytest.raises(InventoryError, match="lab_signing_key_allowed must be a boolean"):

@@ -78,8 +78,7 @@ def _role_plan(role: str, sharing: dict[str, Any], model_id: str, gpus: int,
     vars = default_vars(gpu_sharing=sharing)
     devices = tuple(PciDevice(f"0000:00:0{i}.0", "0x10de", model_id, "0x030200")
                     for i in range(gpus))
-    role_module = load_role(role).module
-    values = {f: fresh_value(f, "ubuntu2404", gpus, "gpu-01") for f in role_module.facts(vars)}
+    values = {f: fresh_value(f, "ubuntu2404", gpus, "gpu-01") for f in load_role(role).facts(vars)}
     facts = HostFacts("gpu-01", {**values, PciDevices(): devices, MigState(): state})
     ctx = HostContext("gpu-01", role, vars, facts, {"nodes": {}}, ("workers",))
     return load_role(role).plan(ctx)

@@ -15,6 +15,7 @@ from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kube import Cluster, ClusterState
 from gpuk8s.roles import HostContext, load_role
+from roles.monitoring import role as monitoring
 from tests.unit.scenarios import default_vars
 
 NODES = {"cp-01": {"name": "cp-01", "address": "10.88.0.11", "gpus": 0},
@@ -69,7 +70,7 @@ def test_on_applies_exporter_and_prometheus_then_waits_for_both() -> None:
 
 
 def test_scrape_targets_are_the_exporter_pods_and_every_kubelet() -> None:
-    config = json.loads(load_role("monitoring").module.prometheus_config(NODES, 15, "lab.x"))
+    config = json.loads(monitoring.prometheus_config(NODES, 15, "lab.x"))
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     # the exporter pods' IPs from their headless Service, never a node address
     assert "static_configs" not in jobs["dcgm-exporter"]
@@ -97,7 +98,7 @@ def test_turned_off_again_its_objects_are_deleted() -> None:
     ({"prometheus_version": "v3.5.0"}, "written without the v"),
 ])
 def test_bad_versions_are_refused(value: dict[str, str], message: str) -> None:
-    rules = load_role("monitoring").module.RULES
+    rules = load_role("monitoring").rules()
     (name, v), = value.items()
     rule = rules[name]
     assert rule.check is not None

@@ -21,6 +21,7 @@ from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.transport import ConnectSpec, Counters
+from roles.package_cache import role as package_cache
 from tests.unit.scenarios import default_vars, fresh_facts
 
 PROXY = "http://10.0.0.1:3142"
@@ -96,7 +97,7 @@ def test_the_cache_listens_on_loopback_and_its_cluster_address_only(url: str,
                       {"package_cache_url": url}, ("control_plane",))
     ops = role.plan(ctx)
     assert bind in (ops[1].diff or "")
-    assert role.module.config(vars, url).decode().count("BindAddress:") == 1
+    assert package_cache.config(vars, url).decode().count("BindAddress:") == 1
 
 
 def test_without_apt_proxy_the_cache_fetches_directly() -> None:
@@ -110,7 +111,7 @@ def test_without_apt_proxy_the_cache_fetches_directly() -> None:
 def test_converged_cache_host_is_a_noop() -> None:
     vars = default_vars(package_cache=True, apt_proxy=PROXY)
     role = load_role("package_cache")
-    conf = role.module.config(vars)
+    conf = package_cache.config(vars)
     values = {f: v for f, v in fresh_facts("debian12", 0, "cp-01", vars).items()}
     for fact in role.facts(vars):
         kind = type(fact).__name__

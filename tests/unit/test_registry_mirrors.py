@@ -16,6 +16,7 @@ from gpuk8s.facts.kube import ManagedRegistryHosts
 from gpuk8s.facts.system import FileState
 from gpuk8s.ops import registry as reg
 from gpuk8s.roles import HostContext, load_role
+from roles.preflight import role as preflight_role
 from tests.unit.pki import certificate_pem
 from tests.unit.scenarios import default_vars, fresh_facts
 
@@ -137,7 +138,7 @@ def preflight(answers: dict[str, tuple[int, str]]) -> tuple[list[Any], list[Any]
     values = dict(fresh_facts("ubuntu2404", 0, "gpu-01", vars).items())
     values[RegistryAnswers("http://10.0.0.5:5000", "https://n.lab")] = answers
     ctx = HostContext("gpu-01", "preflight", vars, HostFacts("gpu-01", values), {}, ())
-    errors, warnings = load_role("preflight").module.check(ctx)
+    errors, warnings = preflight_role.check(ctx)
     return ([p for p in errors if p[0] == "registry_mirror"],
             [p for p in warnings if p[0] == "registry_mirror"])
 

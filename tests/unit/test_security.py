@@ -28,6 +28,8 @@ from gpuk8s.roles import HostContext, load_role
 from gpuk8s.sinks import UnsafeValue, apt_conf_string, node_arg, unix_user, url_has_secret
 from gpuk8s.templating import render_value
 from gpuk8s.variables import check_combination, check_value, load_variable_specs
+from roles.control_plane import role as control_plane
+from roles.preflight import role as preflight
 from tests.unit.fakes import op_bodies, runner_for, sectioned
 from tests.unit.scenarios import default_vars, fresh_facts
 
@@ -75,7 +77,7 @@ def test_a_hostile_os_id_is_refused_by_preflight_and_planned_without_rendering(
     vars = default_vars()
     facts = _with(fresh_facts("debian12", 0, "node", vars), OsRelease,
                   OsRelease().parse(f'ID="{PAYLOAD}"\nVERSION_ID="12"\n', 0))
-    errors, _ = load_role("preflight").module.check(HostContext("node", "preflight", vars, facts,
+    errors, _ = preflight.check(HostContext("node", "preflight", vars, facts,
                                                          CLUSTER))
     assert [e[0] for e in errors] == ["os"] and "unsupported OS" in errors[0][1]
     assert PAYLOAD in errors[0][1]  # named as found, as text
@@ -136,7 +138,7 @@ def test_preflight_refuses_a_hostname_that_is_no_node_name_and_it_cannot_be_igno
     from gpuk8s.facts.system import System
     facts = HostFacts("node", {f: (_rename(v, "gpu-01$(touch /tmp/x)")
                                    if isinstance(f, System) else v) for f, v in facts.items()})
-    errors, _ = load_role("preflight").module.check(HostContext("node", "preflight", vars, facts,
+    errors, _ = preflight.check(HostContext("node", "preflight", vars, facts,
                                                          CLUSTER))
     assert [e[0] for e in errors] == ["hostname"]
     assert "gpu-01$(touch /tmp/x)" in errors[0][1] and "DNS-1123" in errors[0][1]
@@ -393,7 +395,7 @@ def test_proxy_credentials_travel_in_a_private_file() -> None:
 def test_kubeadm_init_token_lives_join_token_ttl() -> None:
     vars = default_vars(join_token_ttl="10m0s")
     facts = fresh_facts("debian12", 0, "node", vars)
-    config = load_role("control_plane").module.kubeadm_config(
+    config = control_plane.kubeadm_config(
         HostContext("node", "control_plane", vars, facts, CLUSTER))
     init = next(d for d in yaml.safe_load_all(config) if d["kind"] == "InitConfiguration")
     assert init["bootstrapTokens"] == [{

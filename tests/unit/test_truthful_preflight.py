@@ -25,6 +25,7 @@ from gpuk8s.facts.nvidia import Nvidia, NvidiaState
 from gpuk8s.facts.system import KernelModules, System
 from gpuk8s.report import Reporter
 from gpuk8s.roles import HostContext, load_role
+from roles.preflight import role as preflight_role
 from tests.unit.scenarios import default_vars, fresh_facts
 
 #: what the H200 sandbox of the issue printed for PID 1 (`cat /proc/1/comm`)
@@ -111,7 +112,7 @@ def context(host: str = "gpu-01", gpus: int = 1, **system: Any) -> HostContext:
 
 
 def problems(ctx: HostContext) -> dict[str, str]:
-    errors, _ = load_role("preflight").module.check(ctx)
+    errors, _ = preflight_role.check(ctx)
     return {name: message for name, message, _fix in errors}
 
 
@@ -161,7 +162,7 @@ def test_a_loopback_control_plane_address_is_refused() -> None:
 
 
 def test_unknown_ports_are_a_warning_not_a_silent_pass() -> None:
-    _, warnings = load_role("preflight").module.check(context(listening=None))
+    _, warnings = preflight_role.check(context(listening=None))
     assert any(name == "ports" and "could not read" in msg for name, msg, _ in warnings)
 
 
