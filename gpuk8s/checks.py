@@ -1,13 +1,14 @@
 """Value checks of inventory variables: each takes the variable's name and value and returns
 a VarProblem (what is wrong and what to write instead) or None. Roles name the checks of their
-variables in their RULES (roles/<role>/role.py); variables.check_value applies them."""
+variables in their RULES (roles/<role>/role.py), with their checks across a host's variables
+(Rule.across); variables.check_value and check_combination apply them."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,11 @@ REFUSED_DRIVER_BRANCHES = {
 JINJA_MARK = re.compile(r"{{|{%")
 
 
+def has_jinja(value: Any) -> bool:
+    """A string with a Jinja placeholder ({{ or {%) in it."""
+    return isinstance(value, str) and bool(JINJA_MARK.search(value))
+
+
 JINJA_EXPR = re.compile(r"{{.*?}}|{%.*?%}", re.S)
 
 
@@ -54,6 +60,9 @@ class VarProblem:
 
 #: a variable's check: (its name, its value) -> what is wrong, or None
 Check = Callable[[str, Any], VarProblem | None]
+#: a variable's check against the host's other variables: (the host's values) -> what is wrong
+#: with it (the problem's key), or None
+Across = Callable[[Mapping[str, Any]], VarProblem | None]
 
 
 def show(value: Any) -> str:
@@ -111,6 +120,15 @@ check_image_ref = matching(IMAGE_REF, 'an image reference like "registry.k8s.io/
                            or_empty=True)
 check_dns_domain = matching(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", "a lower-case DNS domain",
                             "cluster.local")
+
+
+def major_minor(value: Any) -> tuple[int, int] | None:
+    """(major, minor) of a "major.minor" string such as kubernetes_version, else None."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
+        if m:
+            return int(m[1]), int(m[2])
+    return None
 
 
 def check_kubernetes_version(name: str, value: str) -> VarProblem | None:
@@ -321,6 +339,22 @@ def check_fingerprint(name: str, value: str) -> VarProblem | None:
     return None
 
 
+def pinned_key(url_var: str, pin_var: str) -> Across:
+    """The check of a repo key's fingerprint ``pin_var`` against its key URL ``url_var``: a key
+    fetched over plain http needs the pin."""
+    def across(values: Mapping[str, Any]) -> VarProblem | None:
+        url, pin = values.get(url_var), values.get(pin_var)
+        if isinstance(url, str) and url.startswith("http://") and pin == "":
+            return VarProblem(
+                pin_var, f"{url_var} is plain http and {pin_var} is empty: anyone on the path "
+                "could hand the nodes their own signing key",
+                f"write {pin_var}: the key's fingerprint, or use an https:// key URL",
+                others=(url_var,))
+        return None
+
+    return across
+
+
 def check_str_list(name: str, value: list[Any]) -> VarProblem | None:
     for item in value:
         if not isinstance(item, str):
@@ -357,12 +391,13 @@ def check_sysctls(name: str, value: dict[Any, Any]) -> VarProblem | None:
 @dataclass(frozen=True)
 class Rule:
     """What a role declares about one of its variables, beside its default: the check of its
-    value, the values allowed (choices), and whether it must be the same on every host of a
-    cluster (cluster_wide)."""
+    value, the values allowed (choices), whether it must be the same on every host of a
+    cluster (cluster_wide), and its check against the host's other variables (across)."""
 
     check: Check | None = None
     choices: tuple[Any, ...] | None = None
     cluster_wide: bool = False
+    across: Across | None = None
 
 
 #: a registry as images name it: a DNS name or address, maybe a port (docker.io, nvcr.io,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import builtins
 import difflib
 import functools
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +15,12 @@ import yaml
 
 from gpuk8s import paths
 from gpuk8s.checks import (
-    JINJA_MARK,
     Rule,
     VarProblem,
     check_host_list,
     check_positive,
     check_url,
-    parse_network,
+    has_jinja,
     show,
 )
 from gpuk8s.errors import InventoryError
@@ -166,10 +164,6 @@ def suggest(name: str, known: Iterable[str]) -> str | None:
 # --------------------------------------------------------------------------- value checks
 
 
-def has_jinja(value: Any) -> bool:
-    return isinstance(value, str) and bool(JINJA_MARK.search(value))
-
-
 def coerce_value(spec: VarSpec, value: Any,
                  raw: str | None = None) -> tuple[Any, VarProblem | None]:
     """Check ``value`` against the spec's type; return (normalised value, problem or None).
@@ -267,87 +261,10 @@ def _check_jinja_syntax(name: str, value: str) -> VarProblem | None:
     return None
 
 
-#: each repo's key URL and the fingerprint that pins it
-KEY_PINS = {
-    "kubernetes_repo_key_url": "kubernetes_repo_key_fingerprint",
-    "docker_repo_key_url": "docker_repo_key_fingerprint",
-    "nvidia_cuda_repo_key_url": "nvidia_cuda_repo_key_fingerprint",
-    "nvidia_container_toolkit_repo_key_url": "nvidia_container_toolkit_repo_key_fingerprint",
-}
-
-
-def _minor(value: Any) -> tuple[int, int] | None:
-    if isinstance(value, str):
-        m = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
-        if m:
-            return int(m[1]), int(m[2])
-    return None
-
-
 def check_combination(values: Mapping[str, Any]) -> list[VarProblem]:
-    """Checks across variables of one host. The problem's key is the variable to change."""
-    out: list[VarProblem] = []
-    get = values.get
-    pod, svc = get("pod_cidr"), get("service_cidr")
-    if isinstance(pod, str) and isinstance(svc, str):
-        p, s = parse_network(pod), parse_network(svc)
-        if p and s and p.version == s.version and p.overlaps(s):
-            out.append(VarProblem("service_cidr", f"pod_cidr {pod} and service_cidr {svc} "
-                                  "overlap", 'use separate ranges, e.g. pod_cidr: "10.244.0.0/16" '
-                                  'and service_cidr: "10.96.0.0/12"', others=("pod_cidr",)))
-    block = get("calico_block_size")
-    if get("cni") == "calico" and isinstance(pod, str) and isinstance(block, int):
-        p = parse_network(pod)
-        if p and p.version == 4 and p.prefixlen > block:
-            out.append(VarProblem("calico_block_size", f"calico_block_size /{block} is larger "
-                                  f"than pod_cidr {pod}: Calico cannot carve blocks from it",
-                                  f"write calico_block_size: {max(p.prefixlen, 20)} or widen "
-                                  "pod_cidr", others=("pod_cidr",)))
-    kube = _minor(get("kubernetes_version"))
-    containerd = get("containerd_version")
-    if kube and kube >= (1, 36) and isinstance(containerd, str) and containerd \
-            and not has_jinja(containerd):
-        m = re.match(r"(\d+)\.", containerd)
-        if m and int(m[1]) < 2:
-            out.append(VarProblem(
-                "containerd_version", f"containerd {containerd} is 1.x, which Kubernetes "
-                f"{kube[0]}.{kube[1]} does not support (1.35 was the last release for "
-                "containerd 1.x)", 'write containerd_version: "2.1.4" (a 2.x release) or "", or '
-                'kubernetes_version: "1.35" to stay on containerd 1.x',
-                others=("kubernetes_version",)))
-    pkg = get("kubernetes_package_version")
-    if kube and isinstance(pkg, str) and pkg and not has_jinja(pkg):
-        want = f"{kube[0]}.{kube[1]}."
-        if re.match(r"\d+\.\d+\.", pkg) and not pkg.startswith(want):
-            out.append(VarProblem(
-                "kubernetes_package_version", f"kubernetes_package_version {pkg} is not a "
-                f"{kube[0]}.{kube[1]} release (kubernetes_version)",
-                f'write kubernetes_package_version: "{want}N-1.1" or change kubernetes_version',
-                others=("kubernetes_version",)))
-    branch, drv = get("nvidia_driver_branch"), get("nvidia_driver_version")
-    if isinstance(branch, str) and isinstance(drv, str) and drv and not has_jinja(drv) \
-            and re.fullmatch(r"\d{3}", branch) and not drv.startswith(branch + "."):
-        out.append(VarProblem(
-            "nvidia_driver_version", f"nvidia_driver_version {drv} is not on branch {branch} "
-            "(nvidia_driver_branch)", f'write nvidia_driver_version: "{branch}.x.y-1" or ""',
-            others=("nvidia_driver_branch",)))
-    for url_var, pin_var in KEY_PINS.items():
-        url, pin = get(url_var), get(pin_var)
-        if isinstance(url, str) and url.startswith("http://") and pin == "":
-            out.append(VarProblem(
-                pin_var, f"{url_var} is plain http and {pin_var} is empty: anyone on the path "
-                "could hand the nodes their own signing key",
-                f"write {pin_var}: the key's fingerprint, or use an https:// key URL",
-                others=(url_var,)))
-    cuda = _minor(get("cuda_version"))
-    if cuda and cuda[0] >= 13 and get("cuda_toolkit_enabled") is True \
-            and isinstance(branch, str) and re.fullmatch(r"\d{3}", branch) and int(branch) < 580:
-        out.append(VarProblem(
-            "cuda_version", f"CUDA {cuda[0]}.{cuda[1]} needs driver branch 580 or newer, but "
-            f"nvidia_driver_branch is {branch}",
-            'write cuda_version: "12.8" (or nvidia_driver_branch: "580")',
-            others=("nvidia_driver_branch",)))
-    return out
+    """Checks across variables of one host: each rule's ``across``, declared by the role that
+    owns the variable. The problem's key is the variable to change."""
+    return [p for rule in rules().values() if rule.across and (p := rule.across(values))]
 
 
 # --------------------------------------------------------------------------- overrides

@@ -7,11 +7,13 @@ from typing import Any
 
 from gpuk8s.checks import (
     Rule,
+    VarProblem,
     check_calico_block_size,
     check_mtu,
     check_positive,
     check_registry,
     check_xyz,
+    parse_network,
 )
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
@@ -20,9 +22,24 @@ from gpuk8s.ops import Op
 from gpuk8s.ops.kube import apply, rollout_wait, then_wait
 from gpuk8s.roles import HostContext
 
+
+def _block_in_pod_cidr(values: Mapping[str, Any]) -> VarProblem | None:
+    """With Calico, calico_block_size fits in pod_cidr (an IPv4 one)."""
+    pod, block = values.get("pod_cidr"), values.get("calico_block_size")
+    if values.get("cni") == "calico" and isinstance(pod, str) and isinstance(block, int):
+        p = parse_network(pod)
+        if p and p.version == 4 and p.prefixlen > block:
+            return VarProblem("calico_block_size", f"calico_block_size /{block} is larger "
+                              f"than pod_cidr {pod}: Calico cannot carve blocks from it",
+                              f"write calico_block_size: {max(p.prefixlen, 20)} or widen "
+                              "pod_cidr", others=("pod_cidr",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
-    "calico_block_size": Rule(check_calico_block_size, cluster_wide=True),
+    "calico_block_size": Rule(check_calico_block_size, cluster_wide=True,
+                              across=_block_in_pod_cidr),
     "calico_mtu": Rule(check_mtu, cluster_wide=True),
     "calico_registry": Rule(check_registry, cluster_wide=True),
     "calico_version": Rule(check_xyz, cluster_wide=True),

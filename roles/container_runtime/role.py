@@ -3,15 +3,20 @@ cgroups, or Docker CE on top of it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from gpuk8s.checks import (
     Rule,
+    VarProblem,
     check_containerd_version,
     check_fingerprint,
     check_image_ref,
     check_registry_mirrors,
+    has_jinja,
+    major_minor,
+    pinned_key,
 )
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import CERTS_D, Containerd, ManagedRegistryHosts
@@ -29,12 +34,30 @@ KEYRING = "/etc/apt/keyrings/docker.gpg"
 PACKAGES = ("containerd.io", "docker-ce", "docker-ce-cli")
 
 
+def _containerd_for_kubernetes(values: Mapping[str, Any]) -> VarProblem | None:
+    """Kubernetes 1.36 and newer need containerd 2.x."""
+    kube = major_minor(values.get("kubernetes_version"))
+    containerd = values.get("containerd_version")
+    if kube and kube >= (1, 36) and isinstance(containerd, str) and containerd \
+            and not has_jinja(containerd):
+        m = re.match(r"(\d+)\.", containerd)
+        if m and int(m[1]) < 2:
+            return VarProblem(
+                "containerd_version", f"containerd {containerd} is 1.x, which Kubernetes "
+                f"{kube[0]}.{kube[1]} does not support (1.35 was the last release for "
+                "containerd 1.x)", 'write containerd_version: "2.1.4" (a 2.x release) or "", or '
+                'kubernetes_version: "1.35" to stay on containerd 1.x',
+                others=("kubernetes_version",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
     "container_runtime": Rule(choices=("containerd", "docker")),
-    "containerd_version": Rule(check_containerd_version),
+    "containerd_version": Rule(check_containerd_version, across=_containerd_for_kubernetes),
     "containerd_sandbox_image": Rule(check_image_ref),
-    "docker_repo_key_fingerprint": Rule(check_fingerprint),
+    "docker_repo_key_fingerprint": Rule(check_fingerprint, across=pinned_key(
+        "docker_repo_key_url", "docker_repo_key_fingerprint")),
     "registry_mirrors": Rule(check_registry_mirrors),
 }
 

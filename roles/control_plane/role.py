@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_cidr, check_dns_domain, check_endpoint, check_feature_gates
+from gpuk8s.checks import (
+    Rule,
+    VarProblem,
+    check_cidr,
+    check_dns_domain,
+    check_endpoint,
+    check_feature_gates,
+    parse_network,
+)
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import ADMIN_CONF, GATED_COMPONENTS, Cluster, FeatureGates, GateState
 from gpuk8s.facts.system import Files, Packages
@@ -62,6 +70,18 @@ APISERVER_WAIT = 180
 CP_TAINT = "node-role.kubernetes.io/control-plane"
 
 
+def _cidrs_apart(values: Mapping[str, Any]) -> VarProblem | None:
+    """service_cidr and pod_cidr must not overlap."""
+    pod, svc = values.get("pod_cidr"), values.get("service_cidr")
+    if isinstance(pod, str) and isinstance(svc, str):
+        p, s = parse_network(pod), parse_network(svc)
+        if p and s and p.version == s.version and p.overlaps(s):
+            return VarProblem("service_cidr", f"pod_cidr {pod} and service_cidr {svc} overlap",
+                              'use separate ranges, e.g. pod_cidr: "10.244.0.0/16" and '
+                              'service_cidr: "10.96.0.0/12"', others=("pod_cidr",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
     "cluster_dns_domain": Rule(check_dns_domain, cluster_wide=True),
@@ -70,7 +90,7 @@ RULES: dict[str, Rule] = {
     # gates would silently do nothing
     "feature_gates": Rule(check_feature_gates, cluster_wide=True),
     "pod_cidr": Rule(check_cidr, cluster_wide=True),
-    "service_cidr": Rule(check_cidr, cluster_wide=True),
+    "service_cidr": Rule(check_cidr, cluster_wide=True, across=_cidrs_apart),
 }
 
 

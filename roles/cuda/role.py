@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_major_minor
+from gpuk8s.checks import Rule, VarProblem, check_major_minor, major_minor
 from gpuk8s.facts import Fact
 from gpuk8s.facts.nvidia import CudaToolkits
 from gpuk8s.facts.system import OsRelease, Packages, PciDevices
@@ -14,9 +15,24 @@ from gpuk8s.ops.apt import packages
 from gpuk8s.roles import HostContext
 from roles.nvidia_driver.role import cuda_repo_op, driver_source
 
+
+def _driver_for_cuda(values: Mapping[str, Any]) -> VarProblem | None:
+    """CUDA 13 and newer need driver branch 580 or newer (when the toolkit is installed)."""
+    cuda = major_minor(values.get("cuda_version"))
+    branch = values.get("nvidia_driver_branch")
+    if cuda and cuda[0] >= 13 and values.get("cuda_toolkit_enabled") is True \
+            and isinstance(branch, str) and re.fullmatch(r"\d{3}", branch) and int(branch) < 580:
+        return VarProblem(
+            "cuda_version", f"CUDA {cuda[0]}.{cuda[1]} needs driver branch 580 or newer, but "
+            f"nvidia_driver_branch is {branch}",
+            'write cuda_version: "12.8" (or nvidia_driver_branch: "580")',
+            others=("nvidia_driver_branch",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
-    "cuda_version": Rule(check_major_minor),
+    "cuda_version": Rule(check_major_minor, across=_driver_for_cuda),
 }
 
 

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_fingerprint, check_kubernetes_version, check_package_version
+from gpuk8s.checks import (
+    Rule,
+    VarProblem,
+    check_fingerprint,
+    check_kubernetes_version,
+    check_package_version,
+    has_jinja,
+    major_minor,
+    pinned_key,
+)
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
 from gpuk8s.ops import Op, change, noop
@@ -18,10 +28,26 @@ KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
 PACKAGES = KUBE_PACKAGES
 
 
+def _package_of_the_minor(values: Mapping[str, Any]) -> VarProblem | None:
+    """kubernetes_package_version is a release of kubernetes_version."""
+    kube = major_minor(values.get("kubernetes_version"))
+    pkg = values.get("kubernetes_package_version")
+    if kube and isinstance(pkg, str) and pkg and not has_jinja(pkg):
+        want = f"{kube[0]}.{kube[1]}."
+        if re.match(r"\d+\.\d+\.", pkg) and not pkg.startswith(want):
+            return VarProblem(
+                "kubernetes_package_version", f"kubernetes_package_version {pkg} is not a "
+                f"{kube[0]}.{kube[1]} release (kubernetes_version)",
+                f'write kubernetes_package_version: "{want}N-1.1" or change kubernetes_version',
+                others=("kubernetes_version",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
-    "kubernetes_package_version": Rule(check_package_version),
-    "kubernetes_repo_key_fingerprint": Rule(check_fingerprint),
+    "kubernetes_package_version": Rule(check_package_version, across=_package_of_the_minor),
+    "kubernetes_repo_key_fingerprint": Rule(check_fingerprint, across=pinned_key(
+        "kubernetes_repo_key_url", "kubernetes_repo_key_fingerprint")),
     "kubernetes_version": Rule(check_kubernetes_version, cluster_wide=True),
 }
 

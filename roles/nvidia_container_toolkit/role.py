@@ -8,7 +8,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_fingerprint, check_xyz
+from gpuk8s.checks import Rule, check_fingerprint, check_xyz, pinned_key
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
 from gpuk8s.facts.system import Files, Packages, PciDevices
@@ -39,7 +39,9 @@ PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
 
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
-    "nvidia_container_toolkit_repo_key_fingerprint": Rule(check_fingerprint),
+    "nvidia_container_toolkit_repo_key_fingerprint": Rule(check_fingerprint, across=pinned_key(
+        "nvidia_container_toolkit_repo_key_url",
+        "nvidia_container_toolkit_repo_key_fingerprint")),
     "nvidia_container_toolkit_version": Rule(check_xyz),
 }
 

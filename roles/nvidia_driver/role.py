@@ -4,10 +4,19 @@ see every PCI GPU."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_driver_branch, check_driver_version, check_fingerprint
+from gpuk8s.checks import (
+    Rule,
+    VarProblem,
+    check_driver_branch,
+    check_driver_version,
+    check_fingerprint,
+    has_jinja,
+    pinned_key,
+)
 from gpuk8s.facts import Fact
 from gpuk8s.facts.nvidia import GpuTopology, Nvidia
 from gpuk8s.facts.system import (
@@ -34,13 +43,26 @@ CUDA_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
 FIRST_TURING_ID = 0x1E00
 
 
+def _version_on_the_branch(values: Mapping[str, Any]) -> VarProblem | None:
+    """nvidia_driver_version is a release of nvidia_driver_branch."""
+    branch, drv = values.get("nvidia_driver_branch"), values.get("nvidia_driver_version")
+    if isinstance(branch, str) and isinstance(drv, str) and drv and not has_jinja(drv) \
+            and re.fullmatch(r"\d{3}", branch) and not drv.startswith(branch + "."):
+        return VarProblem(
+            "nvidia_driver_version", f"nvidia_driver_version {drv} is not on branch {branch} "
+            "(nvidia_driver_branch)", f'write nvidia_driver_version: "{branch}.x.y-1" or ""',
+            others=("nvidia_driver_branch",))
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
-    "nvidia_cuda_repo_key_fingerprint": Rule(check_fingerprint),
+    "nvidia_cuda_repo_key_fingerprint": Rule(check_fingerprint, across=pinned_key(
+        "nvidia_cuda_repo_key_url", "nvidia_cuda_repo_key_fingerprint")),
     "nvidia_driver_branch": Rule(check_driver_branch),
     "nvidia_driver_flavor": Rule(choices=("auto", "open", "proprietary")),
     "nvidia_driver_source": Rule(choices=("auto", "ubuntu", "cuda")),
-    "nvidia_driver_version": Rule(check_driver_version),
+    "nvidia_driver_version": Rule(check_driver_version, across=_version_on_the_branch),
     "nvidia_fabricmanager": Rule(choices=("auto", True, False)),
 }
 
