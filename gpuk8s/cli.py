@@ -1,12 +1,20 @@
-"""Command-line front end shared by tasks.py and the ``gpuk8s`` console script."""
+"""The gpuk8s commands, each declared once: an invoke task with its flags, their help, short
+aliases and defaults. This one table is both ``invoke COMMAND`` (tasks.py adds the checkout's
+lab.* and bench tasks) and the ``gpuk8s`` console script (an invoke Program). Each task calls
+one function through run(), which turns a Gpuk8sError into one message and an exit code."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from gpuk8s import api, bundle, day2, gpucheck, images
+from invoke import Collection, Context, Exit, Program, Task, task
+from invoke.parser import Argument, ParseError
+
+from gpuk8s import __version__, api, day2, gpucheck
+from gpuk8s import bundle as _bundle
+from gpuk8s import images as _images
 from gpuk8s import workloads as _workloads
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 from gpuk8s.report import untrusted
@@ -18,9 +26,9 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "gpu_usage": day2.gpu_usage,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
-    "verify_local": gpucheck.verify_local, "images": images.print_images, "check": api.check,
+    "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": bundle.bundle,
+    "bundle": _bundle.bundle,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -66,101 +74,285 @@ def _error(exc: Gpuk8sError) -> None:
     print(f"error: {untrusted(exc)}", file=sys.stderr)
 
 
+def _call(command: str, **kwargs: object) -> None:
+    """A task's one call: run(), and a non-zero exit code ends the program with it."""
+    if code := run(command, **kwargs):
+        raise Exit(code=code)
+
+
+def _usage(message: str) -> Exit:
+    """A flag's value no command takes: one message, exit 2 (as a usage error)."""
+    return Exit(f"error: {message}", code=2)
+
+
+# -- the flags ---------------------------------------------------------------------------------
+INVENTORY = "inventories/lab.yaml"
+
+#: each flag's one short alias, the same in every command that has the flag (ansible's
+#: -i -l -e -K, kubectl's -o, helm's -f); the other flags have none
+SHORT = {"inventory": "i", "limit": "l", "set": "e", "ask_become_pass": "K", "yes": "y",
+         "quiet": "q", "output": "o", "values": "f"}
+
+#: the help of flags that mean the same in every command; a task's help= overrides one where
+#: the flag says more there
+HELP = {"inventory": f"inventory file, YAML or INI (default {INVENTORY})",
+        "limit": "host pattern, e.g. gpu-03",
+        "set": "key=value override of an inventory variable (repeatable)",
+        "values": "workload values file (repeatable)",
+        "ask_become_pass": "prompt for the sudo password",
+        "yes": "apply without asking",
+        "diff": "show file diffs",
+        "drain_timeout": "seconds for kubectl drain",
+        "json": "print JSON instead of a table"}
+
+#: --set of the workload commands: a value of the workload, not of the inventory
+WORKLOAD_SET = "key.sub=value, a workload value (repeatable)"
+
+
+class Flag(Argument):
+    """A flag whose value must convert (--serial 2): a wrong one is a usage error that names
+    the flag, not a traceback."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        try:
+            super().set_value(value, cast)
+        except ValueError:
+            raise ParseError(f"--{self.names[0]} takes a whole number, not {value!r}") from None
+
+
+class Command(Task):
+    """A gpuk8s command: an invoke task whose flags take their short alias from SHORT only
+    (invoke's own pick, the first free letter, differed from command to command) and their
+    help from HELP where the task's help= gives none."""
+
+    def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(body, auto_shortflags=False, **kwargs)
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] += [SHORT[name]] if name in SHORT else []
+        opts.setdefault("help", HELP.get(name))
+        return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        kept = dict(self.help)  # invoke's arg_opts pops each text: keep them for a next parse
+        try:
+            args = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+        for arg in args:
+            arg.__class__ = Flag  # invoke makes each an Argument; only set_value differs
+        return args
+
+
+def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Command]:
+    """@task for a gpuk8s command."""
+    return task(klass=Command, **kwargs)
+
+
+# -- the commands ------------------------------------------------------------------------------
+@command(help={"check": "plan only (same as plan)",
+               "max_fail": "hosts that may fail (count like 1, or percent like 25%) while the "
+                           "others go on; default 0: any failure stops the run",
+               "quiet": "no plan or progress lines: problems, failures and the final table"},
+         iterable=["set"])
+def bootstrap(c: Context, inventory: str = INVENTORY, limit: str | None = None,
+              yes: bool = False, check: bool = False, diff: bool = False,
+              set: list[str] | None = None, ask_become_pass: bool = False, max_fail: str = "0",
+              quiet: bool = False) -> None:
+    """Bring every host to a Ready Kubernetes GPU cluster node; a re-run changes nothing."""
+    _call("bootstrap", inventory=inventory, limit=limit, yes=yes, check=check, diff=diff,
+          sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail, quiet=quiet)
+
+
+@command(iterable=["set"])
+def check(c: Context, inventory: str = INVENTORY, set: list[str] | None = None) -> None:
+    """Every problem of the inventory in one run, the hosts' roles and the variables that
+    differ from their defaults; contacts no host."""
+    _call("check", inventory=inventory, sets=set or [])
+
+
+@command(iterable=["set"])
+def plan(c: Context, inventory: str = INVENTORY, limit: str | None = None, diff: bool = False,
+         set: list[str] | None = None, ask_become_pass: bool = False) -> None:
+    """Show what bootstrap would change on every host; changes nothing."""
+    _call("plan", inventory=inventory, limit=limit, diff=diff, sets=set or [],
+          ask_become_pass=ask_become_pass)
+
+
+@command(help={"json": "every fact as JSON instead of the summary"}, iterable=["set"])
+def facts(c: Context, inventory: str = INVENTORY, limit: str | None = None,
+          set: list[str] | None = None, ask_become_pass: bool = False,
+          json: bool = False) -> None:
+    """What gpuk8s sees on each host: OS, kernel, GPUs, driver, CUDA, NVLink (--json: all)."""
+    _call("facts", inventory=inventory, limit=limit, sets=set or [],
+          ask_become_pass=ask_become_pass, as_json=json)
+
+
+@command(help={"host": "the worker to reprovision",
+               "reinstall_driver": "purge and reinstall the NVIDIA driver",
+               "full": "purge and reinstall the whole node stack"})
+def reprovision(c: Context, host: str, inventory: str = INVENTORY,
+                reinstall_driver: bool = False, full: bool = False, drain_timeout: int = 300,
+                yes: bool = False) -> None:
+    """Drain, reset and rejoin one worker; only it and the control plane are contacted."""
+    _call("reprovision", inventory=inventory, host=host, reinstall_driver=reinstall_driver,
+          full=full, drain_timeout=drain_timeout, yes=yes)
+
+
+@command(help={"host": "the new box (already in the inventory)"})
+def add_node(c: Context, host: str, inventory: str = INVENTORY, yes: bool = False) -> None:
+    """Give a new box the full node stack and join it (bootstrap --limit HOST)."""
+    _call("add_node", inventory=inventory, host=host, yes=yes)
+
+
+@command(help={"host": "the worker to remove"})
+def remove_node(c: Context, host: str, inventory: str = INVENTORY, drain_timeout: int = 300,
+                yes: bool = False) -> None:
+    """Drain, delete and reset a worker; a dead one only loses its Node object."""
+    _call("remove_node", inventory=inventory, host=host, drain_timeout=drain_timeout, yes=yes)
+
+
+@command(help={"yes": "skip the typed confirmation"})
+def reset(c: Context, inventory: str = INVENTORY, yes: bool = False) -> None:
+    """The whole cluster back to its pre-bootstrap state (asks you to type its name)."""
+    _call("reset", inventory=inventory, yes=yes)
+
+
+def _table_output(output: str, json: bool) -> dict[str, bool]:
+    try:
+        return table_output(output, json)
+    except ValueError as exc:
+        raise _usage(str(exc)) from None
+
+
+@command(help={"output": "wide: every column (the default view fits 80 columns); json: as "
+                         "--json"})
+def status(c: Context, inventory: str = INVENTORY, json: bool = False, output: str = "") -> None:
+    """One line per host: role, Ready, GPUs and allocatable nvidia.com/gpu, what plan would do
+    (in sync, N changes, refused by preflight); -o wide adds versions and GPU use."""
+    _call("status", inventory=inventory, **_table_output(output, json))
+
+
+@command(name="gpu-usage", help={"output": "wide: every column (model, UUID); json: as --json"})
+def gpu_usage(c: Context, inventory: str = INVENTORY, json: bool = False,
+              output: str = "") -> None:
+    """GPU utilisation, memory and pods per GPU, from the cluster's Prometheus (gpu_monitoring)."""
+    _call("gpu_usage", inventory=inventory, **_table_output(output, json))
+
+
+@command(help={"driver": "NVIDIA driver version, e.g. 580.159.04",
+               "kubernetes": "Kubernetes patch release, e.g. 1.36.2",
+               "serial": "nodes at a time", "yes": "do not ask"})
+def upgrade(c: Context, driver: str | None = None, kubernetes: str | None = None,
+            inventory: str = INVENTORY, limit: str | None = None, serial: int = 1,
+            drain_timeout: int = 300, yes: bool = False) -> None:
+    """Upgrade the NVIDIA driver (--driver) or Kubernetes (--kubernetes) node by node: drain,
+    upgrade, verify, uncordon; the control plane first for Kubernetes."""
+    _call("upgrade", inventory=inventory, driver=driver, kubernetes=kubernetes, limit=limit,
+          serial=serial, drain_timeout=drain_timeout, yes=yes)
+
+
+@command()
+def kubeconfig(c: Context, inventory: str = INVENTORY) -> None:
+    """Fetch admin credentials (0600) to <inventory dir>/artifacts/admin.conf."""
+    _call("kubeconfig", inventory=inventory)
+
+
+@command(help={"output": "table (default), json, or list (one image per line)"},
+         iterable=["set", "values"])
+def images(c: Context, inventory: str = INVENTORY, set: list[str] | None = None,
+           values: list[str] | None = None, output: str = "table") -> None:
+    """Every image the cluster and the workloads pull at the inventory's versions (to mirror)."""
+    if output not in ("table", "json", "list"):
+        raise _usage(f"--output {output!r}: use table, json or list")
+    _call("images", inventory=inventory, sets=set or [], values_files=values or [],
+          output=output)
+
+
+@command(help={"name": "workload: " + ", ".join(_workloads.WORKLOADS), "set": WORKLOAD_SET,
+               "timeout": "seconds to wait for the workload's pods",
+               "render": "print the manifests deploy would apply; contact no host"},
+         iterable=["values", "set"])
+def deploy(c: Context, name: str, inventory: str = INVENTORY, values: list[str] | None = None,
+           set: list[str] | None = None, timeout: int = 600, render: bool = False) -> None:
+    """Deploy a workload (gpuk8s deploy jupyter); waits for its pods and prints them."""
+    _call("deploy", inventory=inventory, name=name, values_files=values or [], sets=set or [],
+          timeout=timeout, render_only=render)
+
+
+@command(help={"name": "workload name", "set": WORKLOAD_SET}, iterable=["values", "set"])
+def undeploy(c: Context, name: str, inventory: str = INVENTORY,
+             values: list[str] | None = None, set: list[str] | None = None) -> None:
+    """Remove every object of a workload (by its gpuk8s.io/workload label)."""
+    _call("undeploy", inventory=inventory, name=name, values_files=values or [],
+          sets=set or [])
+
+
+@command(help={"set": WORKLOAD_SET,
+               "local": "node-level check on the hosts themselves (no cluster): nvidia-smi sees "
+                        "every PCI GPU and a CUDA computation is right on each",
+               "limit": "host pattern (with --local)",
+               "python": "with --local: the Python interpreter whose PyTorch (with CUDA) the "
+                         "PyTorch path uses, e.g. /opt/torch/.venv/bin/python3",
+               "without_nvcc": "with --local: leave nvcc out, to run the PyTorch path"},
+         iterable=["values", "set"])
+def verify(c: Context, inventory: str = INVENTORY, values: list[str] | None = None,
+           set: list[str] | None = None, local: bool = False, limit: str | None = None,
+           python: str | None = None, without_nvcc: bool = False) -> None:
+    """Smoke-test every GPU node: a Job per node (nvidia-smi, then TensorFlow listing its GPUs),
+    or with --local the node-level check over SSH / on this machine."""
+    if (python or without_nvcc) and not local:
+        raise Exit("--python and --without-nvcc are options of the node-level check: add "
+                   "--local", code=1)
+    if local:
+        _call("verify_local", inventory=inventory, limit=limit, python=python,
+              nvcc=not without_nvcc)
+    else:
+        _call("verify", inventory=inventory, values_files=values or [], sets=set or [])
+
+
+@command(help={"output": "folder the bundle goes in (default dist)",
+               "python_version": "the admin machine's Python, e.g. 3.12 (default: this one)",
+               "platform": "the admin machine's pip platform tag, e.g. manylinux_2_28_x86_64 "
+                           "(repeatable; older manylinux tags are added; default: this "
+                           "machine's)",
+               "tarball": "one gpuk8s-bundle-*.tar.gz instead of a folder",
+               "find_links": "a folder of wheels for pip to take from (repeatable)",
+               "no_index": "no package index: only the --find-links folders"},
+         iterable=["platform", "find_links"])
+def bundle(c: Context, output: str = "dist", python_version: str | None = None,
+           platform: list[str] | None = None, tarball: bool = False,
+           find_links: list[str] | None = None, no_index: bool = False) -> None:
+    """gpuk8s, its checkout and every dependency as wheels, for an admin machine without a
+    package index: run it where PyPI answers, carry the result over (INSTALL.txt says how)."""
+    _call("bundle", output=output, python_version=python_version, platforms=platform or [],
+          tarball=tarball, find_links=find_links or [], no_index=no_index)
+
+
+@command(help={"run": "run folder (default: the latest under runs/)"})
+def report(c: Context, run: str | None = None) -> None:
+    """A finished run (default: the latest) as one self-contained HTML page, report.html.
+
+    Per-host timeline, what changed, failures with log tails, the cluster's nodes; prints the
+    page's path. Needs no inventory."""
+    _call("report", run=run)
+
+
+ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
+                gpu_usage, upgrade, kubeconfig, images, deploy, undeploy, verify, bundle, report)
+
+#: the gpuk8s console script: the same commands, flags and help as invoke's
+program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuk8s", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("bootstrap", "plan", "facts"):
-        p = sub.add_parser(name)
-        p.add_argument("--inventory", "-i", required=True)
-        p.add_argument("--limit", "-l")
-        p.add_argument("--set", "-e", action="append", default=[], dest="sets")
-        p.add_argument("--ask-become-pass", "-K", action="store_true")
-        if name != "facts":
-            p.add_argument("--diff", action="store_true")
-        else:
-            p.add_argument("--json", action="store_true", dest="as_json")
-        if name == "bootstrap":
-            p.add_argument("--yes", "-y", action="store_true")
-            p.add_argument("--check", action="store_true")
-            p.add_argument("--max-fail", default="0", dest="max_fail",
-                           help="hosts that may fail (count like 1, or percent like 25%%) "
-                           "while the others go on; default 0: any failure stops the run")
-            p.add_argument("--quiet", "-q", action="store_true",
-                           help="no plan or progress lines; problems, failures and the final "
-                           "table only")
-    p = sub.add_parser("check", help="every problem, the hosts' roles and the variables an "
-                       "inventory sets, in one run; contacts no host")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--set", "-e", action="append", default=[], dest="sets")
-    for name in ("reprovision", "add-node", "remove-node"):
-        p = sub.add_parser(name)
-        p.add_argument("--inventory", "-i", required=True)
-        p.add_argument("--host", required=True)
-        p.add_argument("--yes", "-y", action="store_true")
-        if name == "reprovision":
-            p.add_argument("--reinstall-driver", action="store_true")
-            p.add_argument("--full", action="store_true")
-        if name != "add-node":
-            p.add_argument("--drain-timeout", type=int, default=300)
-    p = sub.add_parser("reset")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--yes", "-y", action="store_true")
-    for name, text in (("status", "one line per host: state, GPUs, what plan would do"),
-                       ("gpu-usage", "GPU utilisation, memory and pods per GPU "
-                        "(gpu_monitoring)")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--inventory", "-i", required=True)
-        p.add_argument("--json", action="store_true", dest="as_json")
-        p.add_argument("--output", "-o", choices=TABLE_OUTPUTS,
-                       help="wide: every column (the default view fits 80 columns); json")
-    p = sub.add_parser("upgrade")
-    p.add_argument("--inventory", "-i", required=True)
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--driver", help="NVIDIA driver version, e.g. 580.159.04")
-    what.add_argument("--kubernetes", help="Kubernetes patch release, e.g. 1.36.2")
-    p.add_argument("--limit", "-l")
-    p.add_argument("--serial", type=int, default=1)
-    p.add_argument("--drain-timeout", type=int, default=300)
-    p.add_argument("--yes", "-y", action="store_true")
-    p = sub.add_parser("kubeconfig")
-    p.add_argument("--inventory", "-i", required=True)
-    p = sub.add_parser("images", help="every image the cluster and the workloads pull")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--set", "-e", action="append", default=[], dest="sets")
-    p.add_argument("--values", "-f", action="append", default=[], dest="values_files")
-    p.add_argument("--output", "-o", choices=("table", "json", "list"), default="table")
-    p = sub.add_parser("verify-local", help="node GPU check: nvidia-smi and CUDA on each GPU")
-    p.add_argument("--inventory", "-i", required=True)
-    p.add_argument("--limit", "-l")
-    for name in ("deploy", "undeploy", "verify"):
-        p = sub.add_parser(name)
-        if name != "verify":
-            p.add_argument("name", help="workload: " + ", ".join(_workloads.WORKLOADS))
-        p.add_argument("--inventory", "-i", required=True)
-        p.add_argument("--values", "-f", action="append", default=[], dest="values_files")
-        p.add_argument("--set", action="append", default=[], dest="sets")
-        if name == "deploy":
-            p.add_argument("--timeout", type=float, default=600)
-            p.add_argument("--render", action="store_true", dest="render_only",
-                           help="print the manifests deploy would apply; contact no host")
-    p = sub.add_parser("bundle", help="gpuk8s, its checkout and every dependency as wheels, "
-                       "for an admin machine without a package index (run where PyPI answers)")
-    p.add_argument("--output", "-o", default="dist")
-    p.add_argument("--python-version", help="the admin machine's Python, e.g. 3.12")
-    p.add_argument("--platform", action="append", default=[], dest="platforms",
-                   help="its pip platform tag, e.g. manylinux_2_28_x86_64 (repeatable)")
-    p.add_argument("--tarball", action="store_true")
-    p.add_argument("--find-links", action="append", default=[])
-    p.add_argument("--no-index", action="store_true")
-    p = sub.add_parser("report", help="a finished run as one self-contained HTML page "
-                       "(RUN_DIR/report.html); needs no inventory")
-    p.add_argument("run", nargs="?", metavar="RUN_DIR",
-                   help="run folder (default: the latest under runs/)")
-    args = vars(parser.parse_args(argv))
-    command = args.pop("command").replace("-", "_")
-    if command in ("status", "gpu_usage"):
-        args.update(table_output(args.pop("output"), bool(args["as_json"])))
-    return run(command, **args)
+    """``gpuk8s ARGV`` (default: this process's arguments); its exit code."""
+    try:
+        program.run(["gpuk8s", *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
 
 
 if __name__ == "__main__":

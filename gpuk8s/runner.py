@@ -326,7 +326,8 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         planned_total = 0
         if not check and not yes:
             planned_total = _preview(session, diff)
-            if planned_total and not _confirm(confirm, planned_total):
+            question = f"apply {planned_total} change(s)? (later phases may add more) [y/N] "
+            if planned_total and not confirmed(question, confirm):
                 rep.print("nothing changed")
                 return {"changed": 0, "aborted": True}
         dirty: set[str] = set()   # hosts changed since their facts were gathered
@@ -444,11 +445,16 @@ def _preview(session: Session, diff: bool) -> int:
     return total
 
 
-def _confirm(confirm: Callable[[str], bool] | None, changes: int) -> bool:
-    question = f"apply {changes} change(s)? (later phases may add more) [y/N] "
+def confirmed(question: str, confirm: Callable[[str], bool] | None = None,
+              expected: str | None = None) -> bool:
+    """The one confirmation prompt (bootstrap's and every day-2 command's): ``confirm``'s
+    answer (tests), else a line typed on the terminal: ``expected`` exactly where given (reset
+    makes you type the control plane's name), else y or yes in any case. Without a terminal
+    on stdin nobody can answer: refused, with the way round (--yes)."""
     if confirm is not None:
         return confirm(question)
     if not sys.stdin.isatty():
         raise Gpuk8sError("refusing to change hosts without confirmation: stdin is not a "
                           "terminal; pass --yes")
-    return input(question).strip().lower() in ("y", "yes")
+    answer = input(question).strip()
+    return answer == expected if expected else answer.lower() in ("y", "yes")

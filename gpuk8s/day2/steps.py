@@ -13,6 +13,7 @@ from gpuk8s.facts.kube import Cluster
 from gpuk8s.gather import cluster_values, gather
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
+from gpuk8s.runner import confirmed
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_step
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
@@ -82,19 +83,8 @@ def check_one_host(inventory: str | Path, host: str) -> bool:
 
 def ask_confirmation(question: str, yes: bool, confirm: Callable[[str], bool] | None,
                      expected: str | None = None) -> None:
-    if yes:
-        return
-    if confirm is not None:
-        ok = confirm(question)
-    else:
-        import sys
-
-        if not sys.stdin.isatty():
-            raise Gpuk8sError("refusing without confirmation: stdin is not a terminal; "
-                              "pass --yes")
-        answer = input(question).strip()
-        ok = answer == expected if expected else answer.lower() in ("y", "yes")
-    if not ok:
+    """Go on with --yes or a confirmed ``question`` (runner.confirmed); else stop, an error."""
+    if not yes and not confirmed(question, confirm, expected):
         raise Gpuk8sError("aborted: nothing was changed")
 
 

@@ -457,7 +457,7 @@ def test_python_option_reaches_verify_local_from_invoke_and_main(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import invoke
 
-    import tasks
+    from gpuk8s import cli
 
     got: list[dict[str, object]] = []
     def fake(inventory: str, **kw: object) -> list[object]:
@@ -465,14 +465,13 @@ def test_python_option_reaches_verify_local_from_invoke_and_main(
         return []
 
     monkeypatch.setattr(gpucheck, "verify_local", fake)
-    monkeypatch.setitem(__import__("gpuk8s.cli").cli.COMMANDS, "verify_local",
-                        gpucheck.verify_local)
+    monkeypatch.setitem(cli.COMMANDS, "verify_local", gpucheck.verify_local)
     assert gpucheck.main(["--python", "/opt/torch/.venv/bin/python3", "--without-nvcc"]) == 0
-    tasks.verify(invoke.Context(), local=True, python="/opt/t/bin/python3", without_nvcc=True)
+    cli.verify(invoke.Context(), local=True, python="/opt/t/bin/python3", without_nvcc=True)
     assert got == [{"limit": None, "nvcc": False, "python": "/opt/torch/.venv/bin/python3"},
                    {"limit": None, "python": "/opt/t/bin/python3", "nvcc": False}]
     with pytest.raises(invoke.Exit, match="add --local"):
-        tasks.verify(invoke.Context(), python="/opt/t/bin/python3")
+        cli.verify(invoke.Context(), python="/opt/t/bin/python3")
 
 
 # -- the PyTorch timing: the kernel, as nvcc's ---------------------------------------------------

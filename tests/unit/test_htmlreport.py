@@ -240,7 +240,7 @@ def test_write_is_0600_and_the_command_defaults_to_the_latest_run(
     assert "host-gpu-02" in path.read_text()
     assert sorted(p.name for p in runs.iterdir()) == before  # report makes no run folder
     older = runs / "20261127-040000-bootstrap"
-    assert cli.main(["report", str(older)]) == 0
+    assert cli.main(["report", "--run", str(older)]) == 0
     assert (older / "report.html").exists()
 
 

@@ -343,10 +343,8 @@ def test_output_option_of_status_and_gpu_usage(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_invoke_status_takes_output_wide() -> None:
-    import tasks
-
-    assert "output" in tasks.status.help and "output" in tasks.gpu_usage.help
-    assert tasks._table_output("wide", False) == {"as_json": False, "wide": True}
+    assert "output" in cli.status.help and "output" in cli.gpu_usage.help
+    assert cli._table_output("wide", False) == {"as_json": False, "wide": True}
 
 
 def test_rich_reads_columns_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
