@@ -17,11 +17,11 @@ from gpuk8s.errors import (
     PhaseFailed,
 )
 from gpuk8s.executor import HostResult
-from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Files, PciDevices, PendingHandlers, System
 from gpuk8s.inventory.endpoint import inventory_cluster
+from gpuk8s.parallel import in_parallel
 from gpuk8s.playbook import ALL_ROLES, package_cache_url
 from gpuk8s.roles import load_role
 from gpuk8s.session import Session, role_vars

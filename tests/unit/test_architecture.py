@@ -136,9 +136,10 @@ def test_no_import_cycle_between_packages() -> None:
 #                  import the executor, and neither do roles, which only plan)
 #   ops/facts      dra, mig > ops > facts
 #   transport      ssh, local, known_hosts
-#   leaves         errors, sinks, sections, progress, redact, cafile, checks: importable by all
+#   leaves         errors, sinks, sections, progress, redact, cafile, checks, paths, parallel:
+#                  importable by all
 LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile", "checks",
-                    "paths"})
+                    "paths", "parallel"})
 #: every package below the commands
 ENGINE = frozenset({"runner", "gather", "drain", "handoffs", "session", "report", "inventory",
                     "variables", "roles", "templating", "playbook", "gpusharing", "dra", "mig",
@@ -148,7 +149,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # leaves: each other only, in this order
     "errors": frozenset(), "sections": frozenset(), "progress": frozenset(),
     "redact": frozenset(), "sinks": frozenset({"errors"}), "cafile": frozenset({"errors"}),
-    "paths": frozenset({"errors"}),
+    "paths": frozenset({"errors"}), "parallel": frozenset(),
     "checks": frozenset({"errors", "sinks", "cafile"}),
     "transport": LEAVES,
     "facts": LEAVES,
