@@ -16,13 +16,13 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.cluster_values import inventory_cluster
 from gpuk8s.errors import ConnectError, InventoryError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import PciDevices, System
 from gpuk8s.gather import gather
 from gpuk8s.inventory.builder import inspect_inventory
 from gpuk8s.inventory.check import cluster_problems
-from gpuk8s.inventory.endpoint import inventory_cluster
 from gpuk8s.inventory.model import BASTION, Host, Inventory
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.roles import HostContext, PreflightExports, exports

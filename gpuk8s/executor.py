@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost, Gpuk8sError
 from gpuk8s.ops import Op
+from gpuk8s.parallel import in_parallel
 from gpuk8s.redact import Redactor
 from gpuk8s.sections import split_sections
 from gpuk8s.transport import CommandResult, Transport
@@ -312,44 +311,10 @@ class HostRunner:
 def run_phase(work: Mapping[str, Sequence[RoleWork]], runners: Mapping[str, HostRunner],
               ) -> dict[str, HostResult]:
     """Apply every host's work in parallel (one thread per host) and wait for all: a barrier."""
-    results: dict[str, HostResult] = {}
-    lock = threading.Lock()
-
-    def one(host: str) -> None:
-        try:
-            res = runners[host].apply(work[host])
-        except Exception as exc:
-            res = HostResult(host, error=Gpuk8sError(f"{host}: internal error: {exc!r}"))
-        with lock:
-            results[host] = res
-
-    threads = [threading.Thread(target=one, args=(h,), name=f"gpuk8s-{h}", daemon=True)
-               for h in work if any(rw.ops for rw in work[h])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    busy = [h for h in work if any(rw.ops for rw in work[h])]
+    done = in_parallel(busy, lambda h: runners[h].apply(work[h]))
+    results = {h: HostResult(h, error=Gpuk8sError(f"{h}: internal error: {r!r}"))
+               if isinstance(r, Exception) else r for h, r in done.items()}
     for host in work:
         results.setdefault(host, HostResult(host))
     return results
-
-
-def parallel(hosts: Sequence[str], fn: Callable[[str], Any]) -> dict[str, Any]:
-    """Run fn(host) for every host in its own thread; exceptions are returned as values."""
-    out: dict[str, Any] = {}
-    lock = threading.Lock()
-
-    def one(host: str) -> None:
-        try:
-            value = fn(host)
-        except Exception as exc:
-            value = exc
-        with lock:
-            out[host] = value
-
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out

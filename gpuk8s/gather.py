@@ -1,7 +1,8 @@
 """Fact gathering: every fact the roles ask for, in one probe per host, all hosts in
-parallel; and the cluster-wide values derived from the facts (node names, GPU counts, the
-API endpoint). The runner's layer: it runs the probe through the session's transports;
-gpuk8s.facts only says what to run (build_probe) and parses what came back (parse_probe)."""
+parallel; and the cluster's nodes as report.json keeps them (the cluster values roles read
+are derived in gpuk8s/cluster_values.py). The runner's layer: it runs the probe through the
+session's transports; gpuk8s.facts only says what to run (build_probe) and parses what came
+back (parse_probe)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ from gpuk8s.errors import (
     PhaseFailed,
 )
 from gpuk8s.executor import HostResult
-from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.probe import build_probe, parse_probe
-from gpuk8s.facts.system import Files, PciDevices, PendingHandlers, System
-from gpuk8s.inventory.endpoint import inventory_cluster
-from gpuk8s.playbook import ALL_ROLES, package_cache_url
+from gpuk8s.facts.system import PendingHandlers
+from gpuk8s.parallel import in_parallel
+from gpuk8s.playbook import ALL_ROLES
 from gpuk8s.roles import load_role
 from gpuk8s.session import Session, role_vars
 
@@ -70,33 +70,6 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
             failed[name] = HostResult(name, error=err)
     if failed:
         raise PhaseFailed("facts", failed)
-
-
-def cluster_values(session: Session) -> None:
-    """Node names, addresses and GPU counts of the hosts in this run; the API endpoint."""
-    cp = session.host(session.first_cp)
-    nodes = {}
-    for name in session.facts:
-        facts = session.facts[name]
-        gpus = [d for d in facts[PciDevices()] if d.is_gpu]
-        host = session.host(name)
-        nodes[name] = {"name": facts[System()].hostname.lower(),
-                       "address": host.address, "gpus": len(gpus),
-                       # pods run there (a worker, or a control plane without the taint)
-                       "schedulable": host.schedulable,
-                       "sharing": dict(role_vars(host).get("gpu_sharing") or {}),
-                       "model": gpus[0].model if gpus else ""}
-    session.cluster.update(**inventory_cluster(session.inventory, cp.name),
-                           node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
-                           package_cache_url=package_cache_url(session.inventory))
-
-
-def _file_exists(facts: HostFacts, path: str) -> bool:
-    """Whether any Files fact gathered for the host saw ``path`` (whichever role asked)."""
-    for fact, value in facts.items():
-        if isinstance(fact, Files) and path in value:
-            return bool(value[path].exists)
-    return False
 
 
 def cluster_summary(session: Session, *, fresh: bool) -> dict[str, Any]:

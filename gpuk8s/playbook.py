@@ -84,13 +84,3 @@ def package_cache_host(inventory: Any) -> str | None:
                              fix=f"name one of: {', '.join(inventory.hosts)}, or \"\" for the "
                              "first control plane")
     return name
-
-
-def package_cache_url(inventory: Any) -> str:
-    """http://<cache host address>:3142, or "" when package_cache is off."""
-    name = package_cache_host(inventory)
-    if name is None:
-        return ""
-    address = inventory.hosts[name].address
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:3142"

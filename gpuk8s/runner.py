@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.cluster_values import cluster_values, mark_joined
 from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon
 from gpuk8s.errors import (
     ConnectError,
@@ -24,7 +25,7 @@ from gpuk8s.errors import (
 from gpuk8s.executor import HostResult, RoleWork, run_phase
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import PENDING_HANDLERS, PendingHandlers, System, handler_marker
-from gpuk8s.gather import _file_exists, cluster_summary, cluster_values, gather
+from gpuk8s.gather import cluster_summary, gather
 from gpuk8s.handoffs import fetch_admin_conf, mint_join, upload_certs
 from gpuk8s.ops import Op, change, q
 from gpuk8s.playbook import (
@@ -44,9 +45,7 @@ def preflight(session: Session, *, show: bool = True) -> None:
     errors: dict[str, list[tuple[str, str, str]]] = {}
     warnings: dict[str, list[tuple[str, str, str]]] = {}
     role = exports(PreflightExports)
-    for name in session.scope:
-        session.cluster.setdefault("joined", {})[name] = _file_exists(
-            session.facts[name], "/etc/kubernetes/kubelet.conf")
+    mark_joined(session)
     for name in session.scope:
         errs, warns = role.check(context(session, name, PREFLIGHT))
         errors[name], warnings[name] = list(errs), list(warns)

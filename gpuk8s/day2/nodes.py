@@ -20,12 +20,12 @@ from gpuk8s.day2.steps import (
 from gpuk8s.drain import drain
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.executor import HostResult
-from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import Apt, purge_script
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBECTL
+from gpuk8s.parallel import in_parallel
 from gpuk8s.report import Reporter
 from gpuk8s.runner import bootstrap, converge
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session

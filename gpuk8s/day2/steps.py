@@ -8,9 +8,10 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import Cluster
-from gpuk8s.gather import cluster_values, gather
+from gpuk8s.gather import gather
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.runner import confirmed

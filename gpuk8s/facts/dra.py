@@ -15,6 +15,10 @@ from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import ADMIN_CONF
 
 DRIVER = "gpu.nvidia.com"
+#: the DRA kinds gpuk8s applies, which the Dra fact reads back: kind -> kubectl's resource name
+DRA_RESOURCES = {"DeviceClass": "deviceclasses",
+                 "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+                 "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class Dra(Fact[DraState]):
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
 k="timeout 15 kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-$k get deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings -o json \
+$k get {','.join(DRA_RESOURCES.values())} -o json \
   || exit 3
 echo '## slices'
 $k get resourceslices -o json || exit 4"""

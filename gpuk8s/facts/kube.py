@@ -101,9 +101,17 @@ class ClusterState:
     managed: dict[str, str] = field(default_factory=dict)
 
 
-MANAGED_KINDS = ("namespaces,serviceaccounts,configmaps,services,clusterroles,"
-                 "clusterrolebindings,daemonsets,deployments,runtimeclasses,"
-                 "customresourcedefinitions")
+#: the kinds gpuk8s applies that the Cluster fact reads back: kind -> kubectl's resource name
+#: (ops/kube.py stamp refuses any kind applied that neither this nor the Dra fact reads)
+MANAGED_RESOURCES = {
+    "Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
+    "Service": "services", "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings", "DaemonSet": "daemonsets",
+    "Deployment": "deployments", "RuntimeClass": "runtimeclasses",
+    "CustomResourceDefinition": "customresourcedefinitions",
+}
+#: what the Cluster fact's `kubectl get` lists
+MANAGED_KINDS = ",".join(MANAGED_RESOURCES.values())
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from gpuk8s.facts.kube import ADMIN_CONF, MANAGED_KINDS, ClusterState
+from gpuk8s.facts.dra import DRA_RESOURCES
+from gpuk8s.facts.kube import ADMIN_CONF, MANAGED_KINDS, MANAGED_RESOURCES, ClusterState
 from gpuk8s.ops import Op, change, noop, q, sha256
 from gpuk8s.sinks import node_arg
 
@@ -33,13 +34,10 @@ KUBEADM_IMAGES = {
     "1.36": ("v1.14.2", "3.10.2", "3.6.8-0"),
     "1.37": ("v1.14.6", "3.10.2", "3.7.0-0"),
 }
-#: kinds gpuk8s applies: those of MANAGED_KINDS, plus DeviceClass and the DRA driver's
-#: ValidatingAdmissionPolicy(Binding) (read by the Dra fact, only on clusters that serve
-#: resource.k8s.io)
-_MANAGED_KINDS = {"namespace", "serviceaccount", "configmap", "service", "clusterrole",
-                  "clusterrolebinding", "daemonset", "deployment", "runtimeclass",
-                  "customresourcedefinition", "deviceclass", "validatingadmissionpolicy",
-                  "validatingadmissionpolicybinding"}
+#: kinds gpuk8s applies (lowercase): those the Cluster fact reads, plus DeviceClass and the DRA
+#: driver's ValidatingAdmissionPolicy(Binding) (read by the Dra fact, only on clusters that
+#: serve resource.k8s.io)
+_MANAGED_KINDS = {kind.lower() for kind in (*MANAGED_RESOURCES, *DRA_RESOURCES)}
 
 
 #: the label on every object gpuk8s applies (cluster add-ons and workloads alike)
@@ -65,7 +63,8 @@ def stamp(manifest: str, component: str) -> tuple[str, list[str], str]:
         kind = doc["kind"]
         if kind.lower() not in _MANAGED_KINDS:
             raise ValueError(f"{component}: kind {kind} is not tracked by the Cluster fact "
-                             f"({MANAGED_KINDS}); add it there")
+                             f"({MANAGED_KINDS}) nor the Dra fact; add it to MANAGED_RESOURCES "
+                             "in gpuk8s/facts/kube.py")
         label(doc, {MANAGED_BY: "gpuk8s", "gpuk8s.io/component": component})
         meta = doc["metadata"]
         meta.setdefault("annotations", {})["gpuk8s.io/sha256"] = digest

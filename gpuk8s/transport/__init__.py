@@ -12,11 +12,11 @@ only to a host whose sudo asks for one (``sudo -k -n -- sh -c true`` fails there
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuk8s.errors import ConnectError
+from gpuk8s.parallel import in_parallel
 from gpuk8s.redact import Redactor
 from gpuk8s.transport.base import (
     MAX_OUTPUT_BYTES,
@@ -48,30 +48,14 @@ def open_all(specs: Iterable[ConnectSpec], redact: Redactor,
              opener: Callable[[ConnectSpec, Redactor], Any] = open_transport,
              ) -> tuple[dict[str, Any], dict[str, ConnectError]]:
     """Connect to every host in parallel; return (transports, errors) keyed by host name."""
-    transports: dict[str, Any] = {}
-    errors: dict[str, ConnectError] = {}
-    lock = threading.Lock()
-
-    def one(spec: ConnectSpec) -> None:
-        try:
-            t = opener(spec, redact)
-            with lock:
-                transports[spec.name] = t
-        except ConnectError as exc:
-            with lock:
-                errors[spec.name] = exc
-        except Exception as exc:  # whatever went wrong, this host is reported, never lost
-            with lock:
-                errors[spec.name] = ConnectError(spec.name, redact(
-                    f"cannot connect to {spec.address}:{spec.port}: unexpected "
-                    f"{type(exc).__name__}: {exc}"))
-
     specs = list(specs)
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in specs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    by_name = {s.name: s for s in specs}
+    outcome = in_parallel(by_name, lambda name: opener(by_name[name], redact))
+    transports = {n: t for n, t in outcome.items() if not isinstance(t, Exception)}
+    # whatever went wrong, the host is reported, never lost
+    errors = {n: e if isinstance(e, ConnectError) else ConnectError(n, redact(
+        f"cannot connect to {by_name[n].address}:{by_name[n].port}: unexpected "
+        f"{type(e).__name__}: {e}")) for n, e in outcome.items() if isinstance(e, Exception)}
     for spec in specs:
         if spec.name not in transports and spec.name not in errors:
             errors[spec.name] = ConnectError(spec.name, "the connection attempt ended without "

@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuk8s.executor import parallel as in_parallel
 from gpuk8s.ops import Op, q
+from gpuk8s.parallel import in_parallel
 from gpuk8s.session import Session
 from gpuk8s.transport import CommandResult
 from gpuk8s.workloads.cluster import Remote

@@ -56,7 +56,7 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
 def bind_addresses(cache_url: str) -> list[str]:
     """Where the cache listens: loopback (the role's own readiness check, and the host's apt
     when it names 127.0.0.1) and the cache host's cluster address, the one every node's apt
-    proxy file names (playbook.package_cache_url), never every interface (apt-cacher-ng's
+    proxy file names (cluster_values.package_cache_url), never every interface (apt-cacher-ng's
     default). acng.conf@3.7.4 (Debian 12): "BindAddress: localhost 192.168.7.254 ...", a
     space-separated list; "Default: listens on all interfaces and protocols"."""
     host = urllib.parse.urlsplit(cache_url).hostname if cache_url else None

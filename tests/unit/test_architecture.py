@@ -135,25 +135,26 @@ def test_no_import_cycle_between_packages() -> None:
 # necessarily all of them) and, in the order shown, of its own; never upward, never in a loop.
 #   commands       cli, api, day2, workloads, images, bundle, gpucheck (+ their helpers
 #                  bundlefiles, gpucheck_script, htmlreport)
-#   runner/session runner > gather, drain, handoffs > session > report
+#   runner/session runner > gather, drain, handoffs, cluster_values > session > report
 #   playbook/roles inventory > variables > roles > templating; playbook; gpusharing
 #   executor       runs Op values on the transports (ops/ are pure descriptions: they never
 #                  import the executor, and neither do roles, which only plan)
 #   ops/facts      dra, mig > ops > facts
 #   transport      ssh, local, known_hosts
-#   leaves         errors, sinks, sections, progress, redact, cafile, checks: importable by all
+#   leaves         errors, sinks, sections, progress, redact, cafile, checks, paths, parallel:
+#                  importable by all
 LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile", "checks",
-                    "paths"})
+                    "paths", "parallel"})
 #: every package below the commands
-ENGINE = frozenset({"runner", "gather", "drain", "handoffs", "session", "report", "inventory",
-                    "variables", "roles", "templating", "playbook", "gpusharing", "dra", "mig",
-                    "ops", "facts", "executor", "transport"}) | LEAVES
+ENGINE = frozenset({"runner", "gather", "drain", "handoffs", "cluster_values", "session",
+                    "report", "inventory", "variables", "roles", "templating", "playbook",
+                    "gpusharing", "dra", "mig", "ops", "facts", "executor", "transport"}) | LEAVES
 #: package -> the packages it may import (gpuk8s/facts/*.py is "facts", session.py "session")
 ALLOWED: dict[str, frozenset[str]] = {
     # leaves: each other only, in this order
     "errors": frozenset(), "sections": frozenset(), "progress": frozenset(),
     "redact": frozenset(), "sinks": frozenset({"errors"}), "cafile": frozenset({"errors"}),
-    "paths": frozenset({"errors"}),
+    "paths": frozenset({"errors"}), "parallel": frozenset(),
     "checks": frozenset({"errors", "sinks", "cafile"}),
     "transport": LEAVES,
     "facts": LEAVES,
@@ -174,8 +175,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "drain": LEAVES | {"session", "ops"},
     "handoffs": LEAVES | {"session", "executor", "ops", "facts"},
     "gather": LEAVES | {"session", "inventory", "playbook", "roles", "executor", "facts"},
-    "runner": LEAVES | {"gather", "drain", "handoffs", "session", "report", "playbook", "roles",
-                        "ops", "facts", "executor"},
+    # the cluster values roles read (HostContext.cluster), from the inventory and the facts
+    "cluster_values": LEAVES | {"session", "inventory", "playbook", "facts"},
+    "runner": LEAVES | {"gather", "drain", "handoffs", "cluster_values", "session", "report",
+                        "playbook", "roles", "ops", "facts", "executor"},
     # commands and their helpers
     "bundlefiles": LEAVES | {"report"},
     "htmlreport": LEAVES | {"report"},

@@ -644,8 +644,8 @@ def test_local_yaml_is_refused_by_check_as_plan_refuses_it() -> None:
     now runs in both, with the same text."""
     import collections
 
+    from gpuk8s.cluster_values import inventory_cluster
     from gpuk8s.inventory import load_inventory
-    from gpuk8s.inventory.endpoint import inventory_cluster
     from gpuk8s.roles import HostContext
     from tests.unit.scenarios import fresh_facts
 

@@ -1,4 +1,5 @@
-"""The README's inventory reference lists every variable with its real default."""
+"""The README keeps step with the code: its inventory reference lists every variable with its
+real default, and How a run works names every phase of the playbook, in order."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def test_every_variable_documented_with_its_default() -> None:
         ", ".join(missing)
     stale = [r for r in set(rows) - set(load_variable_specs()) if not r.startswith("invoke")]
     assert not stale, f"README documents variables that do not exist: {stale}"
+
+
+def test_how_a_run_works_names_every_phase_in_order() -> None:
+    from gpuk8s.playbook import PHASES
+
+    text = README.read_text()
+    section = text[text.index("## How a run works"):text.index("## Layout")]
+    positions = [section.find(f"**{phase.name}**") for phase in PHASES]
+    missing = [p.name for p, at in zip(PHASES, positions, strict=True) if at < 0]
+    assert not missing, f"README's How a run works does not name the phases {missing}"
+    assert positions == sorted(positions), "README lists the phases out of playbook order"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuk8s.cluster_values import endpoint_of
 from gpuk8s.facts import HostFacts
 from gpuk8s.inventory import load_inventory
-from gpuk8s.inventory.endpoint import endpoint_of
 from gpuk8s.roles import HostContext, load_role
 from gpuk8s.sinks import UnsafeValue, haproxy_server
 from tests.unit.scenarios import default_vars, fresh_facts

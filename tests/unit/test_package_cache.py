@@ -11,12 +11,13 @@ import pytest
 
 import gpuk8s.session as session_mod
 from gpuk8s import runner
+from gpuk8s.cluster_values import package_cache_url
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import FileState, PackageState, Unit
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import sha256
-from gpuk8s.playbook import PHASES, package_cache_host, package_cache_url
+from gpuk8s.playbook import PHASES, package_cache_host
 from gpuk8s.redact import Redactor
 from gpuk8s.report import Reporter
 from gpuk8s.roles import HostContext, load_role
