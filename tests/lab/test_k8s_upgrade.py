@@ -3,7 +3,7 @@ cluster (cp-01, gpu-01, cpu-01) bootstrapped at 1.36.1 (the inventory pins
 kubernetes_package_version: "1.36.1-1.1"; the lab's pkgs.k8s.io mirror also has 1.36.2), then
 moved to 1.36.2 with kubeadm, the control plane first and the workers one at a time.
 
-The lab's kubeadm stand-in implements `upgrade plan/apply/node` with kubeadm's version policy
+The lab's kubeadm stand-in implements `upgrade apply/node` with kubeadm's version policy
 and messages; `apply` rewrites the static pod manifests, and the kubelet stand-in restarts the
 API server stand-in at the new tag (its /version then says so). The tests run in order and
 share one bootstrap from the "fresh" snapshot.

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import socket
 import struct
 import subprocess
@@ -902,9 +903,20 @@ class TestKubeadmPreflight:
         p.write_text(text or INIT_CFG.format(port=free_port()))
         return str(p)
 
-    def test_version_short(self, node: Node) -> None:
-        r = node.run("kubeadm", "version", "-o", "short", GPUK8S_LAB_K8S_VERSION="1.36.1-1.1")
-        assert r.stdout == "v1.36.1\n"
+    @pytest.mark.parametrize(("argv", "message"), [
+        (("version",), 'unknown command "version" for "kubeadm"'),
+        (("certs", "certificate-key"), 'unknown command "certs" for "kubeadm"'),
+        (("token", "list"), 'unknown command "list" for "kubeadm token"'),
+        (("token", "delete", "abcdef"), 'unknown command "delete" for "kubeadm token"'),
+        (("token", "generate"), 'unknown command "generate" for "kubeadm token"'),
+        (("upgrade", "plan"), 'unknown command "plan" for "kubeadm upgrade"'),
+    ])
+    def test_subcommands_gpuk8s_never_runs_are_refused(self, node: Node, argv: tuple[str, ...],
+                                                       message: str) -> None:
+        """The stand-in plays what gpuk8s runs (CONTRACT.md); anything else is refused as
+        real kubeadm refuses a command it does not have, never half-played."""
+        r = node.run("kubeadm", *argv)
+        assert r.returncode == 1 and r.stderr.startswith(message), r.stderr
 
     def test_config_validate(self, node: Node) -> None:
         assert node.run("kubeadm", "config", "validate", "--config", self.cfg(node)
@@ -1218,9 +1230,6 @@ class TestControlPlaneEndToEnd:
         import re
 
         assert re.search(r"--token [a-z0-9]{6}\.[a-z0-9]{16} ", line)
-        listing = node.run("kubeadm", "token", "list", "--kubeconfig", kc).stdout.splitlines()
-        assert listing[0].split()[:4] == ["TOKEN", "TTL", "EXPIRES", "USAGES"]
-        assert "authentication,signing" in listing[1]
         cm = json.loads(k("get", "configmap", "kubeadm-config", "-n", "kube-system", "-o",
                           "json").stdout)
         assert "ClusterConfiguration" in cm["data"]
@@ -1291,7 +1300,6 @@ class TestControlPlaneEndToEnd:
             r.stderr and "--force" not in r.stderr
         r = up("apply", "v1.36.2")  # no --yes and no answer: refuses
         assert r.returncode == 1 and "won't proceed" in r.stderr
-        assert "Awesome, you're up-to-date! Enjoy!" in up("plan").stdout
         r = up("apply", "v1.36.2", "--yes")
         assert r.returncode == 0, r.stdout + r.stderr
         assert '[upgrade] SUCCESS! A control plane node of your cluster was upgraded to ' \
@@ -1398,22 +1406,25 @@ class TestNodeLifecycleAndTools:
             f"Kubernetes control plane is running at {cluster.server}"
 
     def test_crictl(self, node: Node) -> None:
+        """`crictl ps -a`, the command gpuk8s names when a control plane does not come back;
+        crictl's other commands are not played."""
         r = node.run("crictl", "--runtime-endpoint", "unix:///run/containerd/containerd.sock",
-                     "version")
+                     "ps", "-a")
         # /run/containerd is not where the fake socket lives: crictl fails like the real one
         assert r.returncode == 1
         assert 'level=fatal msg="validate service connection: validate CRI v1 runtime API for ' \
             'endpoint \\"unix:///run/containerd/containerd.sock\\"' in r.stderr
         ep = "unix:///var/run/containerd/containerd.sock"
-        r = node.run("crictl", "-r", ep, "version")
-        assert r.stdout.splitlines() == ["Version:  0.1.0", "RuntimeName:  containerd",
-                                         "RuntimeVersion:  v2.1.4", "RuntimeApiVersion:  v1"]
-        info = json.loads(node.run("crictl", "-r", ep, "info").stdout)
-        net = info["status"]["conditions"][1]
-        assert (net["type"], net["status"]) == ("NetworkReady", False)
+        r = node.run("crictl", "-r", ep, "ps", "-a")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split("\n")[0].split() == ["CONTAINER", "IMAGE", "CREATED", "STATE",
+                                                   "NAME", "ATTEMPT", "POD", "ID", "POD"]
+        for cmd in ("info", "version", "pods", "images"):
+            r = node.run("crictl", "-r", ep, cmd)
+            assert r.returncode == 1 and f"No help topic for '{cmd}'" in r.stderr
         node.set(ctr=CTR_OK.replace("io.containerd.grpc.v1                     cri"
                                     "                      -              ok\n", ""))
-        r = node.run("crictl", "-r", ep, "info")
+        r = node.run("crictl", "-r", ep, "ps", "-a")
         assert r.returncode == 1 and "unknown service runtime.v1.RuntimeService" in r.stderr
 
 
@@ -1478,8 +1489,7 @@ def test_upload_certs_encrypts_them_with_the_certificate_key(
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     cp, kc = control_plane
-    key = cp.run("kubeadm", "certs", "certificate-key").stdout.strip()
-    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    key = secrets.token_hex(32)  # as gpuk8s makes it (handoffs.upload_certs)
     r = cp.run("kubeadm", "init", "phase", "upload-certs", "--upload-certs",
                "--certificate-key", key, "--kubeconfig", kc)
     assert r.returncode == 0, r.stderr
@@ -1507,7 +1517,7 @@ def test_control_plane_join_needs_a_stable_endpoint(control_plane: tuple[Node, s
     cp, kc = control_plane
     line = cp.run("kubeadm", "token", "create", "--ttl", "15m0s", "--print-join-command",
                   "--kubeconfig", kc).stdout.split()
-    key = cp.run("kubeadm", "certs", "certificate-key").stdout.strip()
+    key = secrets.token_hex(32)
     subprocess.run(["systemctl", "stop", "kubelet"], env=cp.env(), check=True)
     other = Node(tmp_path / "cp-02")
     try:
