@@ -903,14 +903,14 @@ class TestKubeadmPreflight:
         p.write_text(text or INIT_CFG.format(port=free_port()))
         return str(p)
 
-    @pytest.mark.parametrize(("argv", "message"), [
+    @pytest.mark.parametrize(("argv", "message"), [pytest.param(argv, message, id="-".join(argv))
+                                                  for argv, message in [
         (("version",), 'unknown command "version" for "kubeadm"'),
         (("certs", "certificate-key"), 'unknown command "certs" for "kubeadm"'),
         (("token", "list"), 'unknown command "list" for "kubeadm token"'),
         (("token", "delete", "abcdef"), 'unknown command "delete" for "kubeadm token"'),
         (("token", "generate"), 'unknown command "generate" for "kubeadm token"'),
-        (("upgrade", "plan"), 'unknown command "plan" for "kubeadm upgrade"'),
-    ])
+        (("upgrade", "plan"), 'unknown command "plan" for "kubeadm upgrade"')]])
     def test_subcommands_gpuk8s_never_runs_are_refused(self, node: Node, argv: tuple[str, ...],
                                                        message: str) -> None:
         """The stand-in plays what gpuk8s runs (CONTRACT.md); anything else is refused as
