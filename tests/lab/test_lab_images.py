@@ -19,7 +19,7 @@ import pytest
 from gpuk8s.images import workload_images
 from tests.lab import images, registry
 from tests.lab.lab import Lab
-from tests.lab.test_day2 import restore_bootstrapped
+from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 

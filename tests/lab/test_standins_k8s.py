@@ -469,7 +469,8 @@ class FakeApi:
 
 class TestEmulatedNetwork:
     """The pure parts of the lab's pod network: flannel's delegate config, kube-proxy's rules
-    and the cluster DNS answers (their effect on real nodes: tests/lab/test_workloads.py)."""
+    and the cluster DNS answers (their effect on real nodes:
+    tests/lab/product/test_workloads.py)."""
 
     def test_flannel_delegates_to_bridge_over_the_nodes_lease(self) -> None:
         env = {"FLANNEL_NETWORK": "10.244.0.0/16", "FLANNEL_SUBNET": "10.244.2.1/24",

@@ -20,8 +20,8 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.runs import BOX, call, derived_inventory, invoke_at, restore_fresh
-from tests.lab.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
+from tests.lab.product.runs import BOX, call, derived_inventory, invoke_at, restore_fresh
+from tests.lab.product.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
 

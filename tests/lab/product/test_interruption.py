@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.lab import Lab
-from tests.lab.runs import Bootstrap, assert_converged_like_uninterrupted, restore_fresh
+from tests.lab.product.runs import Bootstrap, assert_converged_like_uninterrupted, restore_fresh
 
 pytestmark = pytest.mark.lab
 

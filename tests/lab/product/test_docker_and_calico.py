@@ -24,7 +24,7 @@ import pytest
 
 from gpuk8s.errors import PhaseFailed, PlanError
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, cut_inventory, restore_fresh, ssh_ok
+from tests.lab.product.runs import bootstrap_inline, cut_inventory, restore_fresh, ssh_ok
 
 pytestmark = pytest.mark.lab
 

@@ -14,8 +14,8 @@ import pytest
 
 from tests.lab.lab import Lab
 from tests.lab.paths import LAB_KEY_FINGERPRINT
-from tests.lab.runs import Bootstrap, cut_inventory, restore_fresh, ssh_ok
-from tests.lab.test_day2 import cluster, inv  # noqa: F401 (module fixtures: bootstrapped lab)
+from tests.lab.product.runs import Bootstrap, cut_inventory, restore_fresh, ssh_ok
+from tests.lab.product.test_day2 import cluster, inv  # noqa: F401 (module fixtures: bootstrapped lab)
 
 pytestmark = pytest.mark.lab
 

@@ -31,7 +31,7 @@ from gpuk8s import day2
 from gpuk8s.report import Reporter
 from tests.lab import repos
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, restore_fresh, ssh_ok
+from tests.lab.product.runs import bootstrap_inline, restore_fresh, ssh_ok
 
 pytestmark = pytest.mark.lab
 

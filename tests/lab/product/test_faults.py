@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from tests.lab.lab import Lab
-from tests.lab.runs import Bootstrap, restore_fresh
-from tests.lab.test_bootstrap import kubectl_cp
+from tests.lab.product.runs import Bootstrap, restore_fresh
+from tests.lab.product.test_bootstrap import kubectl_cp
 
 pytestmark = pytest.mark.lab
 

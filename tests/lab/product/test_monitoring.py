@@ -19,9 +19,9 @@ import pytest
 from gpuk8s import day2
 from tests.lab import images, registry
 from tests.lab.lab import Lab
-from tests.lab.runs import bootstrap_inline, call, derived_inventory, ssh_ok
-from tests.lab.test_bootstrap import GATE_VARS
-from tests.lab.test_day2 import restore_bootstrapped
+from tests.lab.product.runs import bootstrap_inline, call, derived_inventory, ssh_ok
+from tests.lab.product.test_bootstrap import GATE_VARS
+from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"

@@ -17,9 +17,9 @@ from gpuk8s import api
 from gpuk8s.errors import PreflightError
 from tests.lab import registry
 from tests.lab.lab import Lab
-from tests.lab.runs import call
-from tests.lab.test_bootstrap import GATES
-from tests.lab.test_day2 import restore_bootstrapped
+from tests.lab.product.runs import call
+from tests.lab.product.test_bootstrap import GATES
+from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 

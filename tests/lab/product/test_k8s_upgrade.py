@@ -21,7 +21,14 @@ import yaml
 from gpuk8s import day2
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from tests.lab.lab import Lab
-from tests.lab.runs import Bootstrap, bootstrap_inline, call, cut_inventory, restore_fresh, ssh_ok
+from tests.lab.product.runs import (
+    Bootstrap,
+    bootstrap_inline,
+    call,
+    cut_inventory,
+    restore_fresh,
+    ssh_ok,
+)
 
 pytestmark = pytest.mark.lab
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.lab.lab import Lab
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
 
 #: what every uninterrupted bootstrap of the default lab gives (day2.status rows)

@@ -14,8 +14,8 @@ import yaml
 from gpuk8s import api
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.test_bootstrap import GATES
-from tests.lab.test_day2 import restore_bootstrapped
+from tests.lab.product.test_bootstrap import GATES
+from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 

@@ -18,7 +18,7 @@ import yaml
 from tests.lab import registry
 from tests.lab.lab import Lab
 from tests.lab.paths import HOST_IP
-from tests.lab.test_day2 import restore_bootstrapped
+from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
 NODES = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
@@ -108,8 +108,8 @@ def test_drain_blocked_then_allowed_by_the_pdb(cluster: Lab, tmp_path: Path) -> 
     that blocks and then one that allows."""
     from gpuk8s import day2
     from gpuk8s.errors import Gpuk8sError
-    from tests.lab.runs import call
-    from tests.lab.test_bootstrap import GATES
+    from tests.lab.product.runs import call
+    from tests.lab.product.test_bootstrap import GATES
 
     out = ok(cluster, "apply -f -", stdin=_web())
     assert out.splitlines() == [f"namespace/{NS} created", "deployment.apps/web created",
@@ -290,7 +290,7 @@ def test_gpuk8s_untaints_the_control_plane_with_the_real_kubectl(cluster: Lab) -
 
     from gpuk8s import api
     from gpuk8s.report import Reporter
-    from tests.lab.test_bootstrap import GATES
+    from tests.lab.product.test_bootstrap import GATES
 
     taints = "get node cp-01 -o jsonpath='{.spec.taints[*].key}'"
     assert ok(cluster, taints) == "node-role.kubernetes.io/control-plane"

@@ -3,7 +3,7 @@ does: read it (GET /api/contents), start a kernel (POST /api/kernels), send each
 an execute_request over the kernel's websocket (/api/kernels/ID/channels, Jupyter's messaging
 protocol) and collect what each cell printed; then shut the kernel down.
 
-Test tooling for tests/lab/test_workloads.py, run with the TensorFlow test venv's Python
+Test tooling for tests/lab/product/test_workloads.py, run with the TensorFlow test venv's Python
 (it has tornado). Usage: notebook_run.py BASE_URL TOKEN PATH; prints one JSON list: per code
 cell, its source and its text output."""
 
