@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 from tests.lab import debs
 
 #: real captures from H200 hosts, kept in the repository
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "nvidia"
 DUAL = FIXTURES / "2xh200-ubuntu2404"
 SINGLE = FIXTURES / "h200-ubuntu2404"
 NEW, OLD = "580.159.04-1", "580.105.08-1"
@@ -431,7 +431,7 @@ def test_cuda_toolkits(root: Path) -> None:
 
 
 def test_every_file_is_marked() -> None:
-    here = Path(__file__).resolve().parent / "standins" / "nvidia"
+    here = Path(__file__).resolve().parents[2] / "standins" / "nvidia"
     for f in here.iterdir():
         if f.suffix in (".json",):
             continue
@@ -547,7 +547,8 @@ def test_ctk_configure_docker_default_config(
     install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
     etc = tmp_path / "etc-containerd"
     etc.mkdir()
-    docker_cfg = Path(__file__).resolve().parent / "packages/docker/files/containerd-config.toml"
+    docker_cfg = (Path(__file__).resolve().parents[2]
+                  / "packages/docker/files/containerd-config.toml")
     (etc / "config.toml").write_text(docker_cfg.read_text())
     res = ctk(
         root,
@@ -582,7 +583,7 @@ def test_ctk_configure_creates_main_config(root: Path, containerd_bin: Path) -> 
     assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nv]" in out
 
 
-CTK_REAL = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-ctk-1.20.0"
+CTK_REAL = Path(__file__).resolve().parents[3] / "fixtures" / "nvidia-ctk-1.20.0"
 
 
 @pytest.mark.parametrize("default", [False, True])
@@ -916,7 +917,7 @@ def test_mig_container_sees_its_device_only(two_h100: Path) -> None:
 
 
 # ------------------------------------------------------------------ kubelet: device plugin
-sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "standins"))
 from k8s import kubelet, nodeinfo  # noqa: E402
 
 MIXED = {"version": "v1", "flags": {"migStrategy": "mixed"}}

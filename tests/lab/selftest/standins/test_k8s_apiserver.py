@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-STANDINS = Path(__file__).resolve().parent / "standins"
+STANDINS = Path(__file__).resolve().parents[2] / "standins"
 K8S = STANDINS / "k8s"
 sys.path.insert(0, str(STANDINS))
 
@@ -1900,7 +1900,7 @@ spec:
 def test_every_standin_module_is_in_every_package_that_ships_the_standins() -> None:
     """A module left out of a package definition breaks every node at the first import."""
     modules = {p.name for p in K8S.glob("*.py")}
-    pkgs = Path(__file__).resolve().parent / "packages" / "k8s"
+    pkgs = Path(__file__).resolve().parents[2] / "packages" / "k8s"
     for d in sorted(pkgs.glob("*.yaml")):
         text = d.read_text()
         if "standins/k8s/__init__.py" not in text:
@@ -2170,7 +2170,7 @@ def test_dra_driver_on_a_kubelet(control_plane: tuple[Node, str]) -> None:
     (node.root / "run/nvidia-lab/loaded-module-version").write_text("580.159.04\n")
     assert k("apply", "--server-side", "-f", "-", stdin=FLANNEL).returncode == 0
     assert k("label", "node", "cp-01", "nvidia.com/gpu.present=true").returncode == 0
-    manifest = jinja2.Template((Path(__file__).resolve().parents[2] / "templates/gpu/"
+    manifest = jinja2.Template((Path(__file__).resolve().parents[4] / "templates/gpu/"
                                 "nvidia-dra-driver.yaml.j2").read_text()).render(
         nvidia_dra_driver_version="0.4.0")
     r = k("apply", "--server-side", "--field-manager=gpuk8s", "-f", "-", stdin=manifest)
