@@ -1,5 +1,5 @@
 """The REAL kubectl through the API server stand-in's service proxy, on this machine (no lab
-nodes: an API server stand-in with its own REAL etcd, as test_k8s_apiserver.py runs it): what
+nodes: an API server stand-in with its own REAL etcd, as the test_k8s_*.py modules run it): what
 gpuk8s runs on the first control plane to ask Prometheus, `kubectl get --raw
 /api/v1/namespaces/NS/services/http:NAME:PORT/proxy/...`, reaches a pod's server and prints its
 answer; the failures print the real API server's messages."""
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.selftest.standins.test_k8s_apiserver import Cluster, free_port
+from tests.lab.selftest.standins.k8s_helpers import Cluster, free_port
 
 NS = "gpuk8s-monitoring"
 PROXY = f"/api/v1/namespaces/{NS}/services/http:prometheus:9090/proxy"
