@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.selftest.standins.test_nvidia_smi import (
+from tests.lab.selftest.standins.nvidia_helpers import (
     NEW,
     SINGLE,
     fake_pci,

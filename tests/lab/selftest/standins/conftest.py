@@ -1,5 +1,7 @@
-"""Fixtures of the stand-ins' tests: a temp node root (node), an API server stand-in with a
-REAL etcd (cluster), and kubeadm init on a node with the kubelet stand-in (control_plane)."""
+"""Fixtures of the stand-ins' tests. Kubernetes: a temp node root (node), an API server stand-in
+with a REAL etcd (cluster), and kubeadm init on a node with the kubelet stand-in
+(control_plane). NVIDIA: a fake root (root) and one with the dual-H200 capture's GPUs and a
+loaded driver (dual)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.lab.selftest.standins.k8s_helpers import INIT_CFG, Cluster, Node, free_port
+from tests.lab.selftest.standins.nvidia_helpers import (
+    DUAL,
+    NEW,
+    fake_pci,
+    install_files,
+    load_module,
+)
 
 
 @pytest.fixture
@@ -50,3 +59,19 @@ def control_plane(node: Node) -> Iterator[tuple[Node, str]]:
     r = node.run("kubeadm", "init", "--config", str(cfg), "--skip-token-print")
     assert r.returncode == 0, r.stdout + r.stderr
     yield node, str(node.root / "etc/kubernetes/admin.conf")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    (r / "etc").mkdir(parents=True)
+    (r / "etc/machine-id").write_text("5f1c0c7e4a8b4d0f9e6b2a1c3d4e5f60\n")
+    return r
+
+
+@pytest.fixture
+def dual(root: Path) -> Path:
+    fake_pci(root, (DUAL / "sys-pci-nvidia.txt").read_text().splitlines())
+    install_files(root, "nvidia-driver-cuda", NEW)
+    load_module(root, NEW)
+    return root

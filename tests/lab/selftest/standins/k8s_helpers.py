@@ -51,8 +51,6 @@ io.containerd.cri.v1                      images                   -            
 io.containerd.cri.v1                      runtime                  linux/amd64    ok
 io.containerd.grpc.v1                     cri                      -              ok
 """
-
-
 DUMP = """version = 3
 [plugins]
   [plugins.'io.containerd.cri.v1.runtime']
