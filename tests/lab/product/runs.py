@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.lab.lab import Lab
+from tests.lab.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = REPO_ROOT
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
 
 #: what every uninterrupted bootstrap of the default lab gives (day2.status rows)

@@ -24,12 +24,13 @@ from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from tests.browser import render, timeline_problems
 from tests.lab.lab import Lab
+from tests.lab.paths import REPO_ROOT
 from tests.lab.product.runs import PYTHON, restore_fresh
 from tests.lab.repos import real_kubectl
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = REPO_ROOT
 GATES = "feature_gates={InPlacePodVerticalScaling: true, UserNamespacesSupport: true}"
 #: the same, as the inventory variable (the "bootstrapped" snapshot was made with these)
 GATE_VARS = {"InPlacePodVerticalScaling": True, "UserNamespacesSupport": True}

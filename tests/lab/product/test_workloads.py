@@ -38,7 +38,7 @@ from gpuk8s.errors import PreflightError
 from gpuk8s.report import Reporter
 from tests.lab import images, registry
 from tests.lab.lab import Lab
-from tests.lab.paths import HOST_IP, REGISTRY_URL, shared_dir
+from tests.lab.paths import HOST_IP, REGISTRY_URL, REPO_ROOT, shared_dir
 from tests.lab.product.test_day2 import restore_bootstrapped
 from tests.tfenv import DIGITS_AS_MNIST
 
@@ -547,7 +547,7 @@ def test_deploy_fits_80_columns_in_a_pipe_and_shows_progress(cluster: Lab) -> No
         proc = subprocess.run(
             [sys.executable, "-m", "gpuk8s.cli", "deploy", "tensorboard", "-i",
              str(cluster.inventory_path), "--set", "storage.enabled=false"],
-            cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True,
+            cwd=REPO_ROOT, capture_output=True, text=True,
             timeout=600, env={**os.environ, "COLUMNS": "80", "GPUK8S_RUNS_DIR": str(runs)})
     finally:
         run(workloads.undeploy, cluster.inventory_path, "tensorboard")

@@ -12,7 +12,7 @@ import yaml
 
 from tests.lab import net
 from tests.lab.lab import Lab
-from tests.lab.paths import BRIDGE, NETNS_PREFIX, VETH_PREFIX
+from tests.lab.paths import BRIDGE, NETNS_PREFIX, REPO_ROOT, VETH_PREFIX
 
 pytestmark = pytest.mark.lab
 
@@ -168,7 +168,7 @@ def test_status_fails_on_a_dead_node_and_up_recovers_from_a_crash(lab: Lab) -> N
     rows = {r.name: r.state for r in lab.status()}
     assert rows["gpu-02"] == "down" and rows["gpu-01"] == "up"
     proc = subprocess.run([sys.executable, "-m", "tests.lab", "status"], capture_output=True,
-                          text=True, check=False, cwd=Path(__file__).parents[4])
+                          text=True, check=False, cwd=REPO_ROOT)
     assert proc.returncode == 1 and "gpu-02" in proc.stderr
     lab.up()
     assert {r.state for r in lab.status()} == {"up"}

@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 from tests.lab import debs
+from tests.lab.paths import REPO_ROOT
 
 #: real captures from H200 hosts, kept in the repository
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "nvidia"
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nvidia"
 DUAL = FIXTURES / "2xh200-ubuntu2404"
 SINGLE = FIXTURES / "h200-ubuntu2404"
 NEW, OLD = "580.159.04-1", "580.105.08-1"

@@ -7,8 +7,8 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
+from tests.lab.paths import REPO_ROOT
 from tests.lab.selftest.standins.k8s_helpers import (
     CP_TAINT,
     FLANNEL,
@@ -175,7 +175,7 @@ def test_dra_driver_on_a_kubelet(control_plane: tuple[Node, str]) -> None:
     (node.root / "run/nvidia-lab/loaded-module-version").write_text("580.159.04\n")
     assert k("apply", "--server-side", "-f", "-", stdin=FLANNEL).returncode == 0
     assert k("label", "node", "cp-01", "nvidia.com/gpu.present=true").returncode == 0
-    manifest = jinja2.Template((Path(__file__).resolve().parents[4] / "templates/gpu/"
+    manifest = jinja2.Template((REPO_ROOT / "templates/gpu/"
                                 "nvidia-dra-driver.yaml.j2").read_text()).render(
         nvidia_dra_driver_version="0.4.0")
     r = k("apply", "--server-side", "--field-manager=gpuk8s", "-f", "-", stdin=manifest)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab import debs
+from tests.lab.paths import REPO_ROOT
 from tests.lab.selftest.standins.nvidia_helpers import install_files, smi
 
 
@@ -156,7 +157,7 @@ def test_ctk_configure_creates_main_config(root: Path, containerd_bin: Path) -> 
     assert "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nv]" in out
 
 
-CTK_REAL = Path(__file__).resolve().parents[3] / "fixtures" / "nvidia-ctk-1.20.0"
+CTK_REAL = REPO_ROOT / "tests" / "fixtures" / "nvidia-ctk-1.20.0"
 
 
 @pytest.mark.parametrize("default", [False, True])
