@@ -7,6 +7,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+#: the checkout: what tests and helpers at any depth under tests/lab/ read files from and run
+#: commands in (never parents[3+] of a test module: tests/unit/test_self_contained.py)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BRIDGE = "gk8s0"
 HOST_IP = "10.88.0.1"
 SUBNET_PREFIX = "10.88.0."

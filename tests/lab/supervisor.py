@@ -144,8 +144,8 @@ def supervise(cfg: dict[str, Any]) -> int:
             child = None
             if rc != REBOOT_EXIT:
                 break
-            # LAB FAULT HOOK (tests/lab/test_faults.py, Lab.stay_down_after_reboot): a node
-            # whose "stay-down" file exists does not boot again after a reboot (a box that
+            # LAB FAULT HOOK (tests/lab/product/test_faults.py, Lab.stay_down_after_reboot): a
+            # node whose "stay-down" file exists does not boot again after a reboot (a box that
             # never comes back); the file is used up
             stay = pidfile.with_name("stay-down")
             if stay.exists():

@@ -3,7 +3,7 @@ the kubelet plugin's token lies on every GPU node, so its ResourceSlice writes a
 node its pod-bound token names. Each row of FACTS is a fact read in upstream's source at the tag
 cited beside it; the rendered manifest is held against them. The policy's evaluation (cel-python
 in the lab's API server) is tests/unit/test_lab_admission.py; on the booted lab,
-tests/lab/test_dra.py."""
+tests/lab/product/test_dra.py."""
 
 from __future__ import annotations
 

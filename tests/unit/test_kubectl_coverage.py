@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: kubectl subcommand -> lab tests (file::function) in which gpuk8s runs it
+#: kubectl subcommand -> lab tests (file::function under tests/lab/product/) in which gpuk8s
+#: runs it
 EXERCISED = {
     "apply": ["test_bootstrap.py::test_bootstrap_as_sudo_user_with_password",
               "test_workloads.py::test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy"],
@@ -64,5 +65,5 @@ def test_the_named_lab_tests_exist() -> None:
     for verb, tests in EXERCISED.items():
         for ref in tests:
             file, func = ref.split("::")
-            text = (ROOT / "tests" / "lab" / file).read_text()
+            text = (ROOT / "tests" / "lab" / "product" / file).read_text()
             assert re.search(rf"^def {func}\(", text, re.M), f"{verb}: {ref} does not exist"

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.test_standins_nvidia import NEW, SINGLE, fake_pci, install_files, load_module
+from tests.lab.selftest.standins.nvidia_helpers import (
+    NEW,
+    SINGLE,
+    fake_pci,
+    install_files,
+    load_module,
+)
 
 MIG = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "h200-mig"
 UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

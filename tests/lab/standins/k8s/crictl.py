@@ -1,15 +1,16 @@
 # LAB STAND-IN: not the real crictl (cri-tools). Test infrastructure for gpuk8s; never shipped.
-"""crictl stand-in: info, version, ps, pods, images; answers from the real containerd via ctr."""
+"""crictl stand-in: `crictl ps [-a]`, the one command gpuk8s names (its hint when a control plane
+does not come back: roles/control_plane/role.py), answered from the real containerd through ctr.
+Nothing in gpuk8s runs crictl; kubeadm's preflight needs it on PATH (FileExisting-crictl)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 
 from . import nodeinfo
-from .common import git_version, package_version, read, run, yaml_load_all
+from .common import read, run, yaml_load_all
 
 DEFAULTS = ["unix:///run/containerd/containerd.sock", "unix:///run/crio/crio.sock",
             "unix:///var/run/cri-dockerd.sock"]
@@ -52,68 +53,21 @@ def main(argv: list[str], version_raw: str) -> int:
     p.add_argument("-r", "--runtime-endpoint")
     p.add_argument("-i", "--image-endpoint")
     p.add_argument("-c", "--config")
-    p.add_argument("-o", "--output")
     p.add_argument("-a", "--all", action="store_true")
-    p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-t", "--timeout")
-    p.add_argument("--version", action="store_true")
     args, _ = p.parse_known_args(argv)
-    version = git_version(package_version(version_raw, "GPUK8S_LAB_CRI_TOOLS_VERSION"))
-    if args.version:
-        print(f"crictl version {version}")
-        return 0
     ep = endpoint(args)
     err = nodeinfo.cri_error(ep)
     if err:
         return fatal(err)
-    if args.cmd == "version":
-        print(f"Version:  0.1.0\nRuntimeName:  containerd\nRuntimeVersion:  "
-              f"v{nodeinfo.containerd_version()}\nRuntimeApiVersion:  v1")
-    elif args.cmd == "info":
-        cfg = nodeinfo.containerd_config()
-        cni = any(True for _ in _cni_files())
-        conds = [{"type": "RuntimeReady", "status": True, "reason": "", "message": ""},
-                 {"type": "NetworkReady", "status": cni,
-                  "reason": "" if cni else "NetworkPluginNotReady",
-                  "message": "" if cni else "Network plugin returns error: cni plugin not "
-                  "initialized"}]
-        cri = (cfg.get("plugins") or {})
-        print(json.dumps({"status": {"conditions": conds},
-                          "config": {"containerd": {
-                              "defaultRuntimeName": nodeinfo.default_runtime(cfg),
-                              "runtimes": {h: {} for h in nodeinfo.runtime_handlers(cfg)}},
-                              "enableCDI": True, "plugins": sorted(cri)},
-                          "lastCNILoadStatus": "OK" if cni else
-                          "cni config load failed: no network config found in /etc/cni/net.d: "
-                          "cni plugin not initialized: failed to load cni config"}, indent=2))
-    elif args.cmd == "ps":
+    if args.cmd == "ps":
         rows = [["CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"]]
         for ln in ctr_lines("containers", "ls")[1:]:
             cols = ln.split()
             rows.append([cols[0][:13], cols[1] if len(cols) > 1 else "", "", "Running", "",
                          "0", "", ""])
         sys.stdout.write(table(rows))
-    elif args.cmd == "pods":
-        sys.stdout.write(table([["POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT",
-                                 "RUNTIME"]]))
-    elif args.cmd == "images":
-        rows = [["IMAGE", "TAG", "IMAGE ID", "SIZE"]]
-        for ln in ctr_lines("images", "ls", "-q"):
-            name, _, tag = ln.rpartition(":")
-            rows.append([name, tag, "", ""])
-        sys.stdout.write(table(rows))
     else:
         sys.stderr.write(f"No help topic for '{args.cmd}'\n")
         return 1
     return 0
-
-
-def _cni_files() -> list[str]:
-    import os
-
-    from .common import P
-
-    try:
-        return [f for f in os.listdir(P("/etc/cni/net.d")) if f.endswith((".conf", ".conflist"))]
-    except OSError:
-        return []

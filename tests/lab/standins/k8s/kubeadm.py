@@ -8,7 +8,6 @@ import argparse
 import base64
 import contextlib
 import hmac
-import json
 import os
 import re
 import shutil
@@ -244,24 +243,7 @@ class Kubeadm:
             out(line)
         write(f"{MANIFESTS}/{component}.yaml", text, 0o600)
 
-    # -------------------------------------------------------------- version / config
-    def cmd_version(self) -> None:
-        major, minor = self.gv[1:].split(".")[:2]
-        info = {"major": major, "minor": minor, "gitVersion": self.gv,
-                "gitCommit": "lab-standin", "gitTreeState": "clean",
-                "buildDate": "2026-05-14T10:22:46Z", "goVersion": "go1.25.9", "compiler": "gc",
-                "platform": "linux/amd64"}
-        o = self.args.output
-        if o == "short":
-            out(self.gv)
-        elif o == "json":
-            out(json.dumps({"clientVersion": info}, indent=2))
-        elif o == "yaml":
-            sys.stdout.write(yaml_dump({"clientVersion": info}))
-        else:
-            fields = ", ".join(f'{k[0].upper() + k[1:]}:"{v}"' for k, v in info.items())
-            out(f"kubeadm version: &version.Info{{{fields}}}")
-
+    # -------------------------------------------------------------- config
     def load_config(self, required: bool = True) -> dict[str, Obj]:
         path = self.args.config
         if not path:
@@ -1193,30 +1175,14 @@ class Kubeadm:
             raise Fail(f"failed to load admin kubeconfig: open {path}: no such file or directory")
         return Client(kubeconfig.load(real), agent="kubeadm", retry_for=60)
 
-    def cmd_certs(self) -> None:
-        """`kubeadm certs certificate-key`: a new key for --upload-certs."""
-        if self.args.args[:1] != ["certificate-key"]:
-            raise Fail(f'unknown command "{(self.args.args or [""])[0]}" for "kubeadm certs"')
-        out(os.urandom(32).hex())
-
     def cmd_token(self) -> None:
+        """`kubeadm token create` (handoffs.mint_join); kubeadm's other token subcommands are
+        not played: nothing in gpuk8s runs them."""
         sub = self.args.args[0] if self.args.args else ""
+        if sub != "create":
+            raise Fail(f'unknown command "{sub}" for "kubeadm token"')
         try:
-            if sub == "create":
-                self._token_create()
-            elif sub == "list":
-                self._token_list()
-            elif sub == "delete":
-                c = self._admin()
-                for t in self.args.args[1:]:
-                    tid = t.split(".")[0]
-                    c.request("DELETE", f"/api/v1/namespaces/kube-system/secrets/"
-                              f"bootstrap-token-{tid}")
-                    out(f'bootstrap token "{tid}" deleted')
-            elif sub == "generate":
-                out(f"{rand_token_part(6)}.{rand_token_part(16)}")
-            else:
-                raise Fail(f'unknown command "{sub}" for "kubeadm token"')
+            self._token_create()
         except Unreachable as e:
             raise Fail(f"failed to create or update bootstrap token with name bootstrap-token: "
                        f"unable to create Secret: Post \"https://{e.hostport}/api/v1/namespaces/"
@@ -1239,36 +1205,13 @@ class Kubeadm:
         hostport = c.creds.server.removeprefix("https://")
         out(f"kubeadm join {hostport} --token {tok} --discovery-token-ca-cert-hash {ca_hash} ")
 
-    def _token_list(self) -> None:
-        c = self._admin()
-        secrets = c.get("/api/v1/namespaces/kube-system/secrets")["items"]
-        rows = [["TOKEN", "TTL", "EXPIRES", "USAGES", "DESCRIPTION", "EXTRA GROUPS"]]
-        for s in secrets:
-            if s.get("type") != "bootstrap.kubernetes.io/token":
-                continue
-            d = {k: base64.b64decode(v).decode() for k, v in (s.get("data") or {}).items()}
-            exp = d.get("expiration", "")
-            ttl = "<forever>"
-            if exp:
-                from .common import parse_ts
-
-                secs = (parse_ts(exp) - now()).total_seconds()
-                ttl = format_duration(max(0, secs)).replace("0m0s", "").rstrip("0s") or "0s"
-                ttl = f"{int(secs // 3600)}h" if secs >= 3600 else f"{int(secs // 60)}m"
-            usages = ",".join(k[len("usage-bootstrap-"):] for k, v in sorted(d.items())
-                              if k.startswith("usage-bootstrap-") and v == "true")
-            rows.append([f"{d.get('token-id')}.{d.get('token-secret')}", ttl, exp or "<never>",
-                         usages, d.get("description", "<none>") or "<none>",
-                         d.get("auth-extra-groups", "")])
-        from .tables import tabwriter as table
-
-        sys.stdout.write(table(rows))
-
-    # -------------------------------------------------------------- reset
     # -------------------------------------------------------------- upgrade
     def cmd_upgrade(self) -> None:
+        """`kubeadm upgrade apply` and `upgrade node [phase kubelet-config]` (day2.kubernetes,
+        roles/kubelet); kubeadm's other upgrade subcommands are not played: nothing in gpuk8s
+        runs them."""
         sub = self.args.args[0] if self.args.args else ""
-        if sub not in ("plan", "apply", "node"):
+        if sub not in ("apply", "node"):
             raise Fail(f'unknown command "{sub}" for "kubeadm upgrade"' if sub else
                        'missing subcommand; "upgrade" is not meant to be run on its own')
         admin = os.path.exists(P("/etc/kubernetes/admin.conf"))
@@ -1285,8 +1228,6 @@ class Kubeadm:
                            '"/etc/kubernetes/kubelet.conf": open /etc/kubernetes/kubelet.conf: '
                            "no such file or directory")
             c = Client(kubeconfig.load(conf), agent="kubeadm", retry_for=60)
-        if sub == "plan":
-            out("[preflight] Running pre-flight checks.")
         out('[upgrade] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
             '"kube-system"...')
         out("[upgrade] Use 'kubeadm init phase upload-config kubeadm --config your-config-file' "
@@ -1298,9 +1239,7 @@ class Kubeadm:
                        f"ConfigMap: {e}") from e
         cc = (yaml_load_all(cm["data"]["ClusterConfiguration"]) or [{}])[0]
         cluster = cc.get("kubernetesVersion") or "v0.0.0"
-        if sub == "plan":
-            self._upgrade_plan(c, cluster)
-        elif sub == "apply":
+        if sub == "apply":
             self._upgrade_apply(c, cm, cc, cluster)
         elif self.args.args[1:] == ["phase", "kubelet-config"]:
             self._upgrade_kubelet_config(c)
@@ -1330,41 +1269,6 @@ class Kubeadm:
         pf.check("ControlPlaneNodesReady", f"there are NotReady control-planes in the cluster: "
                  f"[{' '.join(not_ready)}]" if not_ready else None)
         pf.finish()
-
-    def _upgrade_plan(self, c: Client, cluster: str) -> None:
-        self._cp_health(c)
-        out("[upgrade] Fetching available versions to upgrade to")
-        target = self.args.args[1] if len(self.args.args) > 1 else self.gv
-        out(f"[upgrade/versions] Cluster version: {cluster.lstrip('v')}")
-        out(f"[upgrade/versions] kubeadm version: {self.gv}")
-        out(f"[upgrade/versions] Target version: {target}")
-        out("")
-        if self._semver(target) <= self._semver(cluster):
-            out("Awesome, you're up-to-date! Enjoy!")
-            return
-        nodes = c.get("/api/v1/nodes").get("items") or []
-        out("Components that must be upgraded manually after you have upgraded the control "
-            "plane with 'kubeadm upgrade apply':")
-        rows = [("COMPONENT", "NODE", "CURRENT", "TARGET")]
-        rows += [("kubelet", n["metadata"]["name"], n["status"]["nodeInfo"]["kubeletVersion"],
-                  target) for n in nodes]
-        self._table(rows)
-        out("\nUpgrade to the latest stable version:\n")
-        cps = [n["metadata"]["name"] for n in nodes
-               if "node-role.kubernetes.io/control-plane" in n["metadata"].get("labels", {})]
-        rows = [("COMPONENT", "NODE", "CURRENT", "TARGET")]
-        for comp in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-            rows += [(comp, cp, cluster, target) for cp in cps]
-        rows.append(("kube-proxy", "", cluster.lstrip("v"), target))
-        self._table(rows)
-        out(f"\nYou can now apply the upgrade by executing the following command:\n\n"
-            f"\tkubeadm upgrade apply {target}\n")
-
-    @staticmethod
-    def _table(rows: list[tuple[str, ...]]) -> None:
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            out("   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
     def _upgrade_apply(self, c: Client, cm: Obj, cc: Obj, cluster: str) -> None:
         if len(self.args.args) < 2:
@@ -1496,6 +1400,7 @@ class Kubeadm:
         out("[upgrade/kubelet-config] The kubelet configuration for this node was successfully "
             "upgraded!")
 
+    # -------------------------------------------------------------- reset
     def cmd_reset(self) -> None:
         if not self.args.force:
             sys.stdout.write("W1126 reset.go:141] [reset] WARNING: Changes made to this host by "
@@ -1600,7 +1505,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs="?")
     p.add_argument("args", nargs="*")
     p.add_argument("--config")
-    p.add_argument("-o", "--output")
     p.add_argument("--skip-token-print", action="store_true")
     p.add_argument("--skip-certificate-key-print", action="store_true")
     p.add_argument("--upload-certs", action="store_true")
