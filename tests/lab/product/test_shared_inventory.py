@@ -20,6 +20,7 @@ from tests.lab.product.test_day2 import restore_bootstrapped
 pytestmark = pytest.mark.lab
 
 
+@pytest.mark.smoke  # scripts/test --quick: the snapshot boots back and a bootstrap is a no-op
 def test_a_host_outside_the_cluster_is_never_contacted(lab: Lab, tmp_path: Path) -> None:
     cluster = restore_bootstrapped(lab)
     data = yaml.safe_load(cluster.inventory_path.read_text())
