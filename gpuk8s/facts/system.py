@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from gpuk8s.facts import Fact
+from gpuk8s.facts import Fact, Source
 from gpuk8s.sinks import shell
 
 # PCI ids of NVIDIA parts we name; anything else with vendor 0x10de is still a GPU by class.
@@ -128,7 +128,8 @@ def virt_script(root: str = "") -> str:
     ``container=``, /run/.containerenv, or a root file system that is a runtime's snapshot
     (docker, containerd, podman, LXC paths in its mount). A VM shows in what the kernel sees:
     the CPU's hypervisor flag, a microVM's kernel command line (Firecracker's init, virtio
-    MMIO devices), a GPU that nvidia-smi says is passed through or a vGPU. A bare /.dockerenv
+    MMIO devices), a GPU that nvidia-smi says is passed through or a vGPU (asked only where
+    there is no systemd-detect-virt, whose answer is taken otherwise). A bare /.dockerenv
     comes last: it is a file, and a VM booted from a container image has it too (the real
     H200 host: a Firecracker VM without systemd, which read as docker). systemd-detect-virt
     takes /.dockerenv alone as docker too; that answer is checked the same way."""
@@ -144,10 +145,6 @@ grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && vm="the CPU's hypervisor fla
 case " $(cat {r}/proc/cmdline 2>/dev/null) " in
   *firecracker*|*" virtio_mmio.device="*) vm="${{vm:+$vm, }}a microVM's kernel command line";;
 esac
-if [ -z "$vm" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  m=$(nvidia-smi -q 2>/dev/null | sed -n 's/^ *Virtualization Mode *: *//p' | head -n1)
-  case $m in Pass-Through|VGPU) vm="nvidia-smi's Virtualization Mode $m";; esac
-fi
 docker_file="/.dockerenv ignored: no container runtime set up this root file system (a VM \
 booted from a container image has the file too)"
 if command -v systemd-detect-virt >/dev/null 2>&1; then
@@ -159,6 +156,11 @@ if command -v systemd-detect-virt >/dev/null 2>&1; then
     *) echo "virt=$w"; echo "virt_evidence=systemd-detect-virt --vm; $docker_file";;
   esac
 else
+  # the GPU's word, asked only here where $vm counts: nvidia-smi -q takes 120 ms on an H200
+  if [ -z "$vm" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    m=$(nvidia-smi -q 2>/dev/null | sed -n 's/^ *Virtualization Mode *: *//p' | head -n1)
+    case $m in Pass-Through|VGPU) vm="nvidia-smi's Virtualization Mode $m";; esac
+  fi
   c=$(tr '\\0' '\\n' 2>/dev/null <{r}/proc/1/environ | sed -n 's/^container=//p' | head -n1)
   if grep -qi microsoft {r}/proc/sys/kernel/osrelease 2>/dev/null; then
     v=wsl; e="the kernel's release names Microsoft"
@@ -400,13 +402,78 @@ class Unit:
     enabled: str
 
 
-class Services(Fact[dict[str, Unit]]):
-    """``systemctl is-active`` / ``is-enabled`` of units."""
+#: what ``systemctl is-active`` and ``is-enabled`` print for one unit, as a Services line
+_ASK_ONE = ('"$(systemctl is-active "$u" 2>/dev/null | head -n1)" '
+            '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"')
+#: unit name suffixes systemctl takes as given (any other name gets ".service")
+_UNIT_SUFFIXES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path",
+                  "timer", "slice", "scope")
+
+
+class SystemdUnits(Source):
+    """One ``systemctl show`` for every unit a probe's Services facts name. It leaves in
+    $_gk_units a line per unit, ``<unit> <is-active> <is-enabled>``, each value what that
+    command prints for the unit:
+
+    - is-active prints the unit's ActiveState (``inactive`` for a unit that does not exist);
+    - is-enabled prints what systemd's unit file state says, which is UnitFileState
+      (``static``, ``masked``...), except: nothing for a unit without a unit file (show: an
+      empty UnitFileState), ``alias`` for a name that is another unit's alias (show: that
+      unit's Id). Where show cannot tell, is-enabled itself is asked: a generated unit (a
+      SysV script's, whose state systemd-sysv-install says), a unit show did not find
+      that has a SysV script, and every unit when show answered nothing (no systemd running,
+      where is-enabled still reads the unit files).
+
+    A name with a glob character would make show list other units: it gets the two
+    commands of its own. UnitFileState is what systemd read at its last reload (systemctl
+    enable and disable reload it); is-enabled reads the files at once."""
 
     def command(self) -> str:
-        return "for u in " + " ".join(shell(u) for u in self.args) + \
-            '; do printf \'%s %s %s\\n\' "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" ' \
-            '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
+        plain = [u for u in self.args if not any(c in u for c in "*?[")]
+        names = " ".join(shell(u) for u in plain)
+        suffixes = "|".join(f"*.{s}" for s in _UNIT_SUFFIXES)
+        lines = ["_gk_units=$(echo"]
+        if plain:
+            lines.append(f"""systemctl show --property=Id,LoadState,ActiveState,UnitFileState \\
+  -- {names} 2>/dev/null | for u in {names}; do
+  i=; l=; a=; e=
+  while IFS= read -r x && [ -n "$x" ]; do
+    case $x in Id=*) i=${{x#*=}};; LoadState=*) l=${{x#*=}};; ActiveState=*) a=${{x#*=}};;
+      UnitFileState=*) e=${{x#*=}};; esac
+  done
+  case $u in {suffixes}) n=$u;; *) n=$u.service;; esac
+  if [ -z "$l" ]; then printf '%s %s %s\\n' "$u" {_ASK_ONE}; continue
+  elif [ "$l" != not-found ] && [ "$i" != "$n" ]; then e=alias
+  elif [ "$e" = generated ] || {{ [ "$l" = not-found ] && [ -e "/etc/init.d/${{n%.service}}" ]; }}
+  then e=$(systemctl is-enabled "$u" 2>/dev/null | head -n1); fi
+  printf '%s %s %s\\n' "$u" "$a" "$e"
+done""")
+        for u in self.args:
+            if u not in plain:
+                lines.append(f"u={shell(u)}; printf '%s %s %s\\n' \"$u\" {_ASK_ONE}")
+        return "\n".join(lines) + ")"
+
+    def ready(self) -> str:
+        return '[ -n "${_gk_units+x}" ]'
+
+
+class Services(Fact[dict[str, Unit]]):
+    """``systemctl is-active`` / ``is-enabled`` of units, as SystemdUnits reads them for
+    every Services fact of a probe at once."""
+
+    def sources(self) -> tuple[Source, ...]:
+        return (SystemdUnits(*self.args),)
+
+    def command(self) -> str:
+        # this fact's lines of the shared read; a unit it lacks is asked on its own
+        return self.sources()[0].ensure() + "\nfor u in " + " ".join(
+            shell(u) for u in self.args) + '''; do case $_gk_units in
+  *"
+$u "*) l=${_gk_units#*"
+$u "}; printf '%s %s\\n' "$u" "${l%%"
+"*}";;
+  *) printf '%s %s %s\\n' "$u" ''' + _ASK_ONE + ''';;
+esac; done'''
 
     def parse(self, output: str, exit_code: int) -> dict[str, Unit]:
         units = {}
