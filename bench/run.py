@@ -14,6 +14,11 @@ bootstrap (package_cache on) gives the wall time per phase. Package cache: bytes
 host's apt-cacher-ng fetched from its upstream (the lab host's apt-cacher-ng) for a 1-node and
 the 4-node lab, and, for comparison, what the 4 nodes fetch without the cache.
 
+With ``--facts``, only this instead (4 nodes unless ``--sizes`` says otherwise): at each
+size, after the first bootstrap, each fact's time on the node (and that of each read facts
+share) in one no-op probe per host, sent as the floor sends it, its marker lines read with
+``date`` to the nanosecond (gpuk8s.facts.probe.probe_times), slowest first.
+
 Every process runs with wall times taken around the whole process (interpreter start-up
 included), on this machine, against lab nodes over real SSH.
 """
@@ -37,9 +42,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpuk8s.facts.probe import build_probe  # noqa: E402
+from gpuk8s.facts import Fact  # noqa: E402
+from gpuk8s.facts.probe import DATE, build_probe, probe_times  # noqa: E402
 from gpuk8s.gather import fact_requests  # noqa: E402
 from gpuk8s.inventory import load_inventory  # noqa: E402
+from gpuk8s.session import role_vars  # noqa: E402
 from tests.lab.lab import Lab  # noqa: E402
 from tests.lab.paths import state_dir  # noqa: E402
 from tests.lab.topology import Topology  # noqa: E402
@@ -94,16 +101,23 @@ def gpuk8s(command: str, inventory: Path, work: Path, *extra: str) -> Sample:
     return sample
 
 
-def floor_hosts(inventory: Path) -> list[dict[str, Any]]:
-    """Every host's connection settings and the probe gpuk8s would send it."""
+def floor_hosts(inventory: Path, outputs: Path | None = None
+                ) -> tuple[list[dict[str, Any]], dict[str, tuple[list[Fact[Any]], str]]]:
+    """Every host's connection settings and the probe gpuk8s would send it (its facts, as
+    gather asks them), and each host's (requests, marker). With ``outputs`` (a folder), the
+    probes read their marker times with ``date`` and floor.py keeps what each printed there,
+    as <host>.out."""
     inv = load_inventory(inventory, overrides=[SETS[1]])
-    hosts = []
+    hosts, probes = [], {}
     for h in inv.hosts.values():
-        script, _ = build_probe(fact_requests(h.vars))
+        requests = fact_requests(role_vars(h))
+        script, marker = build_probe(requests, **({"clock": DATE} if outputs else {}))
+        probes[h.name] = (requests, marker)
         hosts.append({"name": h.name, "address": h.address, "port": h.port, "user": h.user,
                       "key_file": h.private_key_file, "known_hosts": h.known_hosts_files[0],
-                      "script": script})
-    return hosts
+                      "script": script,
+                      **({"output": str(outputs / f"{h.name}.out")} if outputs else {})})
+    return hosts, probes
 
 
 def floor(hosts_file: Path) -> Sample:
@@ -193,7 +207,7 @@ def first_bootstrap(lab: Lab, inventory: Path, work: Path, cache: bool) -> dict[
 
 def measure(inventory: Path, work: Path, repeat: int) -> dict[str, Any]:
     hosts_file = work / f"floor-hosts-{inventory.stem}.json"
-    hosts_file.write_text(json.dumps(floor_hosts(inventory)))
+    hosts_file.write_text(json.dumps(floor_hosts(inventory)[0]))
     floor(hosts_file)  # warm-up: page cache, ARP, sshd
     warm = gpuk8s("plan", inventory, work, *SETS)
     if "plan: 0 change(s)" not in warm.output:
@@ -229,12 +243,45 @@ def measure(inventory: Path, work: Path, repeat: int) -> dict[str, Any]:
     }
 
 
+def fact_times(inventory: Path, work: Path) -> dict[str, dict[str, float]]:
+    """Each host's node-side seconds per fact in one no-op probe (after a plan that finds the
+    lab converged, and a first probe that warms the same paths up)."""
+    check = gpuk8s("plan", inventory, work, *SETS)
+    if "plan: 0 change(s)" not in check.output:
+        raise SystemExit("bench: the lab is not converged:\n" + check.output[-3000:])
+    outputs = Path(tempfile.mkdtemp(prefix="fact-times-", dir=work))
+    hosts, probes = floor_hosts(inventory, outputs)
+    hosts_file = outputs / "hosts.json"
+    hosts_file.write_text(json.dumps(hosts))
+    floor(hosts_file)  # warm-up
+    floor(hosts_file)
+    return {name: probe_times((outputs / f"{name}.out").read_text(errors="replace"), marker,
+                              requests) for name, (requests, marker) in sorted(probes.items())}
+
+
+def facts_text(times: dict[str, dict[str, float]]) -> str:
+    """Per host, each fact's node-side time, slowest first, with the host's sum."""
+    out = []
+    for host, facts in times.items():
+        ranked = sorted(facts.items(), key=lambda kv: (-kv[1], kv[0]))
+        out.append(f"\n## {host}: {sum(facts.values()) * 1000:.0f} ms on the node, "
+                   f"{len(facts)} sections")
+        out.append("| ms | fact |")
+        out.append("|---:|---|")
+        out += [f"| {s * 1000:.1f} | {key} |" for key, s in ranked]
+    return "\n".join(out)
+
+
 # -- output ------------------------------------------------------------------------------------
 def steps_text(rt: dict[str, Any]) -> str:
     return ", ".join(f"{s} {n}" for s, n in rt["execs_per_host_per_step_max"])
 
 
 def print_results(results: dict[str, Any]) -> None:
+    for n, times in results.get("fact_times", {}).items():
+        print(f"\n# each fact's time on the node, one no-op probe, {n} nodes" + facts_text(times))
+    if not results["sizes"]:
+        return
     print("\n## no-op runs (median wall time of the whole process; ratio = to the floor)")
     print("| nodes | floor | no-op bootstrap | ratio | no-op plan | ratio | "
           "SSH conns/host | execs/host per step | peak RSS bootstrap |")
@@ -267,13 +314,18 @@ def print_results(results: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="4,16,64", help="lab sizes for the no-op runs")
+    parser.add_argument("--sizes", default=None,
+                        help="lab sizes for the no-op runs (default 4,16,64; 4 with --facts)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs of each, per size")
     parser.add_argument("--no-cache-bytes", action="store_true",
                         help="skip the package cache measurement (1 and 4 nodes)")
     parser.add_argument("--keep", action="store_true", help="leave the last lab up")
+    parser.add_argument("--facts", action="store_true",
+                        help="only each fact's node-side time in one no-op probe per host, "
+                             "at each size")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [int(s) for s in (args.sizes or ("4" if args.facts else "4,16,64")).split(",")
+             if s.strip()]
     from tests.lab.lock import acquire
 
     # waits for a test session to finish with the lab; then any lab left up is rebooted
@@ -294,8 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "pythondontwritebytecode": results_pyc,
                                "first_bootstrap": {}, "package_cache": {}}
     t_all = time.monotonic()
+    if args.facts:
+        results["fact_times"] = {}
     try:
-        if not args.no_cache_bytes:
+        if not args.no_cache_bytes and not args.facts:
             lab, inv = boot(Topology.generic(1))
             results["package_cache"]["1"] = first_bootstrap(lab, inv, work, cache=True)
             lab, inv = boot(Topology.load("default"))
@@ -310,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if n == 4:
                 results["package_cache"]["4"] = first
             print(f"bench: {n} nodes bootstrapped in {first['wall']:.1f} s", flush=True)
+            if args.facts:
+                results["fact_times"][str(n)] = times = fact_times(inv, work)
+                print(f"\n# each fact's time on the node, one no-op probe, {n} nodes"
+                      + facts_text(times), flush=True)
+                (work / "results.json").write_text(json.dumps(results, indent=1))
+                continue
             results["sizes"][str(n)] = measure(inv, work, args.repeat)
             print(f"bench: {n} nodes measured ({time.monotonic() - t0:.0f} s for this size)",
                   flush=True)

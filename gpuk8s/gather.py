@@ -19,7 +19,7 @@ from gpuk8s.errors import (
 )
 from gpuk8s.executor import HostResult
 from gpuk8s.facts import Fact, HostFacts
-from gpuk8s.facts.probe import build_probe, parse_probe
+from gpuk8s.facts.probe import build_probe, parse_probe, probe_times
 from gpuk8s.facts.system import PendingHandlers
 from gpuk8s.parallel import in_parallel
 from gpuk8s.playbook import ALL_ROLES
@@ -46,7 +46,8 @@ def gather(session: Session, hosts: Sequence[str]) -> None:
         started = time.monotonic()
         result = session.transports[name].run(script, timeout=120)
         took = time.monotonic() - started
-        session.runlog.add_probe(name, started, took)
+        session.runlog.add_probe(name, started, took,
+                                 node=probe_times(result.stdout, marker, requests))
         with lock:  # the final table's time per host counts its probes too
             session.host_totals(name)["time"] += took
         return parse_probe(name, result.stdout, requests, marker)

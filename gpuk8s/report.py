@@ -135,8 +135,9 @@ class RunLog:
         self.started = time.time()
         #: time.monotonic() at the start: report.json's "started" offsets count from here
         self.t0 = time.monotonic()
-        #: each host's fact probes: [{"started": s, "elapsed": s}] (report.json "facts")
-        self.probes: dict[str, list[dict[str, float]]] = {}
+        #: each host's fact probes: [{"started": s, "elapsed": s, "node_ms": {fact: ms}}]
+        #: (report.json "facts"; node_ms: each fact's time on the node, see probe_times)
+        self.probes: dict[str, list[dict[str, Any]]] = {}
         self._library_log = _LibraryLog(self.path / "library.log", redact)
         self.phases: list[dict[str, Any]] = []
         #: ops run outside the playbook's phases (day-2 steps, workload applies, hand-offs)
@@ -170,11 +171,16 @@ class RunLog:
         """Seconds from the start of the run to ``monotonic`` (a time.monotonic() value)."""
         return round(max(0.0, monotonic - self.t0), 3)
 
-    def add_probe(self, host: str, started: float, elapsed: float) -> None:
-        """One fact probe of ``host`` (started: time.monotonic())."""
+    def add_probe(self, host: str, started: float, elapsed: float,
+                  node: Mapping[str, float] | None = None) -> None:
+        """One fact probe of ``host`` (started: time.monotonic()); ``node``: seconds each
+        fact took on the node, by fact key, kept as milliseconds, slowest first."""
+        entry: dict[str, Any] = {"started": self.offset(started), "elapsed": round(elapsed, 3)}
+        if node:
+            entry["node_ms"] = {k: round(s * 1000, 1) for k, s in
+                                sorted(node.items(), key=lambda kv: -kv[1])}
         with self._lock:
-            self.probes.setdefault(host, []).append(
-                {"started": self.offset(started), "elapsed": round(elapsed, 3)})
+            self.probes.setdefault(host, []).append(entry)
 
     def close(self) -> None:
         """Stop copying library logging (paramiko) into this run's library.log."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gpuk8s.errors import FactError
@@ -46,6 +46,64 @@ class Fact(Generic[T_co]):
 
     def parse(self, output: str, exit_code: int) -> T_co:
         raise NotImplementedError
+
+    def sources(self) -> tuple[Source, ...]:
+        """The shared reads this fact's command takes its part from (see Source)."""
+        return ()
+
+
+class Source:
+    """One read several facts share (one ``nvidia-smi --query-gpu``, one ``systemctl show``,
+    one round of kubectl reads), so that a probe runs each tool once per host.
+
+    A source's ``command()`` runs in the probe's own shell, before the facts, and leaves what
+    it read in shell variables (``_gk_`` names), which the facts' subshells inherit; it never
+    exits, and prints nothing a fact needs. Sources of one class merge into one (``merge``:
+    the union of their args, first seen first), which build_probe runs once. A fact's command
+    starts with its sources' ``ensure()``: their commands, run only where no probe ran them
+    first (``ready()`` is false), so a fact's command still works on its own and gives the
+    same output either way. A source is named and compared by its class and args, as facts
+    are."""
+
+    name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.__name__
+
+    def __init__(self, *args: str) -> None:
+        self.args: tuple[str, ...] = tuple(args)
+
+    @property
+    def key(self) -> str:
+        return self.name if not self.args else f"{self.name}({','.join(self.args)})"
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.args))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Source) and (self.name, self.args) == (other.name,
+                                                                         other.args)
+
+    def __repr__(self) -> str:
+        return self.key
+
+    def command(self) -> str:
+        raise NotImplementedError
+
+    def ready(self) -> str:
+        """A shell test, true once this source's variables are set (by a probe's run of it,
+        or of a merged source covering it)."""
+        raise NotImplementedError
+
+    def ensure(self) -> str:
+        """Shell lines that run this source unless it already ran in this shell."""
+        return f"{self.ready()} || {{\n{self.command()}\n}}"
+
+    @classmethod
+    def merge(cls, sources: Sequence[Source]) -> Source:
+        """One source covering ``sources`` (all of this class): their args, each once."""
+        return cls(*dict.fromkeys(a for s in sources for a in s.args))
 
 
 class HostFacts(Mapping[Fact[Any], Any]):

@@ -11,14 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s.errors import FactError
-from gpuk8s.facts import Fact
-from gpuk8s.facts.kube import ADMIN_CONF
+from gpuk8s.facts import Fact, Source
+from gpuk8s.facts.kube import ADMIN_CONF, KubeReads
 
 DRIVER = "gpu.nvidia.com"
-#: the DRA kinds gpuk8s applies, which the Dra fact reads back: kind -> kubectl's resource name
-DRA_RESOURCES = {"DeviceClass": "deviceclasses",
-                 "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-                 "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
 @dataclass(frozen=True)
@@ -53,15 +49,22 @@ def parse_dra(classes: dict[str, Any], slices: dict[str, Any]) -> DraState:
 
 class Dra(Fact[DraState]):
     """DeviceClasses, admission policies and the NVIDIA driver's ResourceSlices (empty before
-    kubeadm init)."""
+    kubeadm init). Both reads run side by side with the Cluster fact's (KubeReads)."""
+
+    def sources(self) -> tuple[Source, ...]:
+        return (KubeReads("dra_classes", "dra_slices"),)
 
     def command(self) -> str:
+        # what kubectl printed on stderr when a read failed (the value only says it failed)
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
-k="timeout 15 kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-$k get {','.join(DRA_RESOURCES.values())} -o json \
-  || exit 3
-echo '## slices'
-$k get resourceslices -o json || exit 4"""
+{self.sources()[0].ensure()}
+[ "$_gk_k_dra_classes_rc" = 0 ] || {{
+  [ -z "$_gk_k_dra_classes_err" ] || printf '%s\\n' "$_gk_k_dra_classes_err"; exit 3; }}
+printf '%s\\n' "$_gk_k_dra_classes"; echo '## slices'
+[ "$_gk_k_dra_slices_rc" = 0 ] || {{
+  [ -z "$_gk_k_dra_slices_err" ] || printf '%s\\n' "$_gk_k_dra_slices_err"; exit 4; }}
+printf '%s\\n' "$_gk_k_dra_slices"
+"""
 
     def parse(self, output: str, exit_code: int) -> DraState:
         if exit_code == 0 and not output.strip():

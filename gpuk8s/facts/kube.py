@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuk8s.errors import FactError
-from gpuk8s.facts import Fact
+from gpuk8s.facts import Fact, Source
 
 ADMIN_CONF = "/etc/kubernetes/admin.conf"
 #: kubeadm's static pods that take --feature-gates (etcd does not)
@@ -112,6 +112,10 @@ MANAGED_RESOURCES = {
 }
 #: what the Cluster fact's `kubectl get` lists
 MANAGED_KINDS = ",".join(MANAGED_RESOURCES.values())
+#: the DRA kinds gpuk8s applies, which the Dra fact reads back: kind -> kubectl's resource name
+DRA_RESOURCES = {"DeviceClass": "deviceclasses",
+                 "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+                 "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
@@ -137,24 +141,65 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
 CLUSTER_WAIT = 15
 
 
+def _kube_reads() -> dict[str, str]:
+    """The kubectl reads the facts share, by name: kubectl's arguments after ``get``."""
+    return {"nodes": "nodes -o json",
+            "managed": f"{MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json",
+            "dra_classes": f"{','.join(DRA_RESOURCES.values())} -o json",
+            "dra_slices": "resourceslices -o json"}
+
+
+class KubeReads(Source):
+    """The kubectl reads of a probe's cluster facts (args: names from _kube_reads), all side
+    by side, with admin.conf: one round for the Cluster fact and the Dra fact together. Each
+    read leaves its output in $_gk_k_<name>, its exit code in $_gk_k_<name>_rc and the last
+    three lines of its stderr in $_gk_k_<name>_err (with, when it timed out, that the API
+    server did not answer). Without admin.conf or kubectl (or a temporary folder for the
+    outputs) nothing runs and each exit code is "absent"."""
+
+    def command(self) -> str:
+        reads = _kube_reads()
+        names = [n for n in self.args if n in reads]
+        start = "\n".join(f"  $_gk_k get {reads[n]} >\"$_gk_d/{n}\" 2>\"$_gk_d/{n}.e\" & "
+                          f"_gk_p_{n}=$!" for n in names)
+        wait = "\n".join(f"  wait $_gk_p_{n}; _gk_k_{n}_rc=$?" for n in names)
+        keep = "\n".join(
+            f"  [ $_gk_k_{n}_rc -eq 124 ] && echo \"$_gk_late\" >>\"$_gk_d/{n}.e\"\n"
+            f"  _gk_k_{n}=$(cat \"$_gk_d/{n}\"); _gk_k_{n}_err=$(tail -n 3 \"$_gk_d/{n}.e\")"
+            for n in names)
+        absent = "; ".join(f"_gk_k_{n}=; _gk_k_{n}_rc=absent" for n in names) or ":"
+        return f"""if [ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 && \\
+  _gk_d=$(mktemp -d); then
+  # kubectl retries a refused or cut connection (discovery included) well past its request
+  # timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
+  _gk_k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+  _gk_late="the API server did not answer within {CLUSTER_WAIT}s"
+{start}
+{wait}
+{keep}
+  rm -rf "$_gk_d"
+else {absent}; fi"""
+
+    def ready(self) -> str:
+        return " && ".join(f'[ -n "${{_gk_k_{n}_rc+x}}" ]' for n in self.args) or "true"
+
+
 class Cluster(Fact[ClusterState]):
     """Nodes and gpuk8s-managed objects, read with kubectl and admin.conf (the two reads run
-    side by side: on a no-op run this fact is most of the control plane's probe)."""
+    side by side, with the Dra fact's when it is asked too: on a no-op run this fact is most
+    of the control plane's probe)."""
+
+    def sources(self) -> tuple[Source, ...]:
+        return (KubeReads("nodes", "managed"),)
 
     def command(self) -> str:
         return f"""[ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 || exit 0
-# kubectl retries a refused or cut connection (discovery included) well past its request
-# timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
-k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
-late="the API server did not answer within {CLUSTER_WAIT}s"
-d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
-$k get nodes -o json >"$d/n" 2>"$d/ne" & n=$!
-$k get {MANAGED_KINDS} -A -l app.kubernetes.io/managed-by=gpuk8s -o json >"$d/m" 2>"$d/me" & m=$!
-wait $n; a=$?; wait $m; b=$?
-[ $a -eq 124 ] && echo "$late" >>"$d/ne"; [ $b -eq 124 ] && echo "$late" >>"$d/me"
-[ $a -eq 0 ] || {{ tail -n 3 "$d/ne"; exit 3; }}
-[ $b -eq 0 ] || {{ tail -n 3 "$d/me"; exit 4; }}
-cat "$d/n"; echo '## managed'; cat "$d/m"
+{self.sources()[0].ensure()}
+[ "$_gk_k_nodes_rc" = 0 ] || {{ [ -z "$_gk_k_nodes_err" ] || printf '%s\\n' "$_gk_k_nodes_err"
+  exit 3; }}
+[ "$_gk_k_managed_rc" = 0 ] || {{
+  [ -z "$_gk_k_managed_err" ] || printf '%s\\n' "$_gk_k_managed_err"; exit 4; }}
+printf '%s\\n' "$_gk_k_nodes"; echo '## managed'; printf '%s\\n' "$_gk_k_managed"
 """
 
     def parse(self, output: str, exit_code: int) -> ClusterState:

@@ -5,10 +5,30 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuk8s.facts import Fact
+from gpuk8s.facts import Fact, Source
 
 QUERY_FIELDS = ("index,name,uuid,driver_version,memory.total,pci.bus_id,compute_cap,"
                 "persistence_mode,mig.mode.current")
+#: the probe's one ``--query-gpu``: the Nvidia fact's fields first (its parse reads those
+#: nine columns and never read past them), then what MigState needs besides. Every field is
+#: one real nvidia-smi knows (tests/fixtures/real/h200-ubuntu2404/probe-2026-11-28: its
+#: ``--help-query-gpu``; ``virtualization_mode`` is no such field, it refuses the query)
+SMI_FIELDS = QUERY_FIELDS + ",mig.mode.pending"
+
+
+class NvidiaSmi(Source):
+    """The one ``nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits`` of a
+    probe: its output (stdout and stderr, as the Nvidia fact always read it) in $_gk_smi,
+    its exit code in $_gk_smi_rc ("absent" without nvidia-smi)."""
+
+    def command(self) -> str:
+        return f"""if command -v nvidia-smi >/dev/null 2>&1; then
+  _gk_smi=$(nvidia-smi --query-gpu={SMI_FIELDS} --format=csv,noheader,nounits 2>&1)
+  _gk_smi_rc=$?
+else _gk_smi=; _gk_smi_rc=absent; fi"""
+
+    def ready(self) -> str:
+        return '[ -n "${_gk_smi_rc+x}" ]'
 
 
 @dataclass(frozen=True)
@@ -75,10 +95,22 @@ def parse_proc_version(text: str) -> tuple[str, str]:
 class Nvidia(Fact[NvidiaState]):
     """nvidia-smi query, its header's CUDA version and the kernel module's flavour."""
 
+    def sources(self) -> tuple[Source, ...]:
+        return (NvidiaSmi(),)
+
     def command(self) -> str:
+        # the header's CUDA version: where the query read the GPUs, ``nvidia-smi --version``
+        # prints the one the table's header shows (21 ms against the table's 107 ms on the
+        # H200, whose table draws every GPU); where it has no such line (older drivers), or
+        # where the query failed, the table is asked, as before
         return f"""if command -v nvidia-smi >/dev/null 2>&1; then
-  echo '## query'; nvidia-smi --query-gpu={QUERY_FIELDS} --format=csv,noheader,nounits 2>&1
-  echo "## rc $?"; echo '## header'; nvidia-smi 2>/dev/null | grep -m1 'CUDA Version'
+  {NvidiaSmi().ensure()}
+  echo '## query'; [ -z "$_gk_smi" ] || printf '%s\\n' "$_gk_smi"
+  echo "## rc $_gk_smi_rc"; echo '## header'; h=
+  [ "$_gk_smi_rc" != 0 ] ||
+    h=$(nvidia-smi --version 2>/dev/null | sed -n 's/^CUDA Version *: */CUDA Version: /p')
+  [ -n "$h" ] || h=$(nvidia-smi 2>/dev/null | grep -m1 'CUDA Version')
+  [ -z "$h" ] || printf '%s\\n' "$h"
 else echo '## absent'; fi
 echo '## proc'; cat /proc/driver/nvidia/version 2>/dev/null
 echo '## nvswitch'; ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | head -n1; true"""
@@ -174,9 +206,14 @@ def parse_topo_matrix(text: str) -> dict[str, dict[str, str]]:
 class GpuTopology(Fact[Topology]):
     """NVLink status and the topology matrix (multi-GPU boxes)."""
 
+    def sources(self) -> tuple[Source, ...]:
+        return (NvidiaSmi(),)
+
     def command(self) -> str:
-        return """command -v nvidia-smi >/dev/null 2>&1 || exit 0
-nvidia-smi -L >/dev/null 2>&1 || exit 0
+        # an nvidia-smi that cannot read the GPUs (no driver loaded) shows no topology
+        return f"""command -v nvidia-smi >/dev/null 2>&1 || exit 0
+{NvidiaSmi().ensure()}
+[ "$_gk_smi_rc" = 0 ] || exit 0
 echo '## nvlink'; nvidia-smi nvlink -s 2>/dev/null
 echo '## topo'; nvidia-smi topo -m 2>/dev/null; true"""
 
@@ -256,11 +293,26 @@ class MigState(Fact[tuple[GpuMig, ...]]):
     """Each GPU's MIG mode (current, pending), MIG devices and GPU instances; () without a
     working nvidia-smi."""
 
+    def sources(self) -> tuple[Source, ...]:
+        return (NvidiaSmi(),)
+
     def command(self) -> str:
-        return """command -v nvidia-smi >/dev/null 2>&1 || exit 0
-nvidia-smi -L >/dev/null 2>&1 || exit 0
-echo '## mode'; nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending \
---format=csv,noheader 2>/dev/null
+        # the mode rows: the shared query's first and last two columns (SMI_FIELDS), as the
+        # "index, current, pending" rows of their own query were. MIG devices and GPU
+        # instances exist only on a GPU in MIG mode: -L and mig -lgi run only when some GPU's
+        # mode is not known to be off (with every GPU off they list none)
+        return f"""command -v nvidia-smi >/dev/null 2>&1 || exit 0
+{NvidiaSmi().ensure()}
+[ "$_gk_smi_rc" = 0 ] || exit 0
+echo '## mode'; m=
+while IFS=, read -r i _ _ _ _ _ _ _ c p; do
+  [ -n "$i" ] || continue
+  printf '%s, %s, %s\\n' "$i" "${{c# }}" "${{p# }}"
+  case ${{c# }} in Disabled|'[N/A]') ;; *) m=1;; esac
+done <<EOF
+$_gk_smi
+EOF
+[ -n "$m" ] || exit 0
 echo '## list'; nvidia-smi -L 2>/dev/null
 echo '## gi'; nvidia-smi mig -lgi 2>/dev/null; true"""
 

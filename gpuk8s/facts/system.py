@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuk8s.facts import Fact
+from gpuk8s.facts.units import Services as Services
+from gpuk8s.facts.units import SystemdUnits as SystemdUnits
+from gpuk8s.facts.units import Unit as Unit
 from gpuk8s.sinks import shell
 
 # PCI ids of NVIDIA parts we name; anything else with vendor 0x10de is still a GPU by class.
@@ -128,7 +131,8 @@ def virt_script(root: str = "") -> str:
     ``container=``, /run/.containerenv, or a root file system that is a runtime's snapshot
     (docker, containerd, podman, LXC paths in its mount). A VM shows in what the kernel sees:
     the CPU's hypervisor flag, a microVM's kernel command line (Firecracker's init, virtio
-    MMIO devices), a GPU that nvidia-smi says is passed through or a vGPU. A bare /.dockerenv
+    MMIO devices), a GPU that nvidia-smi says is passed through or a vGPU (asked only where
+    there is no systemd-detect-virt, whose answer is taken otherwise). A bare /.dockerenv
     comes last: it is a file, and a VM booted from a container image has it too (the real
     H200 host: a Firecracker VM without systemd, which read as docker). systemd-detect-virt
     takes /.dockerenv alone as docker too; that answer is checked the same way."""
@@ -144,10 +148,6 @@ grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && vm="the CPU's hypervisor fla
 case " $(cat {r}/proc/cmdline 2>/dev/null) " in
   *firecracker*|*" virtio_mmio.device="*) vm="${{vm:+$vm, }}a microVM's kernel command line";;
 esac
-if [ -z "$vm" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  m=$(nvidia-smi -q 2>/dev/null | sed -n 's/^ *Virtualization Mode *: *//p' | head -n1)
-  case $m in Pass-Through|VGPU) vm="nvidia-smi's Virtualization Mode $m";; esac
-fi
 docker_file="/.dockerenv ignored: no container runtime set up this root file system (a VM \
 booted from a container image has the file too)"
 if command -v systemd-detect-virt >/dev/null 2>&1; then
@@ -159,6 +159,11 @@ if command -v systemd-detect-virt >/dev/null 2>&1; then
     *) echo "virt=$w"; echo "virt_evidence=systemd-detect-virt --vm; $docker_file";;
   esac
 else
+  # the GPU's word, asked only here where $vm counts: nvidia-smi -q takes 120 ms on an H200
+  if [ -z "$vm" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    m=$(nvidia-smi -q 2>/dev/null | sed -n 's/^ *Virtualization Mode *: *//p' | head -n1)
+    case $m in Pass-Through|VGPU) vm="nvidia-smi's Virtualization Mode $m";; esac
+  fi
   c=$(tr '\\0' '\\n' 2>/dev/null <{r}/proc/1/environ | sed -n 's/^container=//p' | head -n1)
   if grep -qi microsoft {r}/proc/sys/kernel/osrelease 2>/dev/null; then
     v=wsl; e="the kernel's release names Microsoft"
@@ -392,30 +397,6 @@ class Files(Fact[dict[str, FileState]]):
             states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, raw,
                                      mtimes.get(path, 0))
         return states
-
-
-@dataclass(frozen=True)
-class Unit:
-    active: str
-    enabled: str
-
-
-class Services(Fact[dict[str, Unit]]):
-    """``systemctl is-active`` / ``is-enabled`` of units."""
-
-    def command(self) -> str:
-        return "for u in " + " ".join(shell(u) for u in self.args) + \
-            '; do printf \'%s %s %s\\n\' "$u" "$(systemctl is-active "$u" 2>/dev/null | head -n1)" ' \
-            '"$(systemctl is-enabled "$u" 2>/dev/null | head -n1)"; done'
-
-    def parse(self, output: str, exit_code: int) -> dict[str, Unit]:
-        units = {}
-        for line in output.splitlines():
-            parts = line.split()
-            if parts:
-                units[parts[0]] = Unit(parts[1] if len(parts) > 1 else "unknown",
-                                       parts[2] if len(parts) > 2 else "unknown")
-        return units
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,13 @@ from typing import Any
 
 import yaml
 
-from gpuk8s.facts.dra import DRA_RESOURCES
-from gpuk8s.facts.kube import ADMIN_CONF, MANAGED_KINDS, MANAGED_RESOURCES, ClusterState
+from gpuk8s.facts.kube import (
+    ADMIN_CONF,
+    DRA_RESOURCES,
+    MANAGED_KINDS,
+    MANAGED_RESOURCES,
+    ClusterState,
+)
 from gpuk8s.ops import Op, change, noop, q, sha256
 from gpuk8s.sinks import node_arg
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.lab.selftest.standins.nvidia_helpers import (
     DUAL,
+    FIXTURES,
     NEW,
     OLD,
     SINGLE,
@@ -110,6 +111,46 @@ def test_invalid_field(dual: Path) -> None:
     res = smi(dual, "--query-gpu=index,bogus", "--format=csv")
     assert res.returncode == 2
     assert res.stdout.startswith('Field "bogus" is not a valid field to query.')
+
+
+#: the fact probe's nvidia-smi runs on the real H200 (2026-11-28), as transcripts
+PROBE_CAPTURE = FIXTURES.parent / "real" / "h200-ubuntu2404" / "probe-2026-11-28"
+
+
+def _transcript(name: str) -> dict[str, tuple[str, int]]:
+    """A capture transcript: {command: (what it printed, exit code)}."""
+    out: dict[str, tuple[str, int]] = {}
+    command, lines = "", []
+    for line in (PROBE_CAPTURE / name).read_text().splitlines(keepends=True):
+        if line.startswith("## rc "):
+            out[command] = ("".join(lines), int(line.split()[2]))
+        elif line.startswith("## "):
+            command, lines = line[3:].rstrip("\n"), []
+        else:
+            lines.append(line)
+    return out
+
+
+def test_the_probes_one_query_as_the_real_h200_prints_it(root: Path) -> None:
+    """The fact probe's one --query-gpu (SMI_FIELDS), in each format, --version, and the
+    fields real nvidia-smi refuses (virtualization_mode is none of its fields): the bytes
+    the real H200 printed, but for its UUID (the lab makes its own)."""
+    from gpuk8s.facts.nvidia import SMI_FIELDS
+
+    fake_pci(root, (SINGLE / "sys-pci-nvidia.txt").read_text().splitlines())
+    install_files(root, "nvidia-driver-cuda", NEW)
+    load_module(root, NEW)
+    uuid = re.compile(r"GPU-[0-9a-f-]{36}")
+    real = {**_transcript("queries.txt"), **_transcript("mig-queries.txt")}
+    asked = [c for c in real if c.startswith("nvidia-smi ") and "2>&1" not in c]
+    assert f"nvidia-smi --query-gpu={SMI_FIELDS} --format=csv,noheader,nounits" in asked
+    for command in asked:
+        if command.split()[1] in ("-L", "-q", "nvlink"):
+            continue  # -L: test_list_gpus_format; -q: test_q_and_topo; no NVLink here
+        res = smi(root, *command.split()[1:])
+        want, code = real[command]
+        assert (res.returncode, uuid.sub("U", res.stdout), res.stderr) == \
+            (code, uuid.sub("U", want), ""), command
 
 
 def test_not_loaded_exit_9(root: Path) -> None:
