@@ -30,7 +30,7 @@ from gpuk8s.facts.nvidia import QUERY_FIELDS, GpuTopology, MigState, Nvidia
 from gpuk8s.facts.probe import build_probe, parse_probe
 from gpuk8s.facts.system import Services
 from gpuk8s.sinks import shell
-from tests.lab.test_standins_nvidia import (
+from tests.lab.selftest.standins.nvidia_helpers import (
     DUAL,
     NEW,
     OLD,
