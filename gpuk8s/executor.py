@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,7 +12,7 @@ from gpuk8s.errors import CommandFailed, ConnectError, ConnectionLost, Gpuk8sErr
 from gpuk8s.ops import Op
 from gpuk8s.parallel import in_parallel
 from gpuk8s.redact import Redactor
-from gpuk8s.sections import split_sections
+from gpuk8s.sections import section_times, split_sections
 from gpuk8s.transport import CommandResult, Transport
 
 PREAMBLE = ("exec 2>&1\nexport LC_ALL=C DEBIAN_FRONTEND=noninteractive "
@@ -78,32 +77,6 @@ def build_script(ops: Sequence[Op], marker: str, *, keep_going: bool = False) ->
         parts.append(f"echo \"{marker} B {i} $(date +%s.%N)\"\n( set -e\n{body}\n)\n"
                      f"rc=$?; echo \"\n{marker} E {i} $rc $(date +%s.%N)\";{stop}\n")
     return "".join(parts)
-
-
-def section_times(output: str, marker: str) -> dict[int, tuple[float, float | None]]:
-    """``{index: (start, end)}`` on the node's clock, from build_script's marker lines (end
-    None when the op never finished); ops whose markers carry no time are left out."""
-    times: dict[int, tuple[float, float | None]] = {}
-    prefix = marker + " "
-    for line in output.split("\n"):
-        if not line.startswith(prefix):
-            continue
-        word = line.split()
-        try:
-            if len(word) > 3 and word[1] == "B":
-                times[int(word[2])] = (_finite(word[3]), None)
-            elif len(word) > 4 and word[1] == "E" and int(word[2]) in times:
-                times[int(word[2])] = (times[int(word[2])][0], _finite(word[4]))
-        except ValueError:  # not a number, or nan/inf: that op's time stays unknown
-            continue
-    return times
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
 
 
 class _OpStarts:

@@ -11,10 +11,11 @@ import subprocess
 
 from rich.console import Console
 
-from gpuk8s.executor import _OpStarts, build_script, section_times
+from gpuk8s.executor import _OpStarts, build_script
 from gpuk8s.ops import change
 from gpuk8s.progress import Progress
 from gpuk8s.report import Reporter
+from gpuk8s.sections import section_times
 
 OPS = [change(f"role | op {i}", f"+ op {i}", f"sleep 0.{i}") for i in range(1, 4)]
 
