@@ -12,14 +12,14 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
-class Fact(Generic[T_co]):
-    """One piece of host state. Subclasses set ``command()`` and ``parse()``.
-
-    A fact instance is also its own request: ``Files("/etc/a", "/etc/b")`` asks for those paths.
-    Commands must be read-only POSIX sh and should exit 0 when a tool is simply absent.
-    """
+class Request:
+    """What a probe is asked for, named by its class and args (``Files("/etc/a")``): a Fact or a
+    Source. Two requests are equal when they are of one kind (both facts, or both sources), of
+    one class name and args."""
 
     name: ClassVar[str]
+    #: Fact or Source: a fact never equals a source of the same name and args
+    _kind: ClassVar[type[Request]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -36,10 +36,19 @@ class Fact(Generic[T_co]):
         return hash((self.name, self.args))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Fact) and (self.name, self.args) == (other.name, other.args)
+        return isinstance(other, self._kind) and isinstance(other, Request) and \
+            (self.name, self.args) == (other.name, other.args)
 
     def __repr__(self) -> str:
         return self.key
+
+
+class Fact(Request, Generic[T_co]):
+    """One piece of host state. Subclasses set ``command()`` and ``parse()``.
+
+    A fact instance is also its own request: ``Files("/etc/a", "/etc/b")`` asks for those paths.
+    Commands must be read-only POSIX sh and should exit 0 when a tool is simply absent.
+    """
 
     def command(self) -> str:
         raise NotImplementedError
@@ -52,7 +61,7 @@ class Fact(Generic[T_co]):
         return ()
 
 
-class Source:
+class Source(Request):
     """One read several facts share (one ``nvidia-smi --query-gpu``, one ``systemctl show``,
     one round of kubectl reads), so that a probe runs each tool once per host.
 
@@ -64,29 +73,6 @@ class Source:
     first (``ready()`` is false), so a fact's command still works on its own and gives the
     same output either way. A source is named and compared by its class and args, as facts
     are."""
-
-    name: ClassVar[str]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.name = cls.__name__
-
-    def __init__(self, *args: str) -> None:
-        self.args: tuple[str, ...] = tuple(args)
-
-    @property
-    def key(self) -> str:
-        return self.name if not self.args else f"{self.name}({','.join(self.args)})"
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.args))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Source) and (self.name, self.args) == (other.name,
-                                                                         other.args)
-
-    def __repr__(self) -> str:
-        return self.key
 
     def command(self) -> str:
         raise NotImplementedError
@@ -104,6 +90,10 @@ class Source:
     def merge(cls, sources: Sequence[Source]) -> Source:
         """One source covering ``sources`` (all of this class): their args, each once."""
         return cls(*dict.fromkeys(a for s in sources for a in s.args))
+
+
+Fact._kind = Fact
+Source._kind = Source
 
 
 class HostFacts(Mapping[Fact[Any], Any]):
