@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import Gpuk8sError, InventoryError
-from gpuk8s.facts.kube import Cluster
+from gpuk8s.facts.kube import ADMIN_CONF, Cluster
 from gpuk8s.gather import gather
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
@@ -19,14 +19,21 @@ from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_st
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
 #: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI.
-#: Users' kubeconfigs are found without following symlinks (find -P): a user's ~/.kube that
-#: points elsewhere never makes root delete a file outside /home/<user>/.kube/
+#: Kubeconfigs go only where they are the copies of admin.conf gpuk8s installed (root's and
+#: the SSH user's): a file a user wrote for another cluster differs and stays. They are compared
+#: before the reset removes admin.conf, and found without following symlinks (find -P, a
+#: regular file only): a user's ~/.kube that points elsewhere never makes root delete a file
+#: outside /home/<user>/.kube/
+_OURS = f"-type f -exec cmp -s {ADMIN_CONF} '{{}}' ';' -delete"
 CLEANUP = f"""\
+if [ -f {ADMIN_CONF} ]; then
+  find /root -mindepth 2 -maxdepth 2 -path /root/.kube/config {_OURS}
+  find /home -mindepth 3 -maxdepth 3 -path '/home/*/.kube/config' {_OURS}
+fi
 if command -v kubeadm >/dev/null 2>&1; then
   {KUBEADM_RESET}
 fi
-rm -rf /etc/cni/net.d/* /var/lib/cni /etc/kubernetes/gpuk8s /root/.kube/config
-find /home -mindepth 3 -maxdepth 3 -path '/home/*/.kube/config' -type f -delete
+rm -rf /etc/cni/net.d/* /var/lib/cni /etc/kubernetes/gpuk8s
 for link in cni0 flannel.1 vxlan.calico tunl0; do
   if ip link show "$link" >/dev/null 2>&1; then ip link delete "$link"; fi
 done

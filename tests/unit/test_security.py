@@ -353,22 +353,48 @@ def test_admin_conf_is_written_privately_and_never_through_a_symlink(tmp_path: P
     assert not (open_folder / "admin.conf").exists()
 
 
-# -- 13. cleanup never follows a user's symlink ------------------------------------------------
-def test_cleanup_removes_users_kubeconfigs_without_following_symlinks(tmp_path: Path) -> None:
-    line = next(x for x in CLEANUP.splitlines() if ".kube/config" in x and "/home" in x)
-    home = tmp_path / "home"
-    (home / "bob" / ".kube").mkdir(parents=True)
-    (home / "bob" / ".kube" / "config").write_text("admin")
-    elsewhere = tmp_path / "etc-selinux"
+# -- 13. cleanup removes only gpuk8s's kubeconfigs, never following a user's symlink --------
+def test_cleanup_removes_only_the_admin_kubeconfigs_gpuk8s_installed(tmp_path: Path) -> None:
+    """The cleanup's own lines, in a real sh, over a fake root: bob's and root's copies of
+    admin.conf go; carol's kubeconfig for another cluster stays; alice's symlinked ~/.kube
+    never makes root touch the file it points to."""
+    first, *finds, last = CLEANUP.splitlines()[:CLEANUP.splitlines().index("fi") + 1]
+    assert first.startswith("if [ -f /etc/kubernetes/admin.conf ]") and last == "fi"
+    assert len(finds) == 2 and all("-type f -exec cmp -s" in x for x in finds)
+    root = tmp_path
+    admin = "apiVersion: v1\nclusters: [this-cluster]\nusers: [kubernetes-admin]\n"
+    (root / "etc/kubernetes").mkdir(parents=True)
+    (root / "etc/kubernetes/admin.conf").write_text(admin)
+    for user, text in (("bob", admin), ("carol", "clusters: [carols-own-cluster]\n")):
+        (root / "home" / user / ".kube").mkdir(parents=True)
+        (root / "home" / user / ".kube" / "config").write_text(text)
+    (root / "root/.kube").mkdir(parents=True)
+    (root / "root/.kube/config").write_text(admin)
+    elsewhere = root / "etc-selinux"
     elsewhere.mkdir()
-    (elsewhere / "config").write_text("SELINUX=enforcing")
-    (home / "alice").mkdir()
-    (home / "alice" / ".kube").symlink_to(elsewhere)
-    (home / "carol" / ".kube").mkdir(parents=True)
-    (home / "carol" / ".kube" / "config").symlink_to(elsewhere / "config")
-    subprocess.run(["sh", "-c", line.replace("/home", shlex.quote(str(home)))], check=True)
-    assert not (home / "bob" / ".kube" / "config").exists()
-    assert (elsewhere / "config").read_text() == "SELINUX=enforcing"
+    (elsewhere / "config").write_text(admin)  # same bytes: only the symlink keeps it safe
+    (root / "home" / "alice").mkdir()
+    (root / "home" / "alice" / ".kube").symlink_to(elsewhere)
+    (root / "home" / "dave" / ".kube").mkdir(parents=True)
+    (root / "home" / "dave" / ".kube" / "config").symlink_to(elsewhere / "config")
+    script = "\n".join([first, *finds, last])
+    assert shlex.quote(str(root)) == str(root)  # pytest's folder needs no quoting in sh
+    for path in ("/etc/kubernetes/admin.conf", "/root", "/home"):
+        script = script.replace(path, f"{root}{path}")
+    subprocess.run(["sh", "-c", script], check=True)
+    assert not (root / "home/bob/.kube/config").exists()
+    assert not (root / "root/.kube/config").exists()
+    assert (root / "home/carol/.kube/config").read_text() == "clusters: [carols-own-cluster]\n"
+    assert (elsewhere / "config").read_text() == admin
+    assert (root / "home/dave/.kube/config").is_symlink()
+
+
+def test_cleanup_compares_kubeconfigs_before_the_reset_removes_admin_conf() -> None:
+    lines = CLEANUP.splitlines()
+    compare = next(i for i, x in enumerate(lines) if "cmp -s" in x)
+    reset = next(i for i, x in enumerate(lines) if "kubeadm reset" in x)
+    assert compare < reset
+    assert not any("rm" in x and ".kube/config" in x for x in lines)
 
 
 # -- 15. credentials in URLs stay off argv and out of world-readable files ---------------------
