@@ -437,6 +437,8 @@ def mirror_settings(base_url: str = f"http://{DEFAULT_LISTEN}",
 
 # ---------------------------------------------------------------- HTTP
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
+
     def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 

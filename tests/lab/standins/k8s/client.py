@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import tempfile
+import threading
 import time
 import urllib.parse
 from typing import Any
@@ -37,6 +38,13 @@ class Unreachable(Exception):
 
 class TLSError(Exception):
     pass
+
+
+#: seconds an idle connection is reused (the stand-in API server closes one idle for 30 s)
+IDLE_REUSE = 15
+#: what a kept-alive connection the server has since closed raises on its next request
+_STALE = (ConnectionResetError, BrokenPipeError, ssl.SSLError, http.client.RemoteDisconnected,
+          http.client.BadStatusLine)
 
 
 def ssl_context(creds: Creds) -> ssl.SSLContext:
@@ -71,6 +79,25 @@ class Client:
         self.hostport = f"{self.host}:{self.port}"
         self.timeout = timeout
         self.ctx = ssl_context(creds)
+        # one kept-alive connection per thread, as client-go reuses its connections: a new
+        # mutual-TLS handshake per request cost the lab's idle kubelets and API server more
+        # CPU than the requests themselves
+        self._local = threading.local()
+
+    def _connection(self) -> tuple[http.client.HTTPSConnection, bool]:
+        """This thread's open connection, or a new one; True when it is reused."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and time.monotonic() - self._local.used < IDLE_REUSE:
+            return conn, True
+        self._drop()
+        conn = self._local.conn = http.client.HTTPSConnection(
+            self.host, self.port, context=self.ctx, timeout=self.timeout)
+        return conn, False
+
+    def _drop(self) -> None:
+        conn, self._local.conn = getattr(self._local, "conn", None), None
+        if conn is not None:
+            conn.close()
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", raw: bool = False) -> Any:
@@ -99,20 +126,30 @@ class Client:
             headers["Content-Type"] = content_type
         if self.creds.token:
             headers["Authorization"] = f"Bearer {self.creds.token}"
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
-                                           timeout=self.timeout)
-        try:
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            payload = resp.read()
-        except ssl.SSLCertVerificationError as e:
-            raise TLSError(f"tls: failed to verify certificate: {e.verify_message}") from e
-        except ConnectionRefusedError as e:
-            raise Unreachable(self.hostport, str(e), True) from e
-        except (TimeoutError, OSError) as e:
-            raise Unreachable(self.hostport, str(e), False) from e
-        finally:
-            conn.close()
+        while True:
+            conn, reused = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                self._drop()
+                if reused and isinstance(e, _STALE) and \
+                        not isinstance(e, ssl.SSLCertVerificationError):
+                    continue  # the server closed it while idle (or restarted): a new one
+                if isinstance(e, ssl.SSLCertVerificationError):
+                    raise TLSError(f"tls: failed to verify certificate: {e.verify_message}"
+                                   ) from e
+                if isinstance(e, ConnectionRefusedError):
+                    raise Unreachable(self.hostport, str(e), True) from e
+                if isinstance(e, OSError):
+                    raise Unreachable(self.hostport, str(e), False) from e
+                raise
+            if resp.will_close:
+                self._drop()
+            else:
+                self._local.used = time.monotonic()
+            break
         if resp.status >= 400:
             try:
                 err = json.loads(payload)

@@ -283,6 +283,7 @@ class Exporter:
 def _handler(ex: Exporter) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as Go's servers: no 40 ms delayed-ACK stalls
 
         def log_message(self, fmt: str, *args: Any) -> None:
             pass

@@ -1143,6 +1143,7 @@ class Kubelet:
         kubelet = self
 
         class Health(http.server.BaseHTTPRequestHandler):
+            disable_nagle_algorithm = True  # as Go's servers: no 40 ms delayed-ACK stalls
             def log_message(self, *a: Any) -> None:
                 pass
 

@@ -104,6 +104,9 @@ class Store:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.objs: dict[Key, dict[tuple[str, str], Obj]] = {}
+        # each stored object's JSON: get and list hand out json.loads copies of it (C code, many
+        # times cheaper than copy.deepcopy, and the lab's kubelets list pods every few seconds)
+        self.texts: dict[Key, dict[tuple[str, str], str]] = {}
         self.revs: dict[str, int] = {}  # etcd key -> mod_revision this server saw
         self.history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
         self.rv = 0
@@ -141,12 +144,19 @@ class Store:
         obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
         return obj
 
+    def _keep(self, key: Key, where: tuple[str, str], obj: Obj) -> Obj:
+        """Store ``obj`` (never changed in place afterwards) and its JSON; hold the lock."""
+        self.objs.setdefault(key, {})[where] = obj
+        self.texts.setdefault(key, {})[where] = json.dumps(obj)
+        return obj
+
     # ------------------------------------------------------------------ the cache
     def _load(self) -> None:
         out = self.etcd.call("/v3/kv/range", {"key": _b64(PREFIX),
                                               "range_end": _b64(_prefix_end(PREFIX))})
         with self.lock:
             self.objs.clear()
+            self.texts.clear()
             self.revs.clear()
             for kv in out.get("kvs") or []:
                 ekey = _unb64(kv["key"])
@@ -154,7 +164,7 @@ class Store:
                 if where is None:
                     continue
                 rev = int(kv["mod_revision"])
-                self.objs.setdefault(where[0], {})[(where[1], where[2])] = self._value(kv, rev)
+                self._keep(where[0], (where[1], where[2]), self._value(kv, rev))
                 self.revs[ekey] = rev
             self.rv = int(out["header"]["revision"])
 
@@ -217,14 +227,15 @@ class Store:
                 bucket = self.objs.setdefault(key, {})
                 old = bucket.get((ns, name))
                 if ev.get("type") == "DELETE":
-                    gone = copy.deepcopy(old) if old is not None else \
+                    text = self.texts.get(key, {}).pop((ns, name), None)
+                    gone = json.loads(text) if text is not None else \
                         self._value(ev.get("prev_kv") or {}, rev)
                     gone.setdefault("metadata", {})["resourceVersion"] = str(rev)
                     bucket.pop((ns, name), None)
                     self.revs.pop(ekey, None)
                     self.history.append(Event(rev, "DELETED", key, gone, old))
                 else:
-                    obj = bucket[(ns, name)] = self._value(kv, rev)
+                    obj = self._keep(key, (ns, name), self._value(kv, rev))
                     self.revs[ekey] = rev
                     # the event shares the stored copy: stored objects are never changed in place
                     self.history.append(Event(rev, "ADDED" if old is None else "MODIFIED",
@@ -249,14 +260,14 @@ class Store:
     # ------------------------------------------------------------------ the API
     def get(self, key: Key, ns: str, name: str) -> Obj | None:
         with self.lock:
-            obj = self.objs.get(key, {}).get((ns, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            text = self.texts.get(key, {}).get((ns, name))
+        return json.loads(text) if text is not None else None
 
     def list(self, key: Key, ns: str | None = None) -> list[Obj]:
         with self.lock:
-            items = [(k, v) for k, v in self.objs.get(key, {}).items()
+            items = [(k, v) for k, v in self.texts.get(key, {}).items()
                      if ns is None or k[0] == ns]
-            return [copy.deepcopy(v) for _, v in sorted(items, key=lambda kv: kv[0])]
+        return [json.loads(v) for _, v in sorted(items, key=lambda kv: kv[0])]
 
     def _txn(self, ekey: str, request: Obj, based_on: Any = None) -> int:
         """Run ``request`` if the key is still at the revision the change was based on (the
@@ -297,10 +308,10 @@ class Store:
     def delete(self, key: Key, ns: str, name: str) -> Obj | None:
         ekey = self._ekey(key, ns, name)
         with self.lock:
-            obj = self.objs.get(key, {}).get((ns, name))
-            if obj is None:
+            text = self.texts.get(key, {}).get((ns, name))
+            if text is None:
                 return None
-            obj = copy.deepcopy(obj)
+            obj = json.loads(text)
         self._txn(ekey, {"request_delete_range": {"key": _b64(ekey)}})
         return obj
 
