@@ -19,6 +19,7 @@ from typing import Any
 from gpuk8s.cluster_values import inventory_cluster
 from gpuk8s.errors import ConnectError, InventoryError
 from gpuk8s.facts import HostFacts
+from gpuk8s.facts.nvidia import GpuTopology
 from gpuk8s.facts.system import PciDevices, System
 from gpuk8s.gather import gather
 from gpuk8s.inventory.builder import inspect_inventory
@@ -53,7 +54,10 @@ def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str
                            reporter=reporter,
                            password_prompt=become_prompt(ask_become_pass))
     with closing(session):
-        gather(session, [h for h in session.scope if h in session.transports])
+        # the GPU topology only `facts` shows: no plan reads it, so bootstrap and plan never
+        # pay its two nvidia-smi runs
+        gather(session, [h for h in session.scope if h in session.transports],
+               extra=[GpuTopology()])
         data = {h: session.facts[h].as_json() for h in session.scope}
         if as_json:
             text = json.dumps(data, indent=2, default=_jsonable)
@@ -73,7 +77,7 @@ def facts(inventory: str | Path, *, limit: str | None = None, sets: Sequence[str
 def summary(facts: HostFacts) -> dict[str, str]:
     """What a lab admin wants to know about a box, from its facts, one line each."""
     from gpuk8s.facts.kube import Containerd
-    from gpuk8s.facts.nvidia import CudaToolkits, GpuTopology, Nvidia
+    from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
     from gpuk8s.facts.system import OsRelease
 
     os_ = facts[OsRelease()]

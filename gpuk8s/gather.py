@@ -37,11 +37,13 @@ def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return list(seen)
 
 
-def gather(session: Session, hosts: Sequence[str]) -> None:
-    """One probe per host, all hosts in parallel; raise PhaseFailed if any probe fails."""
+def gather(session: Session, hosts: Sequence[str], extra: Sequence[Fact[Any]] = ()) -> None:
+    """One probe per host, all hosts in parallel; raise PhaseFailed if any probe fails.
+    ``extra``: facts beyond the roles' (what `invoke facts` shows and no plan reads)."""
 
     def one(name: str) -> HostFacts:
         requests = fact_requests(role_vars(session.host(name)))
+        requests += [f for f in extra if f not in requests]
         script, marker = build_probe(requests)
         started = time.monotonic()
         result = session.transports[name].run(script, timeout=120)

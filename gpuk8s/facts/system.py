@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
 from gpuk8s.facts import Fact
+from gpuk8s.facts.dpkg import PACKAGE_NAME as PACKAGE_NAME
+from gpuk8s.facts.dpkg import DpkgHealth as DpkgHealth
+from gpuk8s.facts.dpkg import DpkgPackages as DpkgPackages
+from gpuk8s.facts.dpkg import Packages as Packages
+from gpuk8s.facts.dpkg import PackageState as PackageState
 from gpuk8s.facts.units import Services as Services
 from gpuk8s.facts.units import SystemdUnits as SystemdUnits
 from gpuk8s.facts.units import Unit as Unit
@@ -35,8 +40,6 @@ NVSWITCH_IDS = {"0x22a3", "0x1af1", "0x2901"}
 
 #: os-release(5): ID, VERSION_ID and VERSION_CODENAME hold only 0-9, a-z, ".", "_" and "-"
 _OS_RELEASE_ID = re.compile(r"[a-z0-9._-]*")
-#: a Debian package name (Policy 5.6.1), with the architecture dpkg-query adds to some
-PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?")
 OS_RELEASE_IDS = ("ID", "VERSION_ID", "VERSION_CODENAME")
 #: what an identifier that breaks that rule reads as: no OS has it, so preflight refuses it
 INVALID = "?"
@@ -363,13 +366,17 @@ class Files(Fact[dict[str, FileState]]):
             # the path is data: one quoted word, printed by printf's %s, never part of a
             # format or of a double-quoted string the shell would expand
             q = shell(path)
-            lines.append(
-                f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} \"$(stat -c '%a %U' {q})\" "
-                f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
-                + (f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
-                   f"printf 'T %s %s\\n' {q} \"$(stat -c %Y {q})\"; "
-                   if arg.startswith("+") else "")
-                + f"else printf 'N %s\\n' {q}; fi")
+            if arg.startswith("+"):
+                # content read: its sha256 is computed here, from the content (no sha256sum)
+                lines.append(f"if [ -e {q} ]; then printf 'P %s %s\\n' {q} "
+                             f"\"$(stat -c '%a %U %Y' {q})\"; "
+                             f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
+                             f"else printf 'N %s\\n' {q}; fi")
+            else:
+                lines.append(f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} "
+                             f"\"$(stat -c '%a %U' {q})\" "
+                             f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
+                             f"else printf 'N %s\\n' {q}; fi")
         return "\n".join(lines)
 
     def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
@@ -381,6 +388,11 @@ class Files(Fact[dict[str, FileState]]):
             if kind == "F":
                 path, mode, owner, sha = rest.rsplit(" ", 3)
                 states[path] = FileState(path, True, mode, owner, sha)
+            elif kind == "P":  # a file whose content follows: mode, owner, mtime
+                path, mode, owner, stamp = rest.rsplit(" ", 3)
+                states[path] = FileState(path, True, mode, owner)
+                if stamp.isdigit():
+                    mtimes[path] = int(stamp)
             elif kind == "N":
                 states[rest] = FileState(rest, False)
             elif kind == "T":
@@ -394,72 +406,12 @@ class Files(Fact[dict[str, FileState]]):
                 contents[path] = base64.b64decode(encoded)
         for path, raw in contents.items():
             old = states[path]
-            states[path] = FileState(old.path, old.exists, old.mode, old.owner, old.sha256, raw,
+            states[path] = FileState(old.path, old.exists, old.mode, old.owner,
+                                     old.sha256 or hashlib.sha256(raw).hexdigest(), raw,
                                      mtimes.get(path, 0))
         return states
 
 
-@dataclass(frozen=True)
-class PackageState:
-    version: str
-    held: bool
-    status: str  # dpkg's two-letter abbreviation, "ii" when installed and configured
-
-
-class Packages(Fact[dict[str, PackageState]]):
-    """Installed Debian packages among the args (absent ones missing), with hold state."""
-
-    def command(self) -> str:
-        names = " ".join(shell(a) for a in self.args)
-        return ("dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev} ${Status}\\n' "
-                f"{names} 2>/dev/null; true")
-
-    def parse(self, output: str, exit_code: int) -> dict[str, PackageState]:
-        result = {}
-        for line in output.splitlines():
-            parts = line.split()
-            if len(parts) >= 3 and parts[2].startswith(("ii", "hi")):
-                result[parts[0]] = PackageState(parts[1], parts[3] == "hold"
-                                                if len(parts) > 3 else False, parts[2])
-        return result
-
-
-class DpkgHealth(Fact[dict[str, Any]]):
-    """Interrupted dpkg runs (``dpkg --audit``, or journal entries dpkg left in
-    /var/lib/dpkg/updates, which apt refuses to run with), the packages such a run left to be
-    reinstalled (half-installed, or flagged reinst-required: dpkg killed inside an unpack;
-    ``dpkg --configure -a`` cannot mend those, and apt refuses to run until they are
-    reinstalled), and the processes holding the dpkg frontend lock (from /proc/locks: no
-    fuser needed), as ``["1234 (unattended-upgr)"]``."""
-
-    def command(self) -> str:
-        return r"""a=$(dpkg --audit 2>/dev/null | head -n 5); echo "audit=$(echo "$a" | tr '\n' ' ')"
-echo "journal=$(ls /var/lib/dpkg/updates 2>/dev/null | grep -c '^[0-9][0-9]*$')"
-dpkg-query -W -f='${db:Status-Abbrev}|${binary:Package}\n' 2>/dev/null | awk -F'|' 'substr($1, 2, 1) == "H" || substr($1, 3, 1) == "R" {print "reinstall=" $2}'
-i=$(stat -c %i /var/lib/dpkg/lock-frontend 2>/dev/null)
-if [ -n "$i" ]; then
-  for p in $(awk -v i=":$i" '$2 != "->" && $5 > 0 && substr($6, length($6) - length(i) + 1) == i {print $5}' /proc/locks 2>/dev/null | sort -un); do
-    echo "lock=$p $(cat /proc/$p/comm 2>/dev/null)"; done
-fi; true"""
-
-    def parse(self, output: str, exit_code: int) -> dict[str, Any]:
-        pairs = [line.split("=", 1) for line in output.splitlines() if "=" in line]
-        kv = dict(pairs)
-        holders, reinstall = [], []
-        for key, value in pairs:
-            if key == "lock" and value.split():
-                pid, _, name = value.strip().partition(" ")
-                holders.append(f"{pid} ({name.strip() or '?'})")
-            elif key == "reinstall" and PACKAGE_NAME.fullmatch(value.strip()):
-                reinstall.append(value.strip())
-        journal = kv.get("journal", "0").strip()
-        return {"interrupted": bool(kv.get("audit", "").strip())
-                or (journal.isdigit() and int(journal) > 0) or bool(reinstall),
-                "reinstall": reinstall, "lock_holders": holders}
-
-
-#: where an op that notifies a handler leaves a marker (written before its change) until the
-#: handler has run: a run killed in between leaves the handler to the next run
 PENDING_HANDLERS = "/var/lib/gpuk8s/pending-handlers"
 
 

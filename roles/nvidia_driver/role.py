@@ -18,7 +18,7 @@ from gpuk8s.checks import (
     pinned_key,
 )
 from gpuk8s.facts import Fact
-from gpuk8s.facts.nvidia import GpuTopology, Nvidia
+from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import (
     Files,
     KernelModules,
@@ -117,7 +117,7 @@ def driver_packages(vars: Mapping[str, Any], os_: Mapping[str, str], devices: An
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), System(), PciDevices(), Nvidia(), GpuTopology(),
+    return [OsRelease(), System(), PciDevices(), Nvidia(),
             KernelModules("nouveau"),
             Files("+" + BLACKLIST, CUDA_LIST, "+" + CUDA_KEYRING),
             Packages(*driver_package_names(vars)),

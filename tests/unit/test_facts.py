@@ -100,6 +100,33 @@ def test_files_fact_with_content() -> None:
     assert states["/etc/c"].content == b""
 
 
+def test_files_fact_in_a_real_shell(tmp_path: Path) -> None:
+    """The command as a probe runs it, in a real sh, over real files: a file whose content
+    is read gets its sha256 computed from that content (no sha256sum run for it), mode,
+    owner and mtime from one stat; one without gets sha256sum's hash; a missing one is N."""
+    import hashlib
+    import os
+    import subprocess
+
+    shown, hashed = tmp_path / "with content", tmp_path / "hash only"
+    shown.write_bytes(b"[plugins]\n\x00binary\n")
+    hashed.write_text("secret-ish\n")
+    os.chmod(shown, 0o640)
+    os.utime(shown, (1_700_000_000, 1_700_000_000))
+    fact = Files(f"+{shown}", str(hashed), f"+{tmp_path}/missing")
+    run = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True,
+                         check=True)
+    states = fact.parse(run.stdout, run.returncode)
+    got = states[str(shown)]
+    assert got.content == shown.read_bytes() and got.mode == "640" and got.exists
+    assert got.sha256 == hashlib.sha256(shown.read_bytes()).hexdigest()
+    assert got.mtime == 1_700_000_000 and got.owner == "root"
+    assert states[str(hashed)].sha256 == hashlib.sha256(b"secret-ish\n").hexdigest()
+    assert states[str(hashed)].content is None
+    assert not states[f"{tmp_path}/missing"].exists
+    assert run.stdout.count("\n") == 4  # P and C, F, N: no other lines
+
+
 def test_packages_fact_hold_state() -> None:
     out = ("kubeadm 1.36.2-1.1 hi  hold ok installed\nkubelet 1.36.2-1.1 ii  install ok "
            "installed\ncurl 7.88 rc  deinstall ok config-files\n")
@@ -151,3 +178,25 @@ def test_nvlink_and_topology_two_h200() -> None:
                                  + fixture("h200-ubuntu2404/nvidia-smi-topo-m.txt"), 0)
     assert single.nvlinks == {} and single.matrix.get("GPU0", {}) == {}
     assert GpuTopology().parse("", 0) == GpuTopology().parse("", 0)
+
+
+def test_packages_facts_share_one_dpkg_query_and_read_as_each_alone() -> None:
+    """In one probe, Packages facts take their lines of one dpkg-query run (this machine's
+    real dpkg); each fact's own command, run alone, reads the same."""
+    import subprocess
+
+    from gpuk8s.facts.probe import build_probe, parse_probe
+
+    facts = [Packages("ca-certificates", "dpkg"), Packages("no-such-package-here", "dpkg"),
+             Packages("coreutils")]
+    script, marker = build_probe(facts)  # test_probe_tool_runs counts the runs
+    out = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True,
+                         check=True).stdout
+    probed = parse_probe("here", out, facts, marker)
+    for fact in facts:
+        alone = subprocess.run(["sh", "-c", fact.command()], capture_output=True, text=True)
+        assert probed[fact] == fact.parse(alone.stdout, alone.returncode)
+    assert set(probed[facts[0]]) == {"ca-certificates", "dpkg"}
+    assert set(probed[facts[1]]) == {"dpkg"} and set(probed[facts[2]]) == {"coreutils"}
+    assert probed[facts[0]]["dpkg"].version == subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", "dpkg"], capture_output=True, text=True).stdout

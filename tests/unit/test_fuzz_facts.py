@@ -56,7 +56,7 @@ def test_every_fact_class_is_fuzzed() -> None:
 #: branches than plain random text does
 _KEYS = ["kernel", "cpus", "mem_kb", "audit", "lock", "listen", "swap", "headers", "## query",
          "## rc", "## header", "## proc", "## absent", "## dump", "## managed", "## nvlink",
-         "## topo", "F", "N", "C", "GPU 0:", "GPU0\tGPU1", "containerd containerd.io v2.1.4",
+         "## topo", "F", "P", "N", "C", "GPU 0:", "GPU0\tGPU1", "containerd containerd.io v2.1.4",
          "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.1", "CUDA Version:",
          "ID", "kubeadm 1.36.1-1.1 ii", "\tLink 0: 26.5 GB/s", "cuda-13.0"]
 _WORD = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)

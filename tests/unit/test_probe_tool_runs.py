@@ -131,6 +131,10 @@ def run_probe(tmp_path: Path, requests: list[Fact[Any]], *, gpus: bool, control_
         (tools / tool).symlink_to(program)
     (tools / "kubectl").write_text(KUBECTL)
     (tools / "kubectl").chmod(0o755)
+    # this machine's real dpkg-query (Debian), each run logged
+    (tools / "dpkg-query").write_text('#!/bin/sh\necho "dpkg-query $*" >>"$TOOL_LOG"\n'
+                                      'exec /usr/bin/dpkg-query "$@"\n')
+    (tools / "dpkg-query").chmod(0o755)
     admin = tmp_path / "admin.conf"
     if control_plane:
         admin.write_text("apiVersion: v1\n")
@@ -162,15 +166,18 @@ def test_the_lab_inventory_asks_every_host_the_same_facts() -> None:
 
 @pytest.mark.parametrize("mig", ["Disabled", "Enabled"])
 def test_a_gpu_workers_probe_runs_each_tool_once(tmp_path: Path, mig: str) -> None:
-    """One --query-gpu (the Nvidia, MigState and GpuTopology facts' GPU rows), --version
-    for the CUDA version, nvlink -s and topo -m; -L and mig -lgi only when a GPU is in MIG
-    mode (otherwise there are no MIG devices to list). One systemctl for every unit the
-    Services facts ask about."""
+    """One --query-gpu (the Nvidia and MigState facts' GPU rows) and --version for the CUDA
+    version; -L and mig -lgi only when a GPU is in MIG mode (otherwise there are no MIG
+    devices to list). No nvlink -s or topo -m: the GPU topology is read only by `invoke
+    facts`, which asks for it on top. One systemctl for every unit the Services facts ask
+    about."""
     runs, _ = run_probe(tmp_path, lab_requests("gpu-01"), gpus=True, control_plane=False,
                         mig=mig)
     assert runs["nvidia-smi --query-gpu"] == 1
-    assert runs["nvidia-smi"] == (6 if mig == "Enabled" else 4), runs
+    assert runs["nvidia-smi"] == (4 if mig == "Enabled" else 2), runs
     assert runs["systemctl"] == 1
+    # one for every Packages fact, one for DpkgHealth's reinstall flags
+    assert runs["dpkg-query"] == 2, runs
     assert runs["kubectl"] == 0
 
 
