@@ -11,20 +11,22 @@ Python API::
     lab.down()
 """
 
-from .lab import Lab, Node, NodeStatus, sshd_ready
-from .paths import LabError, cache_dir, state_dir
-from .topology import NodeSpec, Topology, inventory, write_inventory
+from __future__ import annotations
 
-__all__ = [
-    "Lab",
-    "LabError",
-    "Node",
-    "NodeSpec",
-    "NodeStatus",
-    "Topology",
-    "cache_dir",
-    "inventory",
-    "sshd_ready",
-    "state_dir",
-    "write_inventory",
-]
+import importlib
+from typing import Any
+
+#: name -> the submodule that defines it, imported on first use (PEP 562): `invoke` loads
+#: tests.lab.tasks for every command, and importing the whole lab cost each run ~0.1 s
+_WHERE = {"Lab": "lab", "Node": "lab", "NodeStatus": "lab", "sshd_ready": "lab",
+          "LabError": "paths", "cache_dir": "paths", "state_dir": "paths",
+          "NodeSpec": "topology", "Topology": "topology", "inventory": "topology",
+          "write_inventory": "topology"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

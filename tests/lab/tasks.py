@@ -10,7 +10,13 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from . import cli
+
+def _cli():  # type: ignore[no-untyped-def]
+    """tests.lab.cli, imported when a lab task runs: every other invoke command (a no-op
+    bootstrap among them) would pay for importing the whole lab."""
+    from . import cli
+
+    return cli
 
 
 def _done(code: int) -> None:
@@ -32,45 +38,45 @@ def _remainder() -> list[str]:
             "fresh": "boot from scratch even if the same lab is up"})
 def up(c, topology=None, nodes=None, count=0, gpus="cpu", timeout=None, fresh=False):
     """Boot the lab nodes (debootstraps the base image once), write the inventory."""
-    _done(cli.up(topology, nodes, int(count) or None, gpus,
+    _done(_cli().up(topology, nodes, int(count) or None, gpus,
                  float(timeout) if timeout else None, fresh))
 
 
 @task
 def down(c):
     """Stop nodes, proxy and repo server; remove netns/bridge/mounts/state (keeps caches)."""
-    _done(cli.down())
+    _done(_cli().down())
 
 
 @task
 def status(c):
     """Table of nodes (node, ip, state, boot_id, gpus); exits 1 if any node is not up."""
-    _done(cli.status())
+    _done(_cli().status())
 
 
 @task(help={"node": "node name, e.g. gpu-01", "user": "root (default) or labadmin"})
 def ssh(c, node, user="root"):
     """ssh into NODE as root with the lab key; `invoke lab.ssh NODE -- cmd` runs cmd."""
-    _done(cli.ssh(node, _remainder(), user))
+    _done(_cli().ssh(node, _remainder(), user))
 
 
 @task(help={"name": "snapshot name"})
 def snapshot(c, name):
     """Power the nodes off, copy their overlay upper dirs to <state>/snapshots/NAME, boot."""
-    _done(cli.snapshot(name))
+    _done(_cli().snapshot(name))
 
 
 @task(help={"name": "snapshot name"})
 def restore(c, name):
     """Put snapshot NAME back (boots its topology if the lab is down) and wait for sshd."""
-    _done(cli.restore(name))
+    _done(_cli().restore(name))
 
 
 @task(help={"path": "output path (default <state>/inventory.yaml)",
             "become": "labadmin + sudo variant (password from GPUK8S_BECOME_PASSWORD)"})
 def inventory(c, path=None, become=False):
     """(Re)write the inventory of the running lab and print its path."""
-    _done(cli.inventory(path, become))
+    _done(_cli().inventory(path, become))
 
 
 @task(help={"listen": "ADDR:PORT to serve on (default 10.88.0.1:8081)",
@@ -89,7 +95,7 @@ def repos(c, listen=None, force=False):
                     "default: all"}, iterable=["only"])
 def images(c, only=None):
     """Build (cached) the lab's TensorFlow/CUDA images and push them to the lab registry."""
-    _done(cli.images(only or None))
+    _done(_cli().images(only or None))
 
 
 lab = Collection("lab", up, down, status, ssh, snapshot, restore, inventory, repos, images)

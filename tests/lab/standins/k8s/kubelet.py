@@ -182,6 +182,33 @@ def flannel_config(k: Kubelet, pod: Obj) -> dict[str, str] | None:
     return cm.get("data") or {}
 
 
+def _ipv4_routes() -> set[tuple[str, str]]:
+    """The node's IPv4 routes with a gateway, as (network, gateway), from /proc/net/route
+    (addresses there are little-endian hex): flanneld's routes already in place are not
+    replaced again on every sync."""
+    routes = set()
+    try:
+        with open("/proc/net/route") as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return routes
+    for row in rows:
+        cols = row.split()
+        if len(cols) < 8 or cols[2] == "00000000":
+            continue
+        dest, gw, mask = (str(ipaddress.IPv4Address(bytes.fromhex(c)[::-1]))
+                          for c in (cols[1], cols[2], cols[7]))
+        routes.add((str(ipaddress.ip_network(f"{dest}/{mask}", strict=False)), gw))
+    return routes
+
+
+def _route_key(network: str, gateway: str) -> tuple[str, str]:
+    try:
+        return str(ipaddress.ip_network(network, strict=False)), gateway
+    except ValueError:
+        return network, gateway
+
+
 def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
     """What flanneld does on each node, with the host-gw backend (EMULATED: no flanneld runs):
     lease the node's podCIDR (write /run/flannel/subnet.env), route every other node's podCIDR
@@ -200,11 +227,13 @@ def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
         write("/run/flannel/subnet.env", env)
     if os.environ.get("GPUK8S_LAB_ROOT"):
         return  # unit tests on the host: no routes or iptables
+    have = _ipv4_routes()
     for n in nodes:
         other = n.get("spec", {}).get("podCIDR")
         ip = next((a["address"] for a in n.get("status", {}).get("addresses") or []
                    if a.get("type") == "InternalIP"), None)
-        if n["metadata"]["name"] != k.node_name and other and ip:
+        if n["metadata"]["name"] != k.node_name and other and ip and \
+                _route_key(other, ip) not in have:
             run(["ip", "route", "replace", other, "via", ip])
     rule = ["POSTROUTING", "-s", network, "!", "-d", network, "-j", "MASQUERADE",
             "-m", "comment", "--comment", "flanneld masq"]

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import re
+import shutil
 import socket
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 from .common import P, read, run
@@ -15,6 +18,58 @@ from .common import P, read, run
 CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 # Lab-only hook: tests point this at a fake /proc/swaps (nodes read the real one).
 SWAPS_ENV = "GPUK8S_LAB_PROC_SWAPS"
+
+
+#: what the three containerd reads below last gave, with the key they were read for: the
+#: kubelet stand-in asks every sync (every 2 s on every node), and each ask was a run of a Go
+#: binary; the answers change only with what their keys hold
+_MEMO: dict[str, tuple[Any, Any]] = {}
+
+
+def _memo(name: str, key: Any, read_it: Callable[[], Any]) -> Any:
+    if key is not None and name in _MEMO and _MEMO[name][0] == key:
+        return copy.deepcopy(_MEMO[name][1])
+    value = read_it()
+    if key is not None:
+        _MEMO[name] = (key, copy.deepcopy(value))
+    return value
+
+
+def _stat_key(path: str) -> tuple[Any, ...]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _binary_key() -> tuple[Any, ...]:
+    """The containerd binary on PATH, as it is now (an upgrade changes it)."""
+    return _stat_key(shutil.which("containerd") or "containerd")
+
+
+def _config_key() -> tuple[Any, ...]:
+    """What `containerd config dump` reads: the binary and every file under /etc/containerd
+    (config.toml and the drop-ins it imports)."""
+    files = []
+    for folder, _, names in os.walk(P("/etc/containerd")):
+        files += [_stat_key(os.path.join(folder, n)) for n in sorted(names)]
+    return (_binary_key(), *sorted(files))
+
+
+def _daemon_key() -> tuple[Any, ...] | None:
+    """The running containerd (its pid and start time; a restart changes them), or None."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] == "containerd":
+            return (pid, stat[stat.rindex(")") + 2:].split()[19], _binary_key())
+    return None
 
 
 def socket_path(endpoint: str) -> str:
@@ -46,7 +101,13 @@ def cri_error(endpoint: str = CRI_SOCKET) -> str | None:
 
 
 def cri_plugin() -> tuple[bool, str]:
-    """The cri row of the REAL `ctr plugins ls` (io.containerd.grpc.v1 cri ... ok)."""
+    """The cri row of the REAL `ctr plugins ls` (io.containerd.grpc.v1 cri ... ok), asked
+    again when containerd restarts (plugins load when it starts)."""
+    result: tuple[bool, str] = _memo("plugins", _daemon_key(), _cri_plugin)
+    return result
+
+
+def _cri_plugin() -> tuple[bool, str]:
     p = run(["ctr", "plugins", "ls"])
     if p.returncode != 0:
         return False, (p.stderr or p.stdout).strip()
@@ -62,6 +123,12 @@ def containerd_active() -> bool:
 
 
 def containerd_config() -> dict[str, Any]:
+    """The REAL `containerd config dump`, asked again when a file it reads changes."""
+    result: dict[str, Any] = _memo("config", _config_key(), _containerd_config)
+    return result
+
+
+def _containerd_config() -> dict[str, Any]:
     p = run(["containerd", "config", "dump"])
     if p.returncode != 0:
         return {}
@@ -95,6 +162,12 @@ def systemd_cgroup(cfg: dict[str, Any]) -> bool | None:
 
 
 def containerd_version() -> str:
+    """The REAL `containerd --version`, asked again when the binary changes."""
+    result: str = _memo("version", _binary_key(), _containerd_version)
+    return result
+
+
+def _containerd_version() -> str:
     p = run(["containerd", "--version"])
     m = re.search(r"\sv?(\d+\.\d+\.\d+[^\s]*)", p.stdout or "")
     return m.group(1) if m else ""
