@@ -58,6 +58,10 @@ Obj = dict[str, Any]
 PATH_FLAGS = {"--data-dir", "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file",
               "--peer-key-file", "--peer-trusted-ca-file", "--wal-dir"}
 STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "2"))
+#: seconds between posts of an unchanged node status and between lease renewals: the real
+#: kubelet's nodeStatusUpdateFrequency (10s) and its lease renew interval (a quarter of the
+#: 40 s lease); a status that changed is posted at once (pkg/kubelet/kubelet_node_status.go)
+HEARTBEAT = 10.0
 APISERVER_UNIT = "kube-apiserver-standin"
 ETCD_UNIT = "etcd-static-pod"
 #: the REAL etcd (Debian's etcd-server 3.5), carried by the lab's kubelet package: the kubelet
@@ -209,6 +213,12 @@ def _route_key(network: str, gateway: str) -> tuple[str, str]:
         return network, gateway
 
 
+def _without_heartbeats(status: Obj) -> Obj:
+    """A node status without its conditions' heartbeat times: what tells a change."""
+    return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
+                                     for c in status.get("conditions") or []]}
+
+
 def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
     """What flanneld does on each node, with the host-gw backend (EMULATED: no flanneld runs):
     lease the node's podCIDR (write /run/flannel/subnet.env), route every other node's podCIDR
@@ -346,6 +356,7 @@ class Kubelet:
                                        "pod kube-apiserver)")
         self.etcd = StaticProcess(ETCD_UNIT, "REAL etcd (static pod etcd)")
         self.registered = False
+        self.status_posted = self.lease_renewed = -HEARTBEAT
         #: device plugin allocation: pod uid -> the device IDs its containers were given
         #: (GPU or MIG device UUIDs, ``<UUID>::<n>`` for a time-slicing replica)
         self.gpu_assign: dict[str, list[str]] = {}
@@ -539,9 +550,15 @@ class Kubelet:
             o = old.get(c["type"])
             if o and o.get("status") == c["status"]:
                 c["lastTransitionTime"] = o.get("lastTransitionTime", c["lastTransitionTime"])
-        node["status"] = st
-        self.client.request("PUT", path + "/status", node)
-        self.renew_lease(node)
+        now_ = time.monotonic()
+        if now_ - self.status_posted >= HEARTBEAT or \
+                _without_heartbeats(node.get("status") or {}) != _without_heartbeats(st):
+            node["status"] = st
+            self.client.request("PUT", path + "/status", node)
+            self.status_posted = now_
+        if now_ - self.lease_renewed >= HEARTBEAT:
+            self.renew_lease(node)
+            self.lease_renewed = now_
 
     def renew_lease(self, node: Obj) -> None:
         """The node's heartbeat Lease in kube-node-lease (what `kubectl describe node` shows
