@@ -917,16 +917,17 @@ def test_mig_container_sees_its_device_only(two_h100: Path) -> None:
 
 # ------------------------------------------------------------------ kubelet: device plugin
 sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
-from k8s import kubelet, nodeinfo  # noqa: E402
+from k8s import gpuview, kubelet, nodeinfo  # noqa: E402
 
 MIXED = {"version": "v1", "flags": {"migStrategy": "mixed"}}
 
 
 def plugin(root: Path, config: dict[str, object]) -> dict[str, list[str]]:
     listing = ok(root, "-L")
-    modes = dict(line.split(", ") for line in ok(
-        root, "--query-gpu=uuid,mig.mode.current", "--format=csv,noheader").splitlines())
-    return nodeinfo.plugin_resources(listing, modes, config)
+    modes = gpuview.parse_modes(ok(root, "--query-gpu=uuid,mig.mode.current",
+                                   "--format=csv,noheader"))
+    return nodeinfo.plugin_resources(gpuview.with_modes(gpuview.parse_list(listing), modes),
+                                     config)
 
 
 def test_device_plugin_resources_from_nvidia_smi(two_h100: Path) -> None:

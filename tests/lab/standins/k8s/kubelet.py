@@ -27,6 +27,7 @@ from . import (
     dns,
     dra_node,
     featuregates,
+    gpuview,
     kubeconfig,
     nodeinfo,
     pki,
@@ -343,11 +344,11 @@ class Kubelet:
     def gpu_resources(self, pods: list[Obj]) -> dict[str, list[str]]:
         """The device plugin's resources (name -> device IDs), advertised only when it could
         really register: nvidia.com/gpu, or nvidia.com/mig-<profile> with migStrategy mixed."""
-        pci = nodeinfo.pci_gpus()
+        pci = gpuview.pci_gpus()
         if not pci:
             return {}
-        listing = nodeinfo.nvidia_smi_list()
-        if not listing or not nodeinfo.parse_smi_list(listing):
+        view = gpuview.View()
+        if not view.listed():
             return {}
         cfg = nodeinfo.containerd_config()
         if "nvidia" not in nodeinfo.runtime_handlers(cfg):
@@ -367,8 +368,7 @@ class Kubelet:
                 started = self.programs.get((p["metadata"]["uid"], "nvidia-device-plugin-ctr"))
                 if started is not None and started[0].state != "ok":
                     return {}  # it exited (MIG devices it may not read): nothing registered
-                return nodeinfo.plugin_resources(listing, nodeinfo.nvidia_smi_mig_modes(),
-                                                 config, len(pci))
+                return nodeinfo.plugin_resources(view.gpus(), config, len(pci))
         return {}
 
     def plugin_config(self, pod: Obj) -> Obj | None:
@@ -999,7 +999,7 @@ class Kubelet:
         reads every MIG device's memory and exits when it may not (programs.py)."""
         config = self.plugin_config(pod) or {}
         strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-        mig_on = any(m == "Enabled" for m in nodeinfo.nvidia_smi_mig_modes().values())
+        mig_on = gpuview.View().mig_on()
         toolkit = nodeinfo.installed_version("nvidia-container-toolkit")
         if strategy != "none" and mig_on and \
                 not programs.device_plugin_mig_ok(container, toolkit):
@@ -1059,7 +1059,7 @@ class Kubelet:
 
     def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
         head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
-        if handler != "nvidia" or nodeinfo.nvidia_smi_gpus() is None:
+        if handler != "nvidia" or gpuview.View().listing() is None:
             return head + ("I1126 00:00:00.000000       1 factory.go:112] Incompatible platform "
                            "detected\nE1126 00:00:00.000000       1 factory.go:113] If this is a "
                            "GPU node, did you configure the NVIDIA Container Toolkit?\n"
