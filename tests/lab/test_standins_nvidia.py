@@ -917,7 +917,7 @@ def test_mig_container_sees_its_device_only(two_h100: Path) -> None:
 
 # ------------------------------------------------------------------ kubelet: device plugin
 sys.path.insert(0, str(Path(__file__).resolve().parent / "standins"))
-from k8s import gpuview, kubelet, nodeinfo  # noqa: E402
+from k8s import device_plugin, gpuview, kubelet  # noqa: E402
 
 MIXED = {"version": "v1", "flags": {"migStrategy": "mixed"}}
 
@@ -926,8 +926,8 @@ def plugin(root: Path, config: dict[str, object]) -> dict[str, list[str]]:
     listing = ok(root, "-L")
     modes = gpuview.parse_modes(ok(root, "--query-gpu=uuid,mig.mode.current",
                                    "--format=csv,noheader"))
-    return nodeinfo.plugin_resources(gpuview.with_modes(gpuview.parse_list(listing), modes),
-                                     config)
+    return device_plugin.resources_for(gpuview.with_modes(gpuview.parse_list(listing), modes),
+                                       config)
 
 
 def test_device_plugin_resources_from_nvidia_smi(two_h100: Path) -> None:
@@ -957,9 +957,9 @@ def test_device_plugin_resources_from_nvidia_smi(two_h100: Path) -> None:
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
     assert plugin(two_h100, sliced)["nvidia.com/gpu"][:3] == [
         f"{gpus[0]}::0", f"{gpus[1]}::0", f"{gpus[0]}::1"]
-    assert nodeinfo.plugin_config_ok(sliced) and nodeinfo.plugin_config_ok(MIXED)
-    assert not nodeinfo.plugin_config_ok({"flags": {"migStrategy": "all"}})
-    assert not nodeinfo.plugin_config_ok({"sharing": {"timeSlicing": {"resources": [
+    assert device_plugin.config_ok(sliced) and device_plugin.config_ok(MIXED)
+    assert not device_plugin.config_ok({"flags": {"migStrategy": "all"}})
+    assert not device_plugin.config_ok({"sharing": {"timeSlicing": {"resources": [
         {"name": "nvidia.com/gpu", "replicas": 1}]}}})
 
 

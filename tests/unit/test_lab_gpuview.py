@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.standins.k8s import dcgm, dra_node, gpuview, nodeinfo
+from tests.lab.standins.k8s import dcgm, device_plugin, dra_node, gpuview
 from tests.unit.test_lab_dra_node import NVIDIA_SMI, smi_root
 
 MIXED = {"flags": {"migStrategy": "mixed"}}
@@ -135,7 +135,7 @@ def test_the_three_daemons_see_the_same_gpus(node: Path) -> None:
     name the same GPUs and MIG devices (what the old per-daemon readers computed, 0faacd6)."""
     view = gpuview.View()
     g0, g1 = view.gpus()
-    resources = nodeinfo.plugin_resources(view.gpus(), MIXED, len(gpuview.pci_gpus()))
+    resources = device_plugin.resources_for(view.gpus(), MIXED, len(gpuview.pci_gpus()))
     assert resources == {"nvidia.com/gpu": [g1.uuid],
                          "nvidia.com/mig-1g.10gb": [g0.migs[1].uuid],
                          "nvidia.com/mig-3g.40gb": [g0.migs[0].uuid]}

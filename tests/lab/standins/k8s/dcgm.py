@@ -321,7 +321,7 @@ _LOCK = threading.Lock()
 
 
 def emulate_dcgm_exporter(kubelet: Any, pod: Obj) -> None:
-    """EMULATION entry (kubelet.py): the kubelet started the dcgm-exporter pod on this node.
+    """Its daemons.DAEMONS entry's start: the kubelet started the dcgm-exporter pod here.
     One exporter per kubelet process, in a daemon thread; it ends when the pod is gone."""
     with _LOCK:
         ex = _EXPORTERS.get(id(kubelet))

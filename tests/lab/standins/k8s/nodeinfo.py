@@ -8,10 +8,8 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Sequence
 from typing import Any
 
-from . import gpuview
 from .common import P, read, run
 
 CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
@@ -136,51 +134,6 @@ def read_abs(path: str) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def plugin_config_ok(config: dict[str, Any]) -> bool:
-    """Whether NVIDIA's device plugin starts with this config (v1): a known migStrategy and
-    time-slicing replicas of at least 2 (else it exits, and config-manager restarts it)."""
-    strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []
-    return strategy in ("none", "single", "mixed") and all(
-        isinstance(r, dict) and int(r.get("replicas", 1)) >= 2 for r in resources)
-
-
-def plugin_resources(gpus: Sequence[gpuview.Gpu], config: dict[str, Any],
-                     limit: int | None = None) -> dict[str, list[str]]:
-    """What NVIDIA's device plugin advertises: resource name -> device IDs, from the node's GPUs
-    (gpuview.View.gpus: `nvidia-smi -L` and each GPU's MIG mode; the real plugin asks NVML)
-    and the plugin's (valid) config.
-
-    migStrategy none: every GPU is one ``nvidia.com/gpu``. mixed: a GPU with MIG on offers
-    each MIG device as ``nvidia.com/mig-<profile>`` (the plugin writes a profile's "+" as
-    "."), the others stay ``nvidia.com/gpu``. single: every GPU must have MIG on with one
-    profile, each MIG device is a ``nvidia.com/gpu`` (else the plugin fails: nothing). With
-    time-slicing replicas R a device is R IDs ``<UUID>::<n>``, spread over the devices.
-    ``limit``: the first GPUs only (those PCI lists)."""
-    strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    gpus = list(gpus)[:limit]
-    out: dict[str, list[str]] = {}
-    migged = [g.mig_mode == "Enabled" for g in gpus]
-    if strategy == "single" and any(migged):
-        profiles = {m.profile for g in gpus for m in g.migs}
-        if not all(migged) or len(profiles) > 1:
-            return {}   # "invalid MIG configuration": the plugin exits
-    for g, on in zip(gpus, migged, strict=True):
-        if on and strategy == "mixed":
-            for m in g.migs:
-                out.setdefault(f"nvidia.com/mig-{m.profile.replace('+', '.')}", []).append(m.uuid)
-        elif on and strategy == "single":
-            out.setdefault("nvidia.com/gpu", []).extend(m.uuid for m in g.migs)
-        else:
-            out.setdefault("nvidia.com/gpu", []).append(g.uuid)
-    resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []
-    for r in resources:
-        ids = out.get(str(r.get("name")))
-        if ids:
-            out[r["name"]] = [f"{u}::{n}" for n in range(int(r.get("replicas", 1))) for u in ids]
-    return {k: v for k, v in sorted(out.items()) if v}
 
 
 def os_image() -> str:
