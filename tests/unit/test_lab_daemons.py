@@ -164,8 +164,12 @@ def test_sync_hooks_run_in_the_kubelets_order(monkeypatch: pytest.MonkeyPatch) -
     assert [d.name for d in daemons.DAEMONS if d.resources is not None] == [
         "NVIDIA device plugin"]
     ran: list[str] = []
-    fake = tuple(daemons.Daemon(d.name, d.image, sync=lambda k, p, n=d.name: ran.append(n))
-                 if d.sync else d for d in daemons.DAEMONS)
+
+    def hook(name: str) -> Any:
+        return lambda k, pods: ran.append(name)
+
+    fake = tuple(daemons.Daemon(d.name, d.image, sync=hook(d.name)) if d.sync else d
+                 for d in daemons.DAEMONS)
     monkeypatch.setattr(daemons, "DAEMONS", fake)
     daemons.sync(FakeKubelet(), [])   # type: ignore[arg-type]
     assert ran == ["flannel", "kube-proxy", "CoreDNS", "NVIDIA DRA kubelet plugin"]

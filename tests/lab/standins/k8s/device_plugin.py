@@ -91,8 +91,8 @@ def resources(k: Kubelet, pods: list[Obj]) -> dict[str, list[str]]:
             config = plugin_config(k, p)
             if config is None:
                 return {}
-            ctr = next((c for c in p["spec"].get("containers") or []
-                        if c.get("name") == CONTAINER), {})
+            ctr: Obj = next((c for c in p["spec"].get("containers") or []
+                             if c.get("name") == CONTAINER), {})
             k.plugin_container = ctr
             if not programs.device_plugin_sees_gpus(ctr, read(TOOLKIT_CONFIG)):
                 return {}  # "No devices found. Waiting indefinitely."
