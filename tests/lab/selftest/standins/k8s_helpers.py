@@ -188,9 +188,15 @@ class Node:
     def run(self, tool: str, *args: str, stdin: str | None = None, timeout: float = 120,
             **env: str) -> subprocess.CompletedProcess[str]:
         cmd = [str(real_kubectl())] if tool == "kubectl" else [sys.executable, str(K8S / tool)]
-        return subprocess.run([*cmd, *args], input=stdin,
-                              capture_output=True, text=True, env=self.env(**env),
-                              timeout=timeout)
+        try:
+            return subprocess.run([*cmd, *args], input=stdin,
+                                  capture_output=True, text=True, env=self.env(**env),
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # what it printed says where it hung
+            out = "".join(b.decode(errors="replace") if isinstance(b, bytes) else b or ""
+                          for b in (exc.stdout, exc.stderr))
+            raise AssertionError(f"{tool} {' '.join(args)}: no exit within {timeout:.0f} s; "
+                                 f"it printed:\n{out[-4000:]}") from None
 
     def cleanup(self) -> None:
         for pidfile in ("run/kubelet.pid", "run/gpuk8s-lab/kube-apiserver-standin.pid",
