@@ -51,7 +51,8 @@ def control_plane(node: Node) -> Iterator[tuple[Node, str]]:
             finally:
                 s.close()
         else:
-            pytest.skip(f"port {port} busy on this host")
+            pytest.fail(f"port {port} is busy on this host for 10 s: the kubelet stand-in "
+                        "needs it; stop what listens there (ss -ltnp)", pytrace=False)
     node.add_gpus(2)
     cfg = node.root / "_kubeadm.yaml"
     cfg.write_text(INIT_CFG.format(port=free_port()).replace(
