@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.standins.k8s import dra, dra_node
+from tests.lab.standins.k8s import dra, dra_node, gpuview
 from tests.unit.test_lab_dra import gpu_pod, gpu_slice
 
 Obj = dict[str, Any]
@@ -54,13 +54,14 @@ class TestSlices:
         assert dra_node.pci_bus_id("00000000:00:06.0") == "0000:00:06.0"
 
     def test_real_h200_nvidia_smi_q(self) -> None:
-        cuda, gpus = dra_node.parse_q(H200_Q.read_text())
+        cuda, extra = gpuview.parse_q(H200_Q.read_text())
         assert cuda == "13.0"
-        assert gpus == {"GPU-cce09752-ab60-6d25-5d87-ee417aaddb56": {
-            "brand": "Nvidia", "architecture": "Hopper", "minor": 0}}
+        assert extra == {"GPU-cce09752-ab60-6d25-5d87-ee417aaddb56": {
+            "brand": "NVIDIA", "architecture": "Hopper", "minor": 0}}
         query = ("0, GPU-cce09752-ab60-6d25-5d87-ee417aaddb56, NVIDIA H200, 143771, "
                  "00000000:00:06.0, 9.0, 580.159.04, Disabled\n")
-        (dev,) = dra_node.build_devices(query, H200_Q.read_text(), "")
+        cuda, gpus = gpuview.detail(query, H200_Q.read_text(), "")
+        (dev,) = dra_node.build_devices(gpus, cuda)
         assert dev == {"name": "gpu-0", "attributes": {
             "type": {"string": "gpu"},
             "uuid": {"string": "GPU-cce09752-ab60-6d25-5d87-ee417aaddb56"},

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from k8s import kubelet, nodeinfo
+from k8s import device_plugin, gpuview, kubelet
 
 from tests.lab.selftest.standins.nvidia_helpers import (
     NEW,
@@ -271,9 +271,10 @@ MIXED = {"version": "v1", "flags": {"migStrategy": "mixed"}}
 
 def plugin(root: Path, config: dict[str, object]) -> dict[str, list[str]]:
     listing = ok(root, "-L")
-    modes = dict(line.split(", ") for line in ok(
-        root, "--query-gpu=uuid,mig.mode.current", "--format=csv,noheader").splitlines())
-    return nodeinfo.plugin_resources(listing, modes, config)
+    modes = gpuview.parse_modes(ok(root, "--query-gpu=uuid,mig.mode.current",
+                                   "--format=csv,noheader"))
+    return device_plugin.resources_for(gpuview.with_modes(gpuview.parse_list(listing), modes),
+                                       config)
 
 
 def test_device_plugin_resources_from_nvidia_smi(two_h100: Path) -> None:
@@ -303,9 +304,9 @@ def test_device_plugin_resources_from_nvidia_smi(two_h100: Path) -> None:
         "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
     assert plugin(two_h100, sliced)["nvidia.com/gpu"][:3] == [
         f"{gpus[0]}::0", f"{gpus[1]}::0", f"{gpus[0]}::1"]
-    assert nodeinfo.plugin_config_ok(sliced) and nodeinfo.plugin_config_ok(MIXED)
-    assert not nodeinfo.plugin_config_ok({"flags": {"migStrategy": "all"}})
-    assert not nodeinfo.plugin_config_ok({"sharing": {"timeSlicing": {"resources": [
+    assert device_plugin.config_ok(sliced) and device_plugin.config_ok(MIXED)
+    assert not device_plugin.config_ok({"flags": {"migStrategy": "all"}})
+    assert not device_plugin.config_ok({"sharing": {"timeSlicing": {"resources": [
         {"name": "nvidia.com/gpu", "replicas": 1}]}}})
 
 

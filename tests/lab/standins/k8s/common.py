@@ -24,6 +24,14 @@ DEFAULT_VERSION = "1.36.2-1.1"
 #: processes, not systemd units
 NO_SYSTEMD_ENV = "GPUK8S_LAB_NO_SYSTEMD"
 
+
+def klog(level: str, msg: str, src: str = "kubelet.go:1600") -> None:
+    """A klog line on stderr (the kubelet's log, and that of the daemons it emulates)."""
+    now = _dt.datetime.now()
+    sys.stderr.write(f"{level}{now:%m%d %H:%M:%S.%f} {os.getpid():>7} {src}] {msg}\n")
+    sys.stderr.flush()
+
+
 def root() -> str:
     return os.environ.get(ROOT_ENV) or "/"
 

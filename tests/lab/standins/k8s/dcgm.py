@@ -1,7 +1,7 @@
 # LAB STAND-IN: not the real dcgm-exporter. Test infrastructure for gpuk8s; never shipped to users.
 """NVIDIA's dcgm-exporter (4.x), EMULATED by the kubelet stand-in for the dcgm-exporter pod (the
 lab has neither the image nor DCGM): the node's kubelet serves what the exporter would serve,
-from the node's nvidia-smi stand-in, on the address the pod asks for (DCGM_EXPORTER_LISTEN /
+from the node's GPU view (gpuview.py), on the address the pod asks for (DCGM_EXPORTER_LISTEN /
 --address, default ":9400"): with hostNetwork on the node's addresses; in the pod network (as
 gpuk8s runs it) on the pod's IP only (an emulated pod has no network namespace: the kubelet
 puts its IP on the node's loopback while it serves, as the cluster DNS address is put there;
@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import nodeinfo
+from . import gpuview, nodeinfo
 from .common import P, run
 from .dcgm_metrics import (
     IDENTITY,
@@ -215,13 +215,11 @@ class Exporter:
 
     # ------------------------------------------------------------ collection
     def query(self) -> tuple[int, str, list[str]]:
-        """nvidia-smi's CSV of the fields it knows (a field it refuses is dropped for good)."""
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("GPUK8S_LAB_VISIBLE_GPUS", "NVIDIA_VISIBLE_DEVICES")}
+        """nvidia-smi's CSV of the fields it knows (a field it refuses is dropped for good),
+        from the node's GPU view."""
         while True:
             fields = list(self.fields)
-            p = run([*self.smi, f"--query-gpu={','.join(fields)}",
-                     "--format=csv,noheader,nounits"], env=env)
+            p = gpuview.View(self.smi).query(fields)
             bad = INVALID_FIELD.search(p.stdout + p.stderr)
             if p.returncode != 0 and bad and bad.group(1) in fields and \
                     bad.group(1) not in IDENTITY:
@@ -324,7 +322,7 @@ _LOCK = threading.Lock()
 
 
 def emulate_dcgm_exporter(kubelet: Any, pod: Obj) -> None:
-    """EMULATION entry (kubelet.py): the kubelet started the dcgm-exporter pod on this node.
+    """Its daemons.DAEMONS entry's start: the kubelet started the dcgm-exporter pod here.
     One exporter per kubelet process, in a daemon thread; it ends when the pod is gone."""
     with _LOCK:
         ex = _EXPORTERS.get(id(kubelet))

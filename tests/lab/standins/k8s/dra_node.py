@@ -31,16 +31,16 @@ the k8s.io/dynamic-resource-allocation 0.36 it vendors):
   then gets the allocated devices through CDI (NVIDIA_VISIBLE_DEVICES=void, whatever the
   runtime handler; none when containerd's enable_cdi is off).
 
-What is the lab's: facts come from the node's nvidia-smi stand-in (`--query-gpu`, `-q`, `-L`,
-`mig -lgi/-lci/-lgip`), not NVML; "registered" = the plugin pod runs on the node and nvidia-smi
-answers (the real plugin exits when NVML cannot initialise); the plugin's token is a
-TokenRequest bound to its pod (as the kubelet's projected volume asks for one), written where
-the kubelet writes it, /var/lib/kubelet/pods/<pod uid>/volumes/kubernetes.io~projected/
-kube-api-access-<5 characters of the uid's digest>/token, renewed at 80% of its hour; the
-kubelet's own wipes use the kubelet's credentials; no pcieRoot attribute (the lab's
-PCI folder has no sysfs links); the MIG memory comes from -lgip's GiB; the plugin's log is
-clearly labelled lab text; devices reach the container as the device plugin's do (podrun,
-labgpu.VISIBLE_ENV), for every container of the pod.
+What is the lab's: facts come from the node's GPU view (gpuview.View.detailed: the nvidia-smi
+stand-in's `--query-gpu`, `-q`, `-L`, `mig -lgi/-lci/-lgip`), not NVML; "registered" = the
+plugin pod runs on the node and nvidia-smi answers (the real plugin exits when NVML cannot
+initialise); the plugin's token is a TokenRequest bound to its pod (as the kubelet's projected
+volume asks for one), written where the kubelet writes it, /var/lib/kubelet/pods/<pod
+uid>/volumes/kubernetes.io~projected/kube-api-access-<5 characters of the uid's digest>/token,
+renewed at 80% of its hour; the kubelet's own wipes use the kubelet's credentials; no pcieRoot
+attribute (the lab's PCI folder has no sysfs links); the MIG memory comes from -lgip's GiB; the
+plugin's log is clearly labelled lab text; devices reach the container as the device plugin's do
+(podrun, labgpu.VISIBLE_ENV), for every container of the pod.
 """
 
 from __future__ import annotations
@@ -52,16 +52,15 @@ import shutil
 import time
 from typing import Any
 
-from . import nodeinfo
+from . import gpuview, nodeinfo
 from .client import ApiError
-from .common import P, run, write
+from .common import P, write
 
 Obj = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
 IMAGE = "dra-driver-nvidia-gpu"
 WIPE_DELAY = 30.0
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-QUERY = "index,uuid,name,memory.total,pci.bus_id,compute_cap,driver_version,mig.mode.current"
 BRANDS = {"NVIDIA": "Nvidia", "NVIDIA RTX": "NvidiaRTX", "GeForce RTX": "GeForce"}
 PREFIX = "prepare dynamic resources: "
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -71,7 +70,7 @@ PROJECTED = "volumes/kubernetes.io~projected"
 TOKEN_RENEW = 0.8 * 3607
 
 
-# ------------------------------------------------------------------ nvidia-smi -> devices
+# ------------------------------------------------------------------ the node's GPUs -> devices
 def semver(text: str) -> str:
     """Masterminds semver's String() of a NVML version ("580.159.04" -> "580.159.4")."""
     parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
@@ -92,127 +91,43 @@ def pci_bus_id(nvsmi: str) -> str:
     return bus[4:] if bus.startswith("0000") and len(bus.split(":")[0]) == 8 else bus
 
 
-def parse_query(csv: str) -> list[Obj]:
-    """Rows of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits` (malformed rows
-    are skipped: what a node prints is not trusted)."""
-    out = []
-    for line in csv.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) != 8 or not cols[0].isdigit() or not cols[3].isdigit():
-            continue
-        out.append({"index": int(cols[0]), "uuid": cols[1], "name": cols[2],
-                    "memory_mib": int(cols[3]), "bus_id": cols[4], "compute_cap": cols[5],
-                    "driver_version": cols[6], "mig": cols[7]})
-    return out
-
-
-def parse_q(text: str) -> tuple[str, dict[str, Obj]]:
-    """`nvidia-smi -q`: (CUDA Version, GPU UUID -> brand, architecture, minor)."""
-    cuda = ""
-    gpus: dict[str, Obj] = {}
-    cur: Obj = {}
-    for line in text.splitlines():
-        if line.startswith("GPU "):
-            cur = {}
-            continue
-        m = re.match(r"^(\s*)(\S.*?)\s*: (.*)$", line)
-        if not m:
-            continue
-        key, value = m.group(2), m.group(3).strip()
-        if not m.group(1) and key == "CUDA Version":
-            cuda = value
-        elif key == "Product Brand":
-            cur["brand"] = BRANDS.get(value, value)
-        elif key == "Product Architecture":
-            cur["architecture"] = value
-        elif key == "GPU UUID":
-            gpus[value] = cur
-        elif key == "Minor Number" and value.isdigit():
-            cur["minor"] = int(value)
-    return cuda, gpus
-
-
-_LGI = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s*\|$")
-_LCI = re.compile(r"^\|\s*(\d+)\s+(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+\d+:\d+\s*\|$")
-_LGIP = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+\d+/\d+\s+([\d.]+)\s+\S+\s+(\d+)\s+"
-                   r"(\d+)\s+(\d+)\s*\|$")
-_LGIP2 = re.compile(r"^\|\s+(\d+)\s+(\d+)\s+(\d+)\s*\|$")
-
-
-def parse_mig(lgi: str, lci: str, lgip: str) -> dict[int, list[Obj]]:
-    """GPU index -> its MIG devices (a GPU instance with a compute instance) by GI then CI ID,
-    with the GI profile's ID, placement and engines from `mig -lgi`, `-lci` and `-lgip`."""
-    gis = {}
-    for line in lgi.splitlines():
-        if m := _LGI.match(line.strip()):
-            gis[(int(m.group(1)), int(m.group(4)))] = (m.group(2), int(m.group(3)),
-                                                       int(m.group(5)), int(m.group(6)))
-    profiles: dict[tuple[int, str], list[float]] = {}
-    last: tuple[int, str] | None = None
-    for line in lgip.splitlines():
-        if m := _LGIP.match(line.strip()):
-            last = (int(m.group(1)), m.group(2))
-            profiles[last] = [float(m.group(4)), *(int(m.group(i)) for i in (5, 6, 7))]
-        elif (m := _LGIP2.match(line.strip())) and last is not None:
-            profiles[last] += [int(m.group(i)) for i in (1, 2, 3)]
-            last = None
-    out: dict[int, list[Obj]] = {}
-    for line in lci.splitlines():
-        if not (m := _LCI.match(line.strip())):
-            continue
-        gpu, gi, ci = int(m.group(1)), int(m.group(2)), int(m.group(5))
-        if (gpu, gi) not in gis:
-            continue
-        name, pid, start, size = gis[(gpu, gi)]
-        eng = profiles.get((gpu, name), [])
-        out.setdefault(gpu, []).append({"gi": gi, "ci": ci, "profile": name, "profile_id": pid,
-                                        "start": start, "size": size, "engines": eng})
-    for devs in out.values():
-        devs.sort(key=lambda d: (d["gi"], d["ci"]))
-    return out
-
-
-def _attrs(gpu: Obj, cuda: str) -> Obj:
-    return {"productName": {"string": gpu["name"]}, "brand": {"string": gpu.get("brand", "")},
-            "architecture": {"string": gpu.get("architecture", "")},
-            "cudaComputeCapability": {"version": semver(gpu["compute_cap"])},
-            "driverVersion": {"version": semver(gpu["driver_version"])},
+def _attrs(gpu: gpuview.Gpu, cuda: str) -> Obj:
+    return {"productName": {"string": gpu.name},
+            "brand": {"string": BRANDS.get(gpu.brand, gpu.brand)},
+            "architecture": {"string": gpu.architecture},
+            "cudaComputeCapability": {"version": semver(gpu.compute_cap)},
+            "driverVersion": {"version": semver(gpu.driver_version)},
             "cudaDriverVersion": {"version": semver(cuda)},
-            PCI_BUS_ID: {"string": pci_bus_id(gpu["bus_id"])}}
+            PCI_BUS_ID: {"string": pci_bus_id(gpu.bus_id)}}
 
 
-def build_devices(query: str, q: str, listing: str, lgi: str = "", lci: str = "",
-                  lgip: str = "") -> list[Obj]:
-    """The plugin's devices from the node's nvidia-smi outputs, by name."""
-    cuda, extra = parse_q(q)
-    migs = parse_mig(lgi, lci, lgip)
-    mig_uuids = dict(nodeinfo.parse_smi_list(listing))
+def build_devices(gpus: list[gpuview.Gpu], cuda: str) -> list[Obj]:
+    """The plugin's devices, by name, from the node's GPUs (gpuview.View.detailed)."""
     out = []
-    for gpu in parse_query(query):
-        gpu = {**gpu, **extra.get(gpu["uuid"], {})}
-        minor = int(gpu["minor"] if "minor" in gpu else gpu["index"])
-        if gpu["mig"] != "Enabled":
+    for gpu in gpus:
+        minor = gpu.minor if gpu.minor is not None else gpu.index
+        if gpu.mig_mode != "Enabled":
             out.append({"name": f"gpu-{minor}", "attributes": {
-                "type": {"string": "gpu"}, "uuid": {"string": gpu["uuid"]},
+                "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid},
                 **_attrs(gpu, cuda)}, "capacity": {"memory": {
-                    "value": binary_quantity(gpu["memory_mib"] * 1024 * 1024)}}})
+                    "value": binary_quantity(gpu.memory_mib * 1024 * 1024)}}})
             continue
-        listed = mig_uuids.get(gpu["uuid"], [])
-        for dev, (profile, uuid) in zip(migs.get(gpu["index"], []), listed, strict=False):
-            if profile != dev["profile"] or len(dev["engines"]) != 7:
+        for dev in gpu.migs:
+            if not dev.placed or len(dev.engines) != 7:
                 continue  # nvidia-smi's views disagree: the device is left out
-            mem, sm, dec, enc, ce, jpeg, ofa = dev["engines"]
-            pname = re.sub(r"[^a-z0-9-]", "-", profile.lower().replace(".", "")).strip("-")
+            mem, sm, dec, enc, ce, jpeg, ofa = dev.engines
+            pname = re.sub(r"[^a-z0-9-]", "-", dev.profile.lower().replace(".", "")).strip("-")
             cap = {"multiprocessors": sm, "copyEngines": ce, "decoders": dec, "encoders": enc,
                    "jpegEngines": jpeg, "ofaEngines": ofa,
                    "memory": binary_quantity(round(mem * 1024) * 1024 * 1024)}
             capacity = {k: {"value": str(v)} for k, v in cap.items()}
-            for i in range(dev["start"], dev["start"] + dev["size"]):
+            for i in range(dev.start, dev.start + dev.size):
                 capacity[f"memorySlice{i}"] = {"value": "1"}
-            out.append({"name": f"gpu-{minor}-mig-{pname}-{dev['profile_id']}-{dev['start']}",
-                        "attributes": {"type": {"string": "mig"}, "uuid": {"string": uuid},
-                                       "parentUUID": {"string": gpu["uuid"]},
-                                       "profile": {"string": profile}, **_attrs(gpu, cuda)},
+            out.append({"name": f"gpu-{minor}-mig-{pname}-{dev.profile_id}-{dev.start}",
+                        "attributes": {"type": {"string": "mig"}, "uuid": {"string": dev.uuid},
+                                       "parentUUID": {"string": gpu.uuid},
+                                       "profile": {"string": dev.profile},
+                                       **_attrs(gpu, cuda)},
                         "capacity": capacity})
     return sorted(out, key=lambda d: [int(x) if x.isdigit() else x
                                       for x in re.split(r"(\d+)", d["name"])])
@@ -229,13 +144,8 @@ def slice_body(node: str, node_uid: str, devices: list[Obj]) -> Obj:
 
 def node_devices() -> tuple[list[Obj] | None, str]:
     """This node's devices as the plugin finds them; (None, why) when NVML cannot start."""
-    p = run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"])
-    if p.returncode != 0:
-        return None, (p.stdout + p.stderr).strip().splitlines()[0] if (p.stdout + p.stderr
-                                                                      ).strip() else "failed"
-    outs = [run(["nvidia-smi", *a]).stdout for a in
-            (["-q"], ["-L"], ["mig", "-lgi"], ["mig", "-lci"], ["mig", "-lgip"])]
-    return build_devices(p.stdout, *outs), ""
+    gpus, cuda, why = gpuview.View().detailed()
+    return (None, why) if gpus is None else (build_devices(gpus, cuda), "")
 
 
 # ------------------------------------------------------------------ the kubelet's side
@@ -389,7 +299,7 @@ def sync(kubelet: Any, pods: list[Obj]) -> None:
         state.registered, state.pod_uid = False, ""
     elif not state.registered or pod["metadata"]["uid"] != state.pod_uid:
         devices, why = node_devices()
-        if devices is None or not nodeinfo.pci_gpus():
+        if devices is None or not gpuview.pci_gpus():
             _log(kubelet, pod, state, f"NVML cannot start ({why or 'no NVIDIA GPU'}): the "
                  "plugin exits and is restarted; not registered with the kubelet")
             state.registered = False

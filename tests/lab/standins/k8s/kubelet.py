@@ -1,6 +1,7 @@
 # LAB STAND-IN: not the real kubelet. Test infrastructure for gpuk8s; never shipped to users.
 """kubelet stand-in: node registration and status from the node's real state, static pods (the
-stand-in kube-apiserver) and a small, clearly labelled emulation of what pods' images do."""
+stand-in kube-apiserver), pods run for real (realpods.py) and the system daemons the lab cannot
+run, emulated as their registry (daemons.py) says."""
 
 from __future__ import annotations
 
@@ -20,18 +21,14 @@ import threading
 import time
 from typing import Any
 
-import yaml
-
 from . import (
-    dcgm,
-    dns,
+    daemons,
     dra_node,
     featuregates,
     kubeconfig,
     nodeinfo,
     pki,
     programs,
-    proxy,
     realpods,
 )
 from .client import ApiError, Client, TLSError, Unreachable
@@ -39,6 +36,7 @@ from .common import (
     NO_SYSTEMD_ENV,
     P,
     git_version,
+    klog,
     package_version,
     parse_quantity,
     read,
@@ -51,7 +49,6 @@ from .scheduler import pod_requests
 
 #: the pods holding this node's GPUs (note_gpu_clients), read by the nvidia-smi stand-in
 GPU_CLIENTS = "/run/gpuk8s-lab/gpu-clients"
-TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 Obj = dict[str, Any]
 #: etcd flags that name files or folders of the node
@@ -67,17 +64,9 @@ ETCD_UNIT = "etcd-static-pod"
 #: the REAL etcd (Debian's etcd-server 3.5), carried by the lab's kubelet package: the kubelet
 #: runs it for kubeadm's etcd static pod as the real one runs the registry.k8s.io/etcd image
 ETCD_BINARY = "/usr/lib/gpuk8s-lab/etcd/etcd"
-CNI_DIR = "/etc/cni/net.d"
-FLANNEL_PLUGIN = "/opt/cni/bin/flannel"
 NO_CNI = ("container runtime network not ready: NetworkReady=false "
           "reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not "
           "initialized")
-
-
-def klog(level: str, msg: str, src: str = "kubelet.go:1600") -> None:
-    now = dt.datetime.now()
-    sys.stderr.write(f"{level}{now:%m%d %H:%M:%S.%f} {os.getpid():>7} {src}] {msg}\n")
-    sys.stderr.flush()
 
 
 def stop_pidfile(path: str) -> None:
@@ -161,140 +150,10 @@ def fatal(err: str) -> None:
     sys.exit(1)
 
 
-# ------------------------------------------------------------------ emulation table
-# What real images do that the node can observe. Keep it small: match on image name.
-def emulate_flannel(k: Kubelet, pod: Obj) -> None:
-    """flannel's init containers: install-cni-plugin copies the flannel CNI plugin to
-    /opt/cni/bin/flannel (here: the stand-in plugin, flannel_cni.py, which delegates to the
-    real bridge and host-local plugins); install-cni copies cni-conf.json from the ConfigMap."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "flannel_cni.py")) as f:
-        write(FLANNEL_PLUGIN, f.read(), 0o755)
-    conf = (flannel_config(k, pod) or {}).get("cni-conf.json")
-    if conf:
-        write(f"{CNI_DIR}/10-flannel.conflist", conf)
-
-
-def flannel_config(k: Kubelet, pod: Obj) -> dict[str, str] | None:
-    """The data of the ConfigMap flannel's pod mounts (kube-flannel-cfg)."""
-    cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
-                    if "configMap" in v), "kube-flannel-cfg")
-    try:
-        cm = k.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/configmaps/"
-                          f"{cm_name}")
-    except ApiError:
-        return None
-    return cm.get("data") or {}
-
-
-def _ipv4_routes() -> set[tuple[str, str]]:
-    """The node's IPv4 routes with a gateway, as (network, gateway), from /proc/net/route
-    (addresses there are little-endian hex): flanneld's routes already in place are not
-    replaced again on every sync."""
-    routes = set()
-    try:
-        with open("/proc/net/route") as f:
-            rows = f.read().splitlines()[1:]
-    except OSError:
-        return routes
-    for row in rows:
-        cols = row.split()
-        if len(cols) < 8 or cols[2] == "00000000":
-            continue
-        dest, gw, mask = (str(ipaddress.IPv4Address(bytes.fromhex(c)[::-1]))
-                          for c in (cols[1], cols[2], cols[7]))
-        routes.add((str(ipaddress.ip_network(f"{dest}/{mask}", strict=False)), gw))
-    return routes
-
-
-def _route_key(network: str, gateway: str) -> tuple[str, str]:
-    try:
-        return str(ipaddress.ip_network(network, strict=False)), gateway
-    except ValueError:
-        return network, gateway
-
-
 def _without_heartbeats(status: Obj) -> Obj:
     """A node status without its conditions' heartbeat times: what tells a change."""
     return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
                                      for c in status.get("conditions") or []]}
-
-
-def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
-    """What flanneld does on each node, with the host-gw backend (EMULATED: no flanneld runs):
-    lease the node's podCIDR (write /run/flannel/subnet.env), route every other node's podCIDR
-    via that node's InternalIP, and masquerade pod traffic leaving the pod network. The lab
-    template asks for vxlan; host-gw gives the same reachability on the lab's one L2 bridge."""
-    me = next((n for n in nodes if n["metadata"]["name"] == k.node_name), None)
-    cidr = (me or {}).get("spec", {}).get("podCIDR")
-    if not cidr:
-        return  # flanneld waits for the node's podCIDR ("Waiting for node to have a subnet")
-    net = json.loads((flannel_config(k, pod) or {}).get("net-conf.json") or "{}")
-    network = net.get("Network", "10.244.0.0/16")
-    gateway = str(next(ipaddress.ip_network(cidr).hosts()))
-    env = (f"FLANNEL_NETWORK={network}\nFLANNEL_SUBNET={gateway}/"
-           f"{ipaddress.ip_network(cidr).prefixlen}\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=true\n")
-    if read("/run/flannel/subnet.env") != env:
-        write("/run/flannel/subnet.env", env)
-    if os.environ.get("GPUK8S_LAB_ROOT"):
-        return  # unit tests on the host: no routes or iptables
-    have = _ipv4_routes()
-    for n in nodes:
-        other = n.get("spec", {}).get("podCIDR")
-        ip = next((a["address"] for a in n.get("status", {}).get("addresses") or []
-                   if a.get("type") == "InternalIP"), None)
-        if n["metadata"]["name"] != k.node_name and other and ip and \
-                _route_key(other, ip) not in have:
-            run(["ip", "route", "replace", other, "via", ip])
-    rule = ["POSTROUTING", "-s", network, "!", "-d", network, "-j", "MASQUERADE",
-            "-m", "comment", "--comment", "flanneld masq"]
-    if run(["iptables", "-t", "nat", "-C", *rule]).returncode != 0:
-        run(["iptables", "-t", "nat", "-A", *rule])
-
-
-def emulate_calico(k: Kubelet, pod: Obj) -> None:
-    """calico/cni's install-cni init container: takes CNI_NETWORK_CONFIG (from the ConfigMap
-    key it names), fills in the node name, MTU and kubeconfig path, and writes CNI_CONF_NAME.
-    No config (a missing ConfigMap or key) means no CNI config: the node stays NotReady."""
-    init = next((c for c in pod["spec"].get("initContainers") or []
-                 if "calico/cni" in (c.get("image") or "")), None)
-    if init is None:
-        return
-    env = {e["name"]: e for e in init.get("env") or []}
-
-    def value(name: str) -> str | None:
-        e = env.get(name)
-        if e is None:
-            return None
-        if "value" in e:
-            return str(e["value"])
-        ref = (e.get("valueFrom") or {}).get("configMapKeyRef")
-        if ref is None:
-            return None
-        try:
-            cm = k.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/configmaps/"
-                              f"{ref['name']}")
-        except ApiError:
-            return None
-        got = (cm.get("data") or {}).get(ref["key"])
-        return None if got is None else str(got)
-
-    template = value("CNI_NETWORK_CONFIG")
-    if not template:
-        return
-    mtu = value("CNI_MTU") or "1500"
-    conf = (template.replace("__KUBERNETES_NODE_NAME__", k.node_name)
-            .replace("__CNI_MTU__", "1450" if mtu == "0" else mtu)
-            .replace("__KUBECONFIG_FILEPATH__", f"{CNI_DIR}/calico-kubeconfig"))
-    try:
-        json.loads(conf)
-    except ValueError as e:  # install-cni refuses a config that is not JSON, and so do we
-        klog("E", f"install-cni: CNI_NETWORK_CONFIG is not valid JSON: {e}", "install.go:230")
-        return
-    write(f"{CNI_DIR}/{value('CNI_CONF_NAME') or '10-calico.conflist'}", conf + "\n")
-
-
-EMULATION = (("flannel", emulate_flannel), ("calico/cni", emulate_calico),
-             ("dcgm-exporter", dcgm.emulate_dcgm_exporter))
 
 
 def is_device_resource(name: str) -> bool:
@@ -360,7 +219,7 @@ class Kubelet:
         #: device plugin allocation: pod uid -> the device IDs its containers were given
         #: (GPU or MIG device UUIDs, ``<UUID>::<n>`` for a time-slicing replica)
         self.gpu_assign: dict[str, list[str]] = {}
-        #: what the device plugin advertises: resource name -> device IDs
+        #: what the device plugin advertises (daemons.resources): resource name -> device IDs
         self.devices: dict[str, list[str]] = {}
         #: the running device plugin container (its device list strategy shapes Allocate)
         self.plugin_container: Obj | None = None
@@ -380,73 +239,6 @@ class Kubelet:
         return args
 
     # -------------------------------------------------------------- node facts
-    def gpu_resources(self, pods: list[Obj]) -> dict[str, list[str]]:
-        """The device plugin's resources (name -> device IDs), advertised only when it could
-        really register: nvidia.com/gpu, or nvidia.com/mig-<profile> with migStrategy mixed."""
-        pci = nodeinfo.pci_gpus()
-        if not pci:
-            return {}
-        listing = nodeinfo.nvidia_smi_list()
-        if not listing or not nodeinfo.parse_smi_list(listing):
-            return {}
-        cfg = nodeinfo.containerd_config()
-        if "nvidia" not in nodeinfo.runtime_handlers(cfg):
-            return {}
-        for p in pods:
-            images = " ".join(c.get("image", "") for c in p["spec"].get("containers") or [])
-            if "k8s-device-plugin" in images and p.get("status", {}).get("phase") == "Running" \
-                    and self.pod_runtime(p, cfg) == "nvidia":
-                config = self.plugin_config(p)
-                if config is None:
-                    return {}
-                ctr = next((c for c in p["spec"].get("containers") or []
-                            if c.get("name") == "nvidia-device-plugin-ctr"), {})
-                self.plugin_container = ctr
-                if not programs.device_plugin_sees_gpus(ctr, read(TOOLKIT_CONFIG)):
-                    return {}  # "No devices found. Waiting indefinitely."
-                started = self.programs.get((p["metadata"]["uid"], "nvidia-device-plugin-ctr"))
-                if started is not None and started[0].state != "ok":
-                    return {}  # it exited (MIG devices it may not read): nothing registered
-                return nodeinfo.plugin_resources(listing, nodeinfo.nvidia_smi_mig_modes(),
-                                                 config, len(pci))
-        return {}
-
-    def plugin_config(self, pod: Obj) -> Obj | None:
-        """The device plugin's config, resolved as its config-manager does: the node's
-        NODE_LABEL value, else DEFAULT_CONFIG, else a key named "default" or the only key
-        (FALLBACK_STRATEGIES named,single); a config it cannot find, read or accept leaves the
-        plugin down (None: config-manager exits and is restarted). A plugin without
-        config-manager runs on its defaults ({}: one nvidia.com/gpu per GPU)."""
-        env: dict[str, str] = {}
-        for c in pod["spec"].get("containers") or []:
-            if c.get("command") == ["config-manager"]:
-                env = {e["name"]: e.get("value", "") for e in c.get("env") or []}
-        cm_name = next((v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
-                        if "configMap" in v and v.get("name") == "available-configs"), None)
-        if not env or not cm_name:
-            return {}
-        try:
-            node = self.client.get(f"/api/v1/nodes/{self.node_name}")
-            data = self.client.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/"
-                                   f"configmaps/{cm_name}").get("data") or {}
-        except ApiError:
-            return None
-        label = node["metadata"].get("labels", {}).get(env.get("NODE_LABEL", ""), "")
-        name = label or env.get("DEFAULT_CONFIG", "")
-        if not name:
-            strategies = env.get("FALLBACK_STRATEGIES", "named,single").split(",")
-            name = "default" if "named" in strategies and "default" in data else \
-                next(iter(data)) if "single" in strategies and len(data) == 1 else ""
-        if name not in data:
-            klog("E", f'"Error: unable to get config" err="config {name!r} not found in '
-                 f'{cm_name}"', "main.go:113")
-            return None
-        try:
-            config = yaml.safe_load(data[name]) or {}
-            return config if nodeinfo.plugin_config_ok(config) else None
-        except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-            return None
-
     def pod_runtime(self, pod: Obj, cfg: Obj) -> str | None:
         rc = pod["spec"].get("runtimeClassName")
         if not rc:
@@ -457,7 +249,7 @@ class Kubelet:
             return None
 
     def cni_ready(self) -> bool:
-        d = P(CNI_DIR)
+        d = P(daemons.CNI_DIR)
         try:
             return any(f.endswith((".conf", ".conflist", ".json")) for f in os.listdir(d))
         except OSError:
@@ -493,7 +285,7 @@ class Kubelet:
                "hugepages-2Mi": "0", "memory": f"{mem}Ki", "pods": str(max_pods)}
         alloc = dict(cap, memory=f"{max(mem - 102400, 0)}Ki", **{
             "ephemeral-storage": "56403987978"})
-        self.devices = self.gpu_resources(pods)
+        self.devices = daemons.resources(self, pods)
         for name, ids in self.devices.items():
             cap[name] = alloc[name] = str(len(ids))
         runtime_ok = nodeinfo.containerd_active() and nodeinfo.cri_plugin()[0]
@@ -863,8 +655,8 @@ class Kubelet:
         if want and uid not in self.gpu_assign:
             self.gpu_assign[uid] = [d for name, n in sorted(want.items())
                                     for d in self.allocate(name, n)]
-        if realpods.emulated(pod):
-            self.sync_emulated(pod, handler, cfg)
+        if daemons.emulated(pod):
+            self.sync_emulated(pod, handler)
             return want
         return self.sync_real(pod, handler, want)
 
@@ -885,61 +677,14 @@ class Kubelet:
         if read(GPU_CLIENTS) != text:
             write(GPU_CLIENTS, text)
 
-    def sync_system_daemons(self, pods: list[Obj]) -> None:
-        """What the emulated system pods on this node do to it: flanneld's lease and routes,
-        kube-proxy's Service rules, and (once kubeadm's kube-dns Service exists) the cluster
-        DNS on this node."""
-        def running(image: str) -> Obj | None:
-            return next((p for p in pods if p.get("status", {}).get("phase") == "Running" and
-                         any(image in (c.get("image") or "")
-                             for c in p["spec"].get("containers") or [])), None)
-
-        flannel = running("flannel")
-        started = self.programs.get((flannel["metadata"]["uid"], "kube-flannel")) \
-            if flannel is not None else None
-        if flannel is not None and (started is None or started[0].state == "ok"):
-            # flanneld's lease and routes, once its start-up calls (programs.flanneld) passed
-            flannel_daemon(self, flannel, self.client.get("/api/v1/nodes")["items"])
-        if os.environ.get("GPUK8S_LAB_ROOT"):
-            return   # unit tests on the host: no iptables, no port 53
-        if running("kube-proxy") is not None and not self.proxy_started:
-            # kube-proxy follows Services and endpoints within a second, not at the kubelet's
-            # status period: its own loop
-            threading.Thread(target=self.proxy_loop, daemon=True, name="kube-proxy").start()
-            self.proxy_started = True
-        if not self.dns_started:
-            try:
-                self.client.get("/api/v1/namespaces/kube-system/services/kube-dns")
-            except ApiError:
-                return
-            for ip in self.cfg.get("clusterDNS") or []:
-                run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"])
-                dns.ClusterDNS(self.client, self.cfg.get("clusterDomain", "cluster.local")
-                               ).serve(ip)
-            self.dns_started = True
-
-    def proxy_loop(self) -> None:
-        rules = ""
-        while True:
-            try:
-                rules = proxy.sync(self.client.get("/api/v1/services")["items"],
-                                   self.client.get("/api/v1/pods")["items"], rules)
-            except (ApiError, Unreachable, TLSError, OSError) as e:
-                klog("E", f'"Failed to sync proxy rules" err="{e}"', "proxier.go:1520")
-            time.sleep(1)
-
-    def sync_emulated(self, pod: Obj, handler: str | None, cfg: Obj) -> None:
-        """System pods whose images the lab does not have (flannel, calico, the device
-        plugin, CoreDNS, kube-proxy): the emulation table, Running without a process."""
+    def sync_emulated(self, pod: Obj, handler: str | None) -> None:
+        """System pods whose images the lab does not have (daemons.DAEMONS), Running without
+        a process."""
         spec, uid = pod["spec"], pod["metadata"]["uid"]
-        images = " ".join(c.get("image", "") for c in (spec.get("containers") or []) +
-                          (spec.get("initContainers") or []))
         first = uid not in self.started
         if first:
             self.started[uid] = time.monotonic()
-            for needle, fn in EMULATION:
-                if needle in images:
-                    fn(self, pod)
+            daemons.start(self, pod)
         started_at = ts()
         states: dict[str, Obj] = {}
         ready = True
@@ -947,12 +692,12 @@ class Kubelet:
         restarts: dict[str, int] = {}
         last: dict[str, Obj] = {}
         for c in spec.get("containers") or []:
+            entry = daemons.container(c)
             if first:
-                log = (self.device_plugin_log(handler, cfg)
-                       if "k8s-device-plugin" in c.get("image", "") else "")
+                log = entry.log(self, handler) if entry and entry.log else ""
                 write(self.log_path(pod, c["name"]), log)
             states[c["name"]] = {"running": {"startedAt": started_at}}
-            prog = self.run_program(pod, c)
+            prog = self.run_program(pod, c, entry)
             if prog is None:
                 if first:
                     events.append(("Normal", "Started", f"Started container {c['name']}"))
@@ -983,31 +728,19 @@ class Kubelet:
                 events.append(("Normal", "Started", f"Started container {c['name']}"))
         self.set_status(pod, "Running", states, ready, events, restarts, last)
 
-    def run_program(self, pod: Obj, container: Obj
+    def run_program(self, pod: Obj, container: Obj, entry: daemons.Container | None
                     ) -> tuple[programs.Outcome, int, bool] | None:
-        """The container's emulated program (programs.py), run at the pod's start and again
-        after each CrashLoopBackOff pause (or readiness period) while it fails: (outcome,
-        restarts, whether it ran now). None: no program for this image."""
-        fn = programs.program_for(container)
-        device_plugin = "k8s-device-plugin" in (container.get("image") or "") and \
-            container.get("name") == "nvidia-device-plugin-ctr"
-        if fn is None and not device_plugin:
+        """The container's emulated program (its registry ``entry``'s), run at the pod's start
+        and again after each CrashLoopBackOff pause (or readiness period) while it fails:
+        (outcome, restarts, whether it ran now). None: no program for this container."""
+        if entry is None or entry.program is None:
             return None
         key = (pod["metadata"]["uid"], container["name"])
         got = self.programs.get(key)
         now = time.monotonic()
         if got is not None and (got[0].state == "ok" or now < got[2]):
             return got[0], got[1], False
-        if device_plugin:
-            outcome = self.device_plugin_program(pod, container)
-        else:
-            api = self.pod_api(pod)
-            if api is None:
-                outcome = programs.Outcome("crash", [
-                    "unable to load in-cluster configuration: no ServiceAccount token"], 1)
-            else:
-                assert fn is not None
-                outcome = fn(api, pod, container, self.node_name)
+        outcome = entry.program(self, pod, container)
         restarts = (got[1] if got else 0) + (1 if outcome.state == "crash" and got else 0)
         pause = programs.backoff(restarts + 1) if outcome.state == "crash" else 5.0
         self.programs[key] = [outcome, restarts, now + pause]
@@ -1039,21 +772,6 @@ class Kubelet:
         creds = kubeconfig.Creds(self.creds.server, self.creds.ca_pem, token=token,
                                  insecure=self.creds.insecure)
         return programs.Api(Client(creds, timeout=10, agent=pod["metadata"]["name"]))
-
-    def device_plugin_program(self, pod: Obj, container: Obj) -> programs.Outcome:
-        """The device plugin on a node whose GPUs have MIG on, with migStrategy mixed: it
-        reads every MIG device's memory and exits when it may not (programs.py)."""
-        config = self.plugin_config(pod) or {}
-        strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-        mig_on = any(m == "Enabled" for m in nodeinfo.nvidia_smi_mig_modes().values())
-        toolkit = nodeinfo.installed_version("nvidia-container-toolkit")
-        if strategy != "none" and mig_on and \
-                not programs.device_plugin_mig_ok(container, toolkit):
-            return programs.Outcome("crash", [
-                'I1126 00:00:00.000000       1 main.go:235] "Starting NVIDIA Device Plugin"',
-                programs.DEVICE_PLUGIN_MIG_ERROR], 1)
-        return programs.Outcome("ok", (read(self.log_path(pod, container["name"])) or ""
-                                       ).splitlines())
 
     def sync_real(self, pod: Obj, handler: str | None, want: dict[str, int]) -> dict[str, int]:
         """Pods run for real by podrun (a transient unit per pod): start it once, then copy
@@ -1103,20 +821,6 @@ class Kubelet:
         taken = {u for uuids in self.gpu_assign.values() for u in uuids}
         return [u for u in self.devices.get(name, []) if u not in taken][:count]
 
-    def device_plugin_log(self, handler: str | None, cfg: Obj) -> str:
-        head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
-        if handler != "nvidia" or nodeinfo.nvidia_smi_gpus() is None:
-            return head + ("I1126 00:00:00.000000       1 factory.go:112] Incompatible platform "
-                           "detected\nE1126 00:00:00.000000       1 factory.go:113] If this is a "
-                           "GPU node, did you configure the NVIDIA Container Toolkit?\n"
-                           "I1126 00:00:00.000000       1 main.go:381] No devices found. Waiting "
-                           "indefinitely.\n")
-        return head + "".join(
-            f"I1126 00:00:00.000000       1 server.go:176] \"Starting GRPC server\" "
-            f"resourceName=\"{name}\"\nI1126 00:00:00.000000       1 server.go:199] "
-            f"\"Registered device plugin with Kubelet\" resourceName=\"{name}\"\n"
-            for name in (sorted(self.devices) or ["nvidia.com/gpu"]))
-
     def sync(self) -> None:
         manifests = self.static_manifests()
         self.sync_etcd(manifests.get("etcd.yaml"))
@@ -1140,8 +844,7 @@ class Kubelet:
         self.pod_cidr = node.get("spec", {}).get("podCIDR")
         avail = {k: int(parse_quantity(v)) for k, v in
                  (node["status"].get("allocatable") or {}).items() if is_device_resource(k)}
-        self.sync_system_daemons(pods)
-        dra_node.sync(self, pods)
+        daemons.sync(self, pods)
         live = {p["metadata"]["uid"] for p in pods}
         for uid in list(self.gpu_assign):   # pods gone from the API free their devices
             if uid not in live:             # before any new pod is admitted

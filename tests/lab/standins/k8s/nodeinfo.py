@@ -1,10 +1,10 @@
 # LAB STAND-IN: not part of real Kubernetes. Test infrastructure for gpuk8s; never shipped.
-"""Facts about the node the stand-ins read from its real state (containerd, swap, sysctls, PCI)."""
+"""Facts about the node the stand-ins read from its real state (containerd, swap, sysctls); its
+GPUs are gpuview.py's."""
 
 from __future__ import annotations
 
 import copy
-import glob
 import os
 import re
 import shutil
@@ -201,100 +201,12 @@ def sysctl(name: str) -> str | None:
     return v.strip() if v is not None else None
 
 
-def pci_gpus() -> list[str]:
-    out = []
-    for d in sorted(glob.glob(P("/sys/bus/pci/devices/*"))):
-        vendor = (read_abs(os.path.join(d, "vendor")) or "").strip().lower()
-        cls = (read_abs(os.path.join(d, "class")) or "").strip().lower()
-        if vendor == "0x10de" and (cls.startswith("0x0300") or cls.startswith("0x0302")):
-            out.append(os.path.basename(d))
-    return out
-
-
 def read_abs(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read()
     except OSError:
         return None
-
-
-def nvidia_smi_gpus() -> int | None:
-    """Number of GPUs `nvidia-smi -L` lists; None when nvidia-smi fails (no driver loaded)."""
-    listing = nvidia_smi_list()
-    return None if listing is None else len(parse_smi_list(listing))
-
-
-def nvidia_smi_list() -> str | None:
-    """`nvidia-smi -L`; None when nvidia-smi fails (no driver loaded)."""
-    p = run(["nvidia-smi", "-L"])
-    return p.stdout if p.returncode == 0 else None
-
-
-def nvidia_smi_mig_modes() -> dict[str, str]:
-    """GPU UUID -> its current MIG mode (Enabled, Disabled, [N/A])."""
-    p = run(["nvidia-smi", "--query-gpu=uuid,mig.mode.current", "--format=csv,noheader"])
-    rows = (ln.split(", ") for ln in (p.stdout if p.returncode == 0 else "").splitlines())
-    return {r[0].strip(): r[1].strip() for r in rows if len(r) == 2}
-
-
-_GPU_LINE = re.compile(r"GPU \d+: .* \(UUID: (GPU-[0-9A-Fa-f-]+)\)")
-_MIG_LINE = re.compile(r"\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[0-9A-Fa-f-]+)\)")
-
-
-def parse_smi_list(text: str) -> list[tuple[str, list[tuple[str, str]]]]:
-    """`nvidia-smi -L`: [(GPU UUID, [(MIG profile, MIG device UUID), ...]), ...]."""
-    out: list[tuple[str, list[tuple[str, str]]]] = []
-    for line in text.splitlines():
-        if m := _GPU_LINE.fullmatch(line):
-            out.append((m.group(1), []))
-        elif (m := _MIG_LINE.fullmatch(line)) and out:
-            out[-1][1].append((m.group(1), m.group(2)))
-    return out
-
-
-def plugin_config_ok(config: dict[str, Any]) -> bool:
-    """Whether NVIDIA's device plugin starts with this config (v1): a known migStrategy and
-    time-slicing replicas of at least 2 (else it exits, and config-manager restarts it)."""
-    strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []
-    return strategy in ("none", "single", "mixed") and all(
-        isinstance(r, dict) and int(r.get("replicas", 1)) >= 2 for r in resources)
-
-
-def plugin_resources(listing: str, mig_modes: dict[str, str], config: dict[str, Any],
-                     limit: int | None = None) -> dict[str, list[str]]:
-    """What NVIDIA's device plugin advertises: resource name -> device IDs, from `nvidia-smi -L`
-    (the real plugin asks NVML), each GPU's MIG mode and the plugin's (valid) config.
-
-    migStrategy none: every GPU is one ``nvidia.com/gpu``. mixed: a GPU with MIG on offers
-    each MIG device as ``nvidia.com/mig-<profile>`` (the plugin writes a profile's "+" as
-    "."), the others stay ``nvidia.com/gpu``. single: every GPU must have MIG on with one
-    profile, each MIG device is a ``nvidia.com/gpu`` (else the plugin fails: nothing). With
-    time-slicing replicas R a device is R IDs ``<UUID>::<n>``, spread over the devices.
-    ``limit``: the first GPUs only (those PCI lists)."""
-    strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    gpus = parse_smi_list(listing)[:limit]
-    out: dict[str, list[str]] = {}
-    migged = [mig_modes.get(uuid) == "Enabled" for uuid, _ in gpus]
-    if strategy == "single" and any(migged):
-        profiles = {p for _, migs in gpus for p, _ in migs}
-        if not all(migged) or len(profiles) > 1:
-            return {}   # "invalid MIG configuration": the plugin exits
-    for (uuid, migs), on in zip(gpus, migged, strict=True):
-        if on and strategy == "mixed":
-            for profile, mig in migs:
-                out.setdefault(f"nvidia.com/mig-{profile.replace('+', '.')}", []).append(mig)
-        elif on and strategy == "single":
-            out.setdefault("nvidia.com/gpu", []).extend(m for _, m in migs)
-        else:
-            out.setdefault("nvidia.com/gpu", []).append(uuid)
-    resources = ((config.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []
-    for r in resources:
-        ids = out.get(str(r.get("name")))
-        if ids:
-            out[r["name"]] = [f"{u}::{n}" for n in range(int(r.get("replicas", 1))) for u in ids]
-    return {k: v for k, v in sorted(out.items()) if v}
 
 
 def os_image() -> str:

@@ -18,7 +18,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,24 +416,6 @@ DEVICE_PLUGIN_MIG_ERROR = (
     'E1126 00:00:00.000000       1 main.go:177] error starting plugins: unable to add default '
     "resources to config: error visiting devices: error visiting device: error visiting device: "
     "error getting device memory info: Insufficient Permissions")
-
-
-#: image -> (container name match, program); the DRA driver's gpus container only
-PROGRAMS: tuple[tuple[str, Callable[[Api, Obj, Obj, str], Outcome]], ...] = (
-    ("flannel-io/flannel:", flanneld),
-    ("calico/node:", calico_node),
-    ("calico/kube-controllers:", calico_kube_controllers),
-    ("dra-driver-nvidia-gpu:", dra_gpu_plugin),
-)
-
-
-def program_for(container: Obj) -> Callable[[Api, Obj, Obj, str], Outcome] | None:
-    image = container.get("image") or ""
-    for needle, fn in PROGRAMS:
-        if needle in image and (fn is not dra_gpu_plugin or
-                                (container.get("command") or [""])[0] == "gpu-kubelet-plugin"):
-            return fn
-    return None
 
 
 def backoff(restarts: int) -> float:

@@ -26,20 +26,10 @@ PODS_DIR = "/var/lib/kubelet/pods"
 #: where the lab host's shared folder appears in every node: the lab's NFS export (this host
 #: has neither nfsd nor an NFS client), one folder per server and path under it
 LAB_NFS_ROOT = "/var/lib/gpuk8s-lab/nfs"
-#: system pods the lab keeps emulated (their images do not exist here): see README.md
-EMULATED_IMAGES = ("flannel", "calico/", "k8s-device-plugin", "coredns", "kube-proxy",
-                   "dcgm-exporter", "dra-driver-nvidia-gpu")
 
 
 class VolumeError(Exception):
     pass
-
-
-def emulated(pod: Obj) -> bool:
-    spec = pod["spec"]
-    images = [c.get("image", "") for c in (spec.get("containers") or []) +
-              (spec.get("initContainers") or [])]
-    return any(key in image for image in images for key in EMULATED_IMAGES)
 
 
 def unit_name(uid: str) -> str:
