@@ -54,6 +54,8 @@ from tests.lab.topology import Topology  # noqa: E402
 INVOKE = str(ROOT / ".venv" / "bin" / "invoke")
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 ACNG_LOG = "/var/log/apt-cacher-ng/apt-cacher.log"
+#: the light floor's probe: what any tool asks first of a box (its kernel and OS), one exec
+LIGHT_PROBE = "uname -srm; cat /etc/os-release"
 #: every bootstrapped lab of the bench runs with the package cache on
 SETS = ("--set", "package_cache=true")
 
@@ -207,14 +209,19 @@ def first_bootstrap(lab: Lab, inventory: Path, work: Path, cache: bool) -> dict[
 
 def measure(inventory: Path, work: Path, repeat: int) -> dict[str, Any]:
     hosts_file = work / f"floor-hosts-{inventory.stem}.json"
-    hosts_file.write_text(json.dumps(floor_hosts(inventory)[0]))
+    hosts = floor_hosts(inventory)[0]
+    hosts_file.write_text(json.dumps(hosts))
+    light_file = work / f"light-hosts-{inventory.stem}.json"
+    light_file.write_text(json.dumps([{**h, "script": LIGHT_PROBE} for h in hosts]))
     floor(hosts_file)  # warm-up: page cache, ARP, sshd
+    floor(light_file)
     warm = gpuk8s("plan", inventory, work, *SETS)
     if "plan: 0 change(s)" not in warm.output:
         raise SystemExit("bench: the lab is not converged (did someone else change it?):\n"
                          + warm.output[-3000:])
-    samples: dict[str, list[Sample]] = {"floor": [], "bootstrap": [], "plan": []}
+    samples: dict[str, list[Sample]] = {"light": [], "floor": [], "bootstrap": [], "plan": []}
     for _ in range(repeat):
+        samples["light"].append(floor(light_file))
         samples["floor"].append(floor(hosts_file))
         noop = gpuk8s("bootstrap", inventory, work, *SETS)
         if "no changes" not in noop.output:
@@ -225,12 +232,15 @@ def measure(inventory: Path, work: Path, repeat: int) -> dict[str, Any]:
     inner = [json.loads(s.output.strip().splitlines()[-1])["elapsed"] for s in samples["floor"]]
     last = samples["bootstrap"][-1].report
     return {
+        "light": round(med["light"], 3),
         "floor": round(med["floor"], 3), "floor_in_process": round(statistics.median(inner), 3),
         "bootstrap": round(med["bootstrap"], 3), "plan": round(med["plan"], 3),
         "bootstrap_in_process": round(statistics.median(
             s.report.get("wall_time", 0) for s in samples["bootstrap"]), 3),
         "ratio_bootstrap": round(med["bootstrap"] / med["floor"], 2),
         "ratio_plan": round(med["plan"] / med["floor"], 2),
+        "light_ratio_bootstrap": round(med["bootstrap"] / med["light"], 2),
+        "light_ratio_plan": round(med["plan"] / med["light"], 2),
         # each process's own peak RSS (wait4's figure also counts the forked bench's pages)
         "rss_kb": {
             "floor": max(json.loads(s.output.strip().splitlines()[-1]).get("peak_rss_kb", 0)
@@ -282,15 +292,20 @@ def print_results(results: dict[str, Any]) -> None:
         print(f"\n# each fact's time on the node, one no-op probe, {n} nodes" + facts_text(times))
     if not results["sizes"]:
         return
-    print("\n## no-op runs (median wall time of the whole process; ratio = to the floor)")
-    print("| nodes | floor | no-op bootstrap | ratio | no-op plan | ratio | "
-          "SSH conns/host | execs/host per step | peak RSS bootstrap |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n## no-op runs (median wall time of the whole process; ratios to the light floor, "
+          "one connect and `uname; cat /etc/os-release` per host, and to the probe floor, one "
+          "connect and gpuk8s's own probe sent raw)")
+    print("| nodes | light floor | probe floor | no-op bootstrap | ratio light / probe | "
+          "no-op plan | ratio light / probe | SSH conns/host | execs/host per step | "
+          "peak RSS bootstrap |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n, r in results["sizes"].items():
         rt = r["round_trips"]
-        print(f"| {n} | {r['floor']:.2f} s | {r['bootstrap']:.2f} s | {r['ratio_bootstrap']:.2f}x"
-              f" | {r['plan']:.2f} s | {r['ratio_plan']:.2f}x | {rt['connects_per_host_max']} | "
-              f"{steps_text(rt)} | {r['rss_kb']['bootstrap'] / 1024:.0f} MiB |")
+        print(f"| {n} | {r['light']:.2f} s | {r['floor']:.2f} s | {r['bootstrap']:.2f} s | "
+              f"{r['light_ratio_bootstrap']:.2f}x / {r['ratio_bootstrap']:.2f}x | "
+              f"{r['plan']:.2f} s | {r['light_ratio_plan']:.2f}x / {r['ratio_plan']:.2f}x | "
+              f"{rt['connects_per_host_max']} | {steps_text(rt)} | "
+              f"{r['rss_kb']['bootstrap'] / 1024:.0f} MiB |")
     for label, first in results.get("first_bootstrap", {}).items():
         print(f"\n## first bootstrap, {label}: {first['wall']:.1f} s")
         print("| step | wall | execs/host (max) |")
