@@ -140,15 +140,17 @@ def virt_script(root: str = "") -> str:
     H200 host: a Firecracker VM without systemd, which read as docker). systemd-detect-virt
     takes /.dockerenv alone as docker too; that answer is checked the same way."""
     r = shell(root) if root else ""
-    return f"""grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && echo hypervisor=1
+    return f"""vm=""
+if grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null; then
+  echo hypervisor=1; vm="the CPU's hypervisor flag"
+fi
 snap=0
 case $(awk '$5 == "/" {{print; exit}}' {r}/proc/self/mountinfo 2>/dev/null) in
   */docker/*|*/mapper/docker-*|*/containerd/*|*/containers/storage/*|*/lxc/*|*/lxd/*|\
   */incus/*) snap=1;;
 esac
-vm=""
-grep -qw hypervisor {r}/proc/cpuinfo 2>/dev/null && vm="the CPU's hypervisor flag"
-case " $(cat {r}/proc/cmdline 2>/dev/null) " in
+_gk_c=; {{ read -r _gk_c; }} 2>/dev/null < {r}/proc/cmdline
+case " $_gk_c " in
   *firecracker*|*" virtio_mmio.device="*) vm="${{vm:+$vm, }}a microVM's kernel command line";;
 esac
 docker_file="/.dockerenv ignored: no container runtime set up this root file system (a VM \
@@ -192,17 +194,21 @@ class System(Fact[SystemInfo]):
     """Kernel, CPU/RAM, cgroup version, identity, swap, time sync, Secure Boot, listen ports."""
 
     def command(self) -> str:
+        # one-line files are read with the shell's own `read` and the kernel's release taken
+        # once: every process counts when eight nodes probe at once on a small machine
         return r"""
-echo "kernel=$(uname -r)"; echo "arch=$(uname -m)"; echo "hostname=$(hostname)"
+k=$(uname -r); echo "kernel=$k"; echo "arch=$(uname -m)"
+_gk_read() { _gk_l=; { read -r _gk_l; } 2>/dev/null <"$1"; }
+_gk_read /proc/sys/kernel/hostname; echo "hostname=$_gk_l"
 echo "cpus=$(nproc)"; echo "mem_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
 echo "cgroup=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)"
-echo "product_uuid=$(cat /sys/class/dmi/id/product_uuid 2>/dev/null)"
-echo "machine_id=$(cat /etc/machine-id 2>/dev/null)"
-echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
-echo "init=$(cat /proc/1/comm 2>/dev/null)"
+_gk_read /sys/class/dmi/id/product_uuid; echo "product_uuid=$_gk_l"
+_gk_read /etc/machine-id; echo "machine_id=$_gk_l"
+_gk_read /proc/sys/kernel/random/boot_id; echo "boot_id=$_gk_l"
+_gk_read /proc/1/comm; echo "init=$_gk_l"
 [ -d /run/systemd/system ] && echo systemd=1 || echo systemd=0
 command -v modprobe >/dev/null 2>&1 && echo modprobe=1 || echo modprobe=0
-[ -d "/lib/modules/$(uname -r)" ] && echo modules_dir=1 || echo modules_dir=0
+[ -d "/lib/modules/$k" ] && echo modules_dir=1 || echo modules_dir=0
 """ + virt_script() + r"""if command -v mokutil >/dev/null 2>&1; then sb=$(mokutil --sb-state 2>&1 | head -n1)
 elif [ -d /sys/firmware/efi ]; then
   f=$(ls /sys/firmware/efi/efivars/SecureBoot-* 2>/dev/null | head -n1)
@@ -214,10 +220,10 @@ echo "secure_boot=$sb"
 echo "time_synced=$(timedatectl show -p NTPSynchronized --value 2>/dev/null || echo unknown)"
 echo "swap=$(tail -n +2 /proc/swaps | awk '{print $1}' | tr '\n' ' ')"
 echo "swap_fstab=$(awk '!/^[[:space:]]*#/ && $3 == "swap" {print $1}' /etc/fstab 2>/dev/null | tr '\n' ' ')"
-if [ -e "/lib/modules/$(uname -r)/build" ] || [ -d "/usr/src/linux-headers-$(uname -r)" ]; then
+if [ -e "/lib/modules/$k/build" ] || [ -d "/usr/src/linux-headers-$k" ]; then
   echo headers=1; else echo headers=0
   if command -v apt-cache >/dev/null 2>&1; then
-    c=$(apt-cache policy "linux-headers-$(uname -r)" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" {print $2}')
+    c=$(apt-cache policy "linux-headers-$k" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" {print $2}')
     if [ -z "$c" ]; then  # no candidate is only an answer when apt's lists are newer than its sources
       n=$(ls -t /var/lib/apt/lists/*_Packages* 2>/dev/null | head -n1)
       if [ -z "$n" ] || [ -n "$(find /etc/apt/sources.list /etc/apt/sources.list.d -type f -newer "$n" 2>/dev/null | head -n1)" ]; then c=unknown; fi
