@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Callable
 from typing import Any
 
-from .common import P, read, run
+from .common import ROOT_ENV, P, read, run
 
 CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 # Lab-only hook: tests point this at a fake /proc/swaps (nodes read the real one).
@@ -27,6 +27,10 @@ _MEMO: dict[str, tuple[Any, Any]] = {}
 
 
 def _memo(name: str, key: Any, read_it: Callable[[], Any]) -> Any:
+    if os.environ.get(ROOT_ENV):
+        # the stand-ins' own tests on this host script containerd's answers (from files of
+        # theirs, not /etc/containerd): asked every time there
+        return read_it()
     if key is not None and name in _MEMO and _MEMO[name][0] == key:
         return copy.deepcopy(_MEMO[name][1])
     value = read_it()
