@@ -67,7 +67,7 @@ def ssl_context(creds: Creds) -> ssl.SSLContext:
 
 class Client:
     def __init__(self, creds: Creds, timeout: float = 30, agent: str = "lab-standin",
-                 retry_for: float = 0) -> None:
+                 retry_for: float = 0, keep_alive: bool = False) -> None:
         self.creds = creds
         #: seconds to keep retrying a request that found no API server (every 0.5 s), as
         #: kubeadm retries its API calls for timeouts.kubernetesAPICall (1m)
@@ -79,9 +79,13 @@ class Client:
         self.hostport = f"{self.host}:{self.port}"
         self.timeout = timeout
         self.ctx = ssl_context(creds)
-        # one kept-alive connection per thread, as client-go reuses its connections: a new
-        # mutual-TLS handshake per request cost the lab's idle kubelets and API server more
-        # CPU than the requests themselves
+        # keep_alive: one kept-alive connection per thread, as client-go reuses its
+        # connections; the kubelet's own client uses it (a mutual-TLS handshake per request cost
+        # the lab's idle kubelets and API server more CPU than the requests themselves). Off
+        # for the rest: kubeadm's stand-in waits for the new API server by asking /version
+        # through the control-plane endpoint, and a kept-alive connection through a TCP load
+        # balancer stays with the old server it first reached
+        self.keep_alive = keep_alive
         self._local = threading.local()
 
     def _connection(self) -> tuple[http.client.HTTPSConnection, bool]:
@@ -145,7 +149,7 @@ class Client:
                 if isinstance(e, OSError):
                     raise Unreachable(self.hostport, str(e), False) from e
                 raise
-            if resp.will_close:
+            if resp.will_close or not self.keep_alive:
                 self._drop()
             else:
                 self._local.used = time.monotonic()

@@ -200,7 +200,7 @@ class Kubelet:
             fatal(f"failed to run Kubelet: unable to load bootstrap kubeconfig: stat {boot}: "
                   "no such file or directory")
         self.creds = kubeconfig.load(P(kc_path))
-        self.client = Client(self.creds, timeout=10, agent="kubelet")
+        self.client = Client(self.creds, timeout=10, agent="kubelet", keep_alive=True)
         self.node_name = (a.hostname_override or nodeinfo.hostname()).lower()
         self.node_ip = a.node_ip or nodeinfo.ipv4()
         self.started: dict[str, float] = {}
