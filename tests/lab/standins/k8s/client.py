@@ -80,8 +80,9 @@ class Client:
         self.timeout = timeout
         self.ctx = ssl_context(creds)
         # keep_alive: one kept-alive connection per thread, as client-go reuses its
-        # connections; the kubelet's own client uses it (a mutual-TLS handshake per request cost
-        # the lab's idle kubelets and API server more CPU than the requests themselves). Off
+        # connections; the kubelet's own client and its emulated daemons' (flanneld, kube-proxy,
+        # DNS) use it (a mutual-TLS handshake per request cost the lab's idle kubelets and API
+        # server more CPU than the requests themselves). Off
         # for the rest: kubeadm's stand-in waits for the new API server by asking /version
         # through the control-plane endpoint, and a kept-alive connection through a TCP load
         # balancer stays with the old server it first reached

@@ -771,7 +771,8 @@ class Kubelet:
             return None
         creds = kubeconfig.Creds(self.creds.server, self.creds.ca_pem, token=token,
                                  insecure=self.creds.insecure)
-        return programs.Api(Client(creds, timeout=10, agent=pod["metadata"]["name"]))
+        return programs.Api(Client(creds, timeout=10, agent=pod["metadata"]["name"],
+                                   keep_alive=True))
 
     def sync_real(self, pod: Obj, handler: str | None, want: dict[str, int]) -> dict[str, int]:
         """Pods run for real by podrun (a transient unit per pod): start it once, then copy
