@@ -50,8 +50,8 @@ class Packages(Fact[dict[str, PackageState]]):
         return (DpkgPackages(*self.args),) if self._shared() else ()
 
     def command(self) -> str:
-        names = " ".join(shell(a) for a in self.args)
         if not self._shared():
+            names = " ".join(shell(a) for a in self.args)
             return f"dpkg-query -W {_DPKG_LINE} {names} 2>/dev/null; true"
         # this fact's lines of the shared read
         return self.sources()[0].ensure() + '\nprintf \'%s\\n\' "$_gk_dpkg" | ' + \

@@ -121,7 +121,6 @@ def flannel_config(k: Kubelet, pod: Obj) -> dict[str, str] | None:
     return cm.get("data") or {}
 
 
-
 def _ipv4_routes() -> set[tuple[str, str]]:
     """The node's IPv4 routes with a gateway, as (network, gateway), from /proc/net/route
     (addresses there are little-endian hex): flanneld's routes already in place are not
@@ -147,6 +146,7 @@ def _route_key(network: str, gateway: str) -> tuple[str, str]:
         return str(ipaddress.ip_network(network, strict=False)), gateway
     except ValueError:
         return network, gateway
+
 
 def flannel_daemon(k: Kubelet, pod: Obj, nodes: list[Obj]) -> None:
     """What flanneld does on each node, with the host-gw backend (EMULATED: no flanneld runs):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .common import P, run
+from .nodeinfo import read_abs
 
 #: what the DRA plugin reads of each GPU (`nvidia-smi --query-gpu`, csv,noheader,nounits)
 DETAIL_QUERY = ("index,uuid,name,memory.total,pci.bus_id,compute_cap,driver_version,"
@@ -82,19 +83,11 @@ def pci_gpus() -> list[str]:
     sysfs name: what the kernel lists, driver or not."""
     out = []
     for d in sorted(glob.glob(P("/sys/bus/pci/devices/*"))):
-        vendor = (_read(os.path.join(d, "vendor")) or "").strip().lower()
-        cls = (_read(os.path.join(d, "class")) or "").strip().lower()
+        vendor = (read_abs(os.path.join(d, "vendor")) or "").strip().lower()
+        cls = (read_abs(os.path.join(d, "class")) or "").strip().lower()
         if vendor == "0x10de" and (cls.startswith("0x0300") or cls.startswith("0x0302")):
             out.append(os.path.basename(d))
     return out
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 # ------------------------------------------------------------------ nvidia-smi's outputs

@@ -894,6 +894,7 @@ class Kubelet:
 
         class Health(http.server.BaseHTTPRequestHandler):
             disable_nagle_algorithm = True  # as Go's servers: no 40 ms delayed-ACK stalls
+
             def log_message(self, *a: Any) -> None:
                 pass
 
