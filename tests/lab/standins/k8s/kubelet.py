@@ -55,9 +55,12 @@ Obj = dict[str, Any]
 PATH_FLAGS = {"--data-dir", "--cert-file", "--key-file", "--trusted-ca-file", "--peer-cert-file",
               "--peer-key-file", "--peer-trusted-ca-file", "--wal-dir"}
 STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "2"))
-#: seconds between posts of an unchanged node status and between lease renewals: the real
-#: kubelet's nodeStatusUpdateFrequency (10s) and its lease renew interval (a quarter of the
-#: 40 s lease); a status that changed is posted at once (pkg/kubelet/kubelet_node_status.go)
+#: seconds between lease renewals (the real kubelet's: a quarter of the 40 s lease) and between
+#: posts of an unchanged node status. The real kubelet computes its status every
+#: nodeStatusUpdateFrequency (10s), posts it at once when it changed, and an unchanged one only
+#: every nodeStatusReportFrequency (5m), since its node lifecycle controller reads the Lease;
+#: the lab's reads the Ready condition's lastHeartbeatTime (40 s grace), so it posts every 10 s.
+#: Not read at the pinned tag: KubeletConfiguration's documented defaults.
 HEARTBEAT = 10.0
 APISERVER_UNIT = "kube-apiserver-standin"
 ETCD_UNIT = "etcd-static-pod"
