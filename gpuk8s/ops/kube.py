@@ -107,6 +107,26 @@ def then_wait(op: Op, what: str, wait: str, timeout: int) -> Op:
                   timeout=timeout)
 
 
+def nodes_ready_wait(names: Sequence[str], timeout: int, kubectl: str = KUBECTL) -> str:
+    """Shell that waits, ``timeout`` seconds in all, until each node in ``names`` exists and
+    then until it is Ready. ``kubeadm join`` returns once the kubelet's TLS bootstrap is done
+    (its kubelet-wait-bootstrap phase); the kubelet registers its Node a moment later, and
+    ``kubectl wait`` fails at once on a Node that does not exist yet."""
+    refs = " ".join(node_arg(n, "node/") for n in names)
+    t = int(timeout)
+    return "\n".join([
+        f"end=$(( $(date +%s) + {t} ))",
+        f"until {kubectl} get {refs} >/dev/null 2>&1; do",
+        "  if [ $(date +%s) -ge $end ]; then",
+        f"    echo 'these nodes did not register within {t}s:' >&2",
+        f"    {kubectl} get {refs} >&2; exit 1",
+        "  fi",
+        "  sleep 2",
+        "done",
+        "left=$(( end - $(date +%s) )); [ $left -gt 0 ] || left=1",
+        f"{kubectl} wait --for=condition=Ready {refs} --timeout=${{left}}s"])
+
+
 def rollout_wait(targets: Sequence[tuple[str, str, str]], timeout: int,
                  kubectl: str = KUBECTL) -> str:
     """Wait until each (namespace, kind/name, pod selector) has rolled out; when one has not

@@ -22,7 +22,15 @@ from gpuk8s.gpusharing import (
     sharing_of,
 )
 from gpuk8s.ops import Op, change, noop, q
-from gpuk8s.ops.kube import KUBECTL, apply, labels, pod_diagnosis, rollout_wait, then_wait
+from gpuk8s.ops.kube import (
+    KUBECTL,
+    apply,
+    labels,
+    nodes_ready_wait,
+    pod_diagnosis,
+    rollout_wait,
+    then_wait,
+)
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import node_arg
 
@@ -52,9 +60,7 @@ def plan(ctx: HostContext) -> list[Op]:
                      if n["name"] not in cluster.nodes or not cluster.nodes[n["name"]].ready)
     if waiting:
         ops.append(change("gpu_cluster | nodes Ready", f"+ wait for {', '.join(waiting)} Ready",
-                          f"{KUBECTL} wait --for=condition=Ready "
-                          + " ".join(node_arg(n, "node/") for n in waiting)
-                          + f" --timeout={timeout}s",
+                          nodes_ready_wait(waiting, timeout),
                           timeout=timeout + 30))
     else:
         ops.append(noop("gpu_cluster | nodes Ready", f"= {len(nodes)} nodes Ready"))
