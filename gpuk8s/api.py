@@ -98,6 +98,8 @@ def summary(facts: HostFacts) -> dict[str, str]:
            "listening": "unknown (no ss, no /proc/net/tcp)" if sysinfo.listening is None else
            " ".join(map(str, sysinfo.listening)) or "nothing",
            "kernel headers": "installed" if sysinfo.headers else
+           "not installed (not looked up: no NVIDIA device waits for a driver build)"
+           if sysinfo.headers_candidate == "-" else
            "unknown (apt's lists are older than its sources)"
            if sysinfo.headers_candidate == "unknown" else
            f"not installed, apt has {sysinfo.headers_candidate}" if sysinfo.headers_candidate

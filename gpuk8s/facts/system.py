@@ -106,7 +106,8 @@ class SystemInfo:
     virt_source: str = "systemd-detect-virt"
     #: the apt candidate of linux-headers-<kernel> when those headers are not installed
     #: ("" = no package source has them; "unknown" = no apt-cache, or apt's lists are older
-    #: than its sources, so apt cannot tell yet)
+    #: than its sources, so apt cannot tell yet; "-" = not looked up: no NVIDIA device here
+    #: waits for a driver, so nothing would build against them)
     headers_candidate: str = "unknown"
     #: the CPU reports a hypervisor (/proc/cpuinfo's "hypervisor" flag): a VM, whatever else
     hypervisor: bool = False
@@ -222,7 +223,12 @@ echo "swap=$(tail -n +2 /proc/swaps | awk '{print $1}' | tr '\n' ' ')"
 echo "swap_fstab=$(awk '!/^[[:space:]]*#/ && $3 == "swap" {print $1}' /etc/fstab 2>/dev/null | tr '\n' ' ')"
 if [ -e "/lib/modules/$k/build" ] || [ -d "/usr/src/linux-headers-$k" ]; then
   echo headers=1; else echo headers=0
-  if command -v apt-cache >/dev/null 2>&1; then
+  # the candidate matters only to a DKMS build, so only where an NVIDIA device waits for a
+  # driver: apt-cache reads every list it has, on every probe of every node that lacks headers
+  nv=0; [ -e /proc/driver/nvidia/version ] || for d in /sys/bus/pci/devices/*/vendor; do
+    _gk_read "$d"; [ "$_gk_l" = 0x10de ] && { nv=1; break; }; done
+  if [ $nv = 0 ]; then echo headers_candidate=-
+  elif command -v apt-cache >/dev/null 2>&1; then
     c=$(apt-cache policy "linux-headers-$k" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" {print $2}')
     if [ -z "$c" ]; then  # no candidate is only an answer when apt's lists are newer than its sources
       n=$(ls -t /var/lib/apt/lists/*_Packages* 2>/dev/null | head -n1)
@@ -291,9 +297,10 @@ class PciDevices(Fact[tuple[PciDevice, ...]]):
     """NVIDIA PCI functions from sysfs (no driver or lspci needed)."""
 
     def command(self) -> str:
+        # `read`, not cat: a server has a hundred PCI functions or more
         return r"""for d in /sys/bus/pci/devices/*; do
-  [ -r "$d/vendor" ] || continue; v=$(cat "$d/vendor")
-  [ "$v" = 0x10de ] && echo "${d##*/} $v $(cat "$d/device") $(cat "$d/class")"
+  v=; { read -r v; } 2>/dev/null <"$d/vendor"; [ "$v" = 0x10de ] || continue
+  { read -r dev; } <"$d/device"; { read -r cls; } <"$d/class"; echo "${d##*/} $v $dev $cls"
 done; true"""
 
     def parse(self, output: str, exit_code: int) -> tuple[PciDevice, ...]:

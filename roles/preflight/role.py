@@ -200,6 +200,7 @@ def _headers_problems(ctx: HostContext, sysinfo: SystemInfo) -> list[Problem]:
     """A driver built by DKMS needs the running kernel's headers from some package source,
     unless a driver is already loaded (then gpuk8s leaves it as it is)."""
     nv = ctx.facts.get(Nvidia())
+    # headers_candidate "-": the probe found no NVIDIA device waiting for a driver
     if sysinfo.headers or sysinfo.headers_candidate or (nv is not None and nv.loaded_version):
         return []
     return [("kernel_headers", f"no package source has linux-headers-{sysinfo.kernel} (the "

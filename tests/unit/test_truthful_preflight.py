@@ -22,7 +22,7 @@ from gpuk8s import api, runner
 from gpuk8s.errors import PreflightError
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.nvidia import Nvidia, NvidiaState
-from gpuk8s.facts.system import KernelModules, System
+from gpuk8s.facts.system import KernelModules, PciDevices, System
 from gpuk8s.report import Reporter
 from gpuk8s.roles import HostContext, load_role
 from roles.preflight import role as preflight_role
@@ -76,7 +76,65 @@ def test_without_its_tools_the_fact_falls_back_or_says_unknown(tmp_path: Path) -
     # the ports: read from /proc/net/tcp without ss; ours is seen both ways
     assert bare.listening is not None and full.listening is not None
     assert port in bare.listening and port in full.listening
-    assert bare.headers or bare.headers_candidate == "unknown"  # no apt-cache: not ""
+    # apt-cache is asked only where an NVIDIA device waits for a driver (the next tests)
+    assert bare.headers or bare.headers_candidate in ("unknown", "-")
+
+
+def fake_pci(tmp_path: Path, *devices: tuple[str, str, str, str]) -> Path:
+    """A /sys/bus/pci/devices of (address, vendor, device, class) folders."""
+    root = tmp_path / "pci"
+    for address, vendor, device, cls in devices:
+        d = root / address
+        d.mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+            (d / name).write_text(value + "\n")
+    return root
+
+
+def run_with_pci(fact: Fact[Any], pci: Path, path: str | None = None) -> Any:
+    """``fact`` with its PCI reads pointed at ``pci``, in /bin/sh, as on a node."""
+    command = fact.command().replace("/sys/bus/pci/devices", str(pci))
+    assert command != fact.command()
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True,
+                         env=dict(os.environ, PATH=path or os.environ["PATH"]), timeout=60)
+    return fact.parse(out.stdout, out.returncode)
+
+
+INTEL = ("0000:00:00.0", "0x8086", "0x1237", "0x060000")
+H200 = ("0000:19:00.0", "0x10de", "0x2335", "0x030200")
+
+
+def test_pci_devices_lists_the_nvidia_functions_of_a_sysfs(tmp_path: Path) -> None:
+    switch = ("0000:05:00.0", "0x10de", "0x22a3", "0x068000")
+    devices = run_with_pci(PciDevices(), fake_pci(tmp_path, INTEL, switch, H200))
+    assert [(d.address, d.device, d.is_gpu, d.is_nvswitch) for d in devices] == [
+        ("0000:05:00.0", "0x22a3", False, True), ("0000:19:00.0", "0x2335", True, False)]
+    assert run_with_pci(PciDevices(), fake_pci(tmp_path / "none", INTEL)) == ()
+
+
+@pytest.mark.skipif(Path(f"/lib/modules/{os.uname().release}/build").exists()
+                    or Path(f"/usr/src/linux-headers-{os.uname().release}").is_dir()
+                    or Path("/proc/driver/nvidia/version").exists(),
+                    reason="this machine has its kernel's headers or an NVIDIA driver loaded")
+def test_apt_is_asked_for_headers_only_where_an_nvidia_device_waits_for_a_driver(
+        tmp_path: Path) -> None:
+    """apt-cache policy reads every package list; a node without an NVIDIA device does not
+    need its answer, so the probe does not ask (on every probe of every such node)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-cache").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
+                                    "echo '  Candidate: 6.8.0-90.91'\n")
+    (fake / "apt-cache").chmod(0o755)
+    path = f"{fake}:{os.environ['PATH']}"
+    cpu = run_with_pci(System(), fake_pci(tmp_path / "cpu", INTEL), path)
+    assert cpu.headers_candidate == "-" and not calls.exists()
+    gpu = run_with_pci(System(), fake_pci(tmp_path / "gpu", INTEL, H200), path)
+    assert gpu.headers_candidate == "6.8.0-90.91"
+    assert calls.read_text().split() == ["policy", f"linux-headers-{os.uname().release}"]
+    bare = run_with_pci(System(), fake_pci(tmp_path / "bare", H200),
+                        bare_path(tmp_path / "bare"))
+    assert bare.headers_candidate == "unknown"  # no apt-cache: not "" (no source has them)
 
 
 def test_kernel_modules_count_what_the_kernel_shows_it_has() -> None:
