@@ -147,3 +147,28 @@ def test_the_three_daemons_see_the_same_gpus(node: Path) -> None:
     code, csv, fields = dcgm.Exporter(_Kubelet()).query()
     assert code == 0 and fields[:2] == ["index", "uuid"]
     assert [row.split(", ")[1] for row in csv.splitlines()] == [g0.uuid, g1.uuid]
+
+
+def test_a_kept_view_asks_again_only_when_the_gpus_state_changed(
+        node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device plugin asks on every kubelet sync: its -L and MIG mode answers are kept
+    while the state nvidia-smi reads stays as it is, and a MIG mode change is seen at once."""
+    asked: list[tuple[str, ...]] = []
+    real_run = gpuview.run
+
+    def counted(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        asked.append(tuple(argv[1:]))
+        return real_run(argv, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpuview, "run", counted)
+    assert [g.mig_mode for g in gpuview.View(kept=True).gpus()] == ["Enabled", "Disabled"]
+    assert len(asked) == 2
+    assert [g.mig_mode for g in gpuview.View(kept=True).gpus()] == ["Enabled", "Disabled"]
+    assert len(asked) == 2  # nothing changed: nothing asked
+    gpuview.View().listing()
+    assert len(asked) == 3  # a View that is not kept always asks
+    for args in (["mig", "-i", "0", "-dci"], ["mig", "-i", "0", "-dgi"], ["-i", "0", "-mig", "0"]):
+        subprocess.run(["nvidia-smi", *args], check=True, capture_output=True)
+    gpus = gpuview.View(kept=True).gpus()
+    assert [(g.mig_mode, len(g.migs)) for g in gpus] == [("Disabled", 0), ("Disabled", 0)]
+    assert len(asked) == 5

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 from .kubeconfig import Creds
@@ -167,3 +168,26 @@ class Client:
 
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
+
+    def stream(self, path: str, idle: float) -> Iterator[bytes]:
+        """The lines of a watch ``path`` (one event each), on a connection of its own; ends
+        when the server ends the stream, raises Unreachable when the connection breaks or
+        stays silent for ``idle`` seconds."""
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
+                                           timeout=idle)
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
+        if self.creds.token:
+            headers["Authorization"] = f"Bearer {self.creds.token}"
+        try:
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 400:
+                raise ApiError(resp.status, {"message": resp.read().decode(errors="replace"),
+                                             "code": resp.status})
+            while line := resp.readline():
+                yield line
+        except (OSError, http.client.HTTPException) as e:
+            raise Unreachable(self.hostport, str(e), isinstance(e, ConnectionRefusedError)
+                              ) from e
+        finally:
+            conn.close()

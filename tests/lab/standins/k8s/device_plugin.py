@@ -78,7 +78,7 @@ def resources(k: Kubelet, pods: list[Obj]) -> dict[str, list[str]]:
     pci = gpuview.pci_gpus()
     if not pci:
         return {}
-    view = gpuview.View()
+    view = gpuview.View(kept=True)
     if not view.listed():
         return {}
     cfg = nodeinfo.containerd_config()
@@ -145,7 +145,7 @@ def program(k: Kubelet, pod: Obj, container: Obj) -> programs.Outcome:
     reads every MIG device's memory and exits when it may not (programs.py)."""
     config = plugin_config(k, pod) or {}
     strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    mig_on = gpuview.View().mig_on()
+    mig_on = gpuview.View(kept=True).mig_on()
     toolkit = nodeinfo.installed_version("nvidia-container-toolkit")
     if strategy != "none" and mig_on and \
             not programs.device_plugin_mig_ok(container, toolkit):
@@ -160,7 +160,7 @@ def start_log(k: Kubelet, handler: str | None) -> str:
     """The log a device plugin container starts with (the kubelet writes it when it starts
     the pod; ``handler``: the pod's runtime handler)."""
     head = "I1126 00:00:00.000000       1 main.go:235] \"Starting NVIDIA Device Plugin\"\n"
-    if handler != "nvidia" or gpuview.View().listing() is None:
+    if handler != "nvidia" or gpuview.View(kept=True).listing() is None:
         return head + ("I1126 00:00:00.000000       1 factory.go:112] Incompatible platform "
                        "detected\nE1126 00:00:00.000000       1 factory.go:113] If this is a "
                        "GPU node, did you configure the NVIDIA Container Toolkit?\n"

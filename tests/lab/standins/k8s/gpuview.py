@@ -16,21 +16,25 @@ kernel lists, with or without a driver.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .common import P, run
-from .nodeinfo import read_abs
+from .nodeinfo import memo, read_abs, stat_key
 
 #: what the DRA plugin reads of each GPU (`nvidia-smi --query-gpu`, csv,noheader,nounits)
 DETAIL_QUERY = ("index,uuid,name,memory.total,pci.bus_id,compute_cap,driver_version,"
                 "mig.mode.current")
+#: the nvidia-smi questions a kept View answers from its memo (View.kept)
+KEPT = (("-L",), ("--query-gpu=uuid,mig.mode.current", "--format=csv,noheader"))
 #: a container's GPU selection (the nvidia-smi stand-in's and the toolkit's), not a daemon's
 CONTAINER_ENV = ("GPUK8S_LAB_VISIBLE_GPUS", "NVIDIA_VISIBLE_DEVICES")
 
@@ -228,17 +232,39 @@ def daemon_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in CONTAINER_ENV}
 
 
-class View:
-    """One look at the node's GPUs through nvidia-smi (``smi``: its command)."""
+#: what the nvidia-smi stand-in answers from (labgpu.py, labmig.py): its GPUs' PCI entries,
+#: the driver's installed and loaded versions, the MIG state, the boot (a reboot applies a
+#: pending MIG mode)
+_STATE_DIRS = ("/run/nvidia-lab", "/usr/lib/gpuk8s-lab/nvidia", "/var/lib/gpuk8s-lab/nvidia")
 
-    def __init__(self, smi: Sequence[str] = ("nvidia-smi",)) -> None:
+
+def state_key() -> tuple[Any, ...]:
+    """The state nvidia-smi's -L and MIG mode answers depend on, as it is now."""
+    files = [stat_key(shutil.which("nvidia-smi", path=daemon_env().get("PATH")) or "-")]
+    for folder in map(P, _STATE_DIRS):
+        files.append(stat_key(folder))
+        with contextlib.suppress(OSError):
+            files += [stat_key(os.path.join(folder, n)) for n in sorted(os.listdir(folder))]
+    return (*files, tuple(pci_gpus()), read_abs(P("/proc/sys/kernel/random/boot_id")))
+
+
+class View:
+    """One look at the node's GPUs through nvidia-smi (``smi``: its command). ``kept``: the
+    answers of -L and the MIG mode query are kept between Views while the state they come
+    from (state_key) stays as it is (the device plugin's, asked on every kubelet sync)."""
+
+    def __init__(self, smi: Sequence[str] = ("nvidia-smi",), kept: bool = False) -> None:
         self.smi = list(smi)
+        self.kept = kept
         self._out: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}
 
     def smi_run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """nvidia-smi ``args``, run once per View."""
         if args not in self._out:
-            self._out[args] = run([*self.smi, *args], env=daemon_env())
+            def ask() -> subprocess.CompletedProcess[str]:
+                return run([*self.smi, *args], env=daemon_env())
+            self._out[args] = memo(f"nvidia-smi {args}", state_key(), ask, rooted=True) \
+                if self.kept and args in KEPT else ask()
         return self._out[args]
 
     def listing(self) -> str | None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 from . import (
@@ -62,6 +63,12 @@ STATUS_PERIOD = float(os.environ.get("GPUK8S_LAB_KUBELET_PERIOD", "2"))
 #: the lab's reads the Ready condition's lastHeartbeatTime (40 s grace), so it posts every 10 s.
 #: Not read at the pinned tag: KubeletConfiguration's documented defaults.
 HEARTBEAT = 10.0
+#: a pod watch ends after this many seconds and is opened again (the API server's own limit
+#: is --min-request-timeout, 1800 s; the lab's endpoints may sit behind HAProxy's timeouts)
+WATCH_SECONDS = 60
+#: seconds between two syncs, however often the pod watch wakes the loop (the kubelet's own
+#: status posts come back to it as watch events)
+MIN_SYNC_GAP = 0.1
 APISERVER_UNIT = "kube-apiserver-standin"
 ETCD_UNIT = "etcd-static-pod"
 #: the REAL etcd (Debian's etcd-server 3.5), carried by the lab's kubelet package: the kubelet
@@ -218,6 +225,8 @@ class Kubelet:
                                        "pod kube-apiserver)")
         self.etcd = StaticProcess(ETCD_UNIT, "REAL etcd (static pod etcd)")
         self.registered = False
+        #: set by the pod watch: a sync is due now
+        self.wake = threading.Event()
         self.status_posted = self.lease_renewed = -HEARTBEAT
         #: device plugin allocation: pod uid -> the device IDs its containers were given
         #: (GPU or MIG device UUIDs, ``<UUID>::<n>`` for a time-slicing replica)
@@ -1005,15 +1014,34 @@ class Kubelet:
                                 "stderr": base64.b64encode(err).decode(),
                                 "exitCode": code}), "application/json"
 
+    def watch_pods(self) -> None:
+        """Wake the sync loop as soon as one of this node's pods changes, as the real kubelet
+        learns of its pods from a watch (its pod config's API source), instead of leaving a
+        new pod waiting out the rest of STATUS_PERIOD."""
+        path = (f"/api/v1/pods?watch=true&timeoutSeconds={WATCH_SECONDS}&fieldSelector="
+                + urllib.parse.quote(f"spec.nodeName={self.node_name}"))
+        while True:
+            opened = time.monotonic()
+            try:
+                for _ in self.client.stream(path, idle=WATCH_SECONDS + 30):
+                    self.wake.set()
+            except (ApiError, Unreachable, TLSError, OSError):
+                pass  # the API server is away (restarting, not started yet)
+            if time.monotonic() - opened < 5:
+                time.sleep(1)
+
     def run(self) -> None:
         self.serve()
         klog("I", '"Started kubelet"', "server.go:180")
+        threading.Thread(target=self.watch_pods, daemon=True, name="pod-watch").start()
         while True:
+            self.wake.clear()  # a change from here on brings the next sync forward
             try:
                 self.sync()
             except (ApiError, Unreachable, TLSError, OSError) as e:
                 klog("E", f'"Error syncing" err="{e}"')
-            time.sleep(STATUS_PERIOD)
+            time.sleep(MIN_SYNC_GAP)
+            self.wake.wait(STATUS_PERIOD - MIN_SYNC_GAP)
 
 
 def _trim_log(data: str, query: dict[str, list[str]]) -> str:

@@ -20,14 +20,16 @@ CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 SWAPS_ENV = "GPUK8S_LAB_PROC_SWAPS"
 
 
-#: what the three containerd reads below last gave, with the key they were read for: the
-#: kubelet stand-in asks every sync (every 2 s on every node), and each ask was a run of a Go
-#: binary; the answers change only with what their keys hold
+#: what the containerd reads below (and the GPU view's nvidia-smi questions) last gave, with
+#: the key they were read for: the kubelet stand-in asks every sync (every 2 s on every node),
+#: and each ask was a run of a program; the answers change only with what their keys hold
 _MEMO: dict[str, tuple[Any, Any]] = {}
 
 
-def _memo(name: str, key: Any, read_it: Callable[[], Any]) -> Any:
-    if os.environ.get(ROOT_ENV):
+def memo(name: str, key: Any, read_it: Callable[[], Any], rooted: bool = False) -> Any:
+    """``read_it()``, or what it gave last for the same ``key``. ``rooted``: the key reads
+    its files under $GPUK8S_LAB_ROOT, so the memo holds in the stand-ins' own tests too."""
+    if os.environ.get(ROOT_ENV) and not rooted:
         # the stand-ins' own tests on this host script containerd's answers (from files of
         # theirs, not /etc/containerd): asked every time there
         return read_it()
@@ -39,7 +41,7 @@ def _memo(name: str, key: Any, read_it: Callable[[], Any]) -> Any:
     return value
 
 
-def _stat_key(path: str) -> tuple[Any, ...]:
+def stat_key(path: str) -> tuple[Any, ...]:
     try:
         st = os.stat(path)
     except OSError:
@@ -49,7 +51,7 @@ def _stat_key(path: str) -> tuple[Any, ...]:
 
 def _binary_key() -> tuple[Any, ...]:
     """The containerd binary on PATH, as it is now (an upgrade changes it)."""
-    return _stat_key(shutil.which("containerd") or "containerd")
+    return stat_key(shutil.which("containerd") or "containerd")
 
 
 def _config_key() -> tuple[Any, ...]:
@@ -57,7 +59,7 @@ def _config_key() -> tuple[Any, ...]:
     (config.toml and the drop-ins it imports)."""
     files = []
     for folder, _, names in os.walk(P("/etc/containerd")):
-        files += [_stat_key(os.path.join(folder, n)) for n in sorted(names)]
+        files += [stat_key(os.path.join(folder, n)) for n in sorted(names)]
     return (_binary_key(), *sorted(files))
 
 
@@ -107,7 +109,7 @@ def cri_error(endpoint: str = CRI_SOCKET) -> str | None:
 def cri_plugin() -> tuple[bool, str]:
     """The cri row of the REAL `ctr plugins ls` (io.containerd.grpc.v1 cri ... ok), asked
     again when containerd restarts (plugins load when it starts)."""
-    result: tuple[bool, str] = _memo("plugins", _daemon_key(), _cri_plugin)
+    result: tuple[bool, str] = memo("plugins", _daemon_key(), _cri_plugin)
     return result
 
 
@@ -128,7 +130,7 @@ def containerd_active() -> bool:
 
 def containerd_config() -> dict[str, Any]:
     """The REAL `containerd config dump`, asked again when a file it reads changes."""
-    result: dict[str, Any] = _memo("config", _config_key(), _containerd_config)
+    result: dict[str, Any] = memo("config", _config_key(), _containerd_config)
     return result
 
 
@@ -167,7 +169,7 @@ def systemd_cgroup(cfg: dict[str, Any]) -> bool | None:
 
 def containerd_version() -> str:
     """The REAL `containerd --version`, asked again when the binary changes."""
-    result: str = _memo("version", _binary_key(), _containerd_version)
+    result: str = memo("version", _binary_key(), _containerd_version)
     return result
 
 
