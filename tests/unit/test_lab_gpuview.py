@@ -7,6 +7,7 @@ placed by the instance listings only where they agree, and that the three daemon
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,20 @@ def test_the_three_daemons_see_the_same_gpus(node: Path) -> None:
 def test_a_kept_view_asks_again_only_when_the_gpus_state_changed(
         node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The device plugin asks on every kubelet sync: its -L and MIG mode answers are kept
-    while the state nvidia-smi reads stays as it is, and a MIG mode change is seen at once."""
+    while the state nvidia-smi reads stays as it is, and a MIG mode change is seen at once.
+    nvidia-smi is installed as on a lab node: the stand-in itself, its modules beside it."""
+    # the fixture's nvidia-smi is a shell wrapper, as the stand-ins' own tests script theirs:
+    # what it reads is not known, so it is asked every time
+    assert gpuview.state_key() is None
+    bin_dir = node.parent / "node-bin"
+    bin_dir.mkdir()
+    smi = NVIDIA_SMI.read_text().replace("#!/usr/bin/python3", f"#!{sys.executable}", 1)
+    (bin_dir / "nvidia-smi").write_text(smi)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    for module in ("labgpu.py", "labmig.py", "labmigcli.py"):
+        shutil.copy(NVIDIA_SMI.parent / module, bin_dir / module)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert gpuview.state_key() is not None
     asked: list[tuple[str, ...]] = []
     real_run = gpuview.run
 

@@ -238,9 +238,18 @@ def daemon_env() -> dict[str, str]:
 _STATE_DIRS = ("/run/nvidia-lab", "/usr/lib/gpuk8s-lab/nvidia", "/var/lib/gpuk8s-lab/nvidia")
 
 
-def state_key() -> tuple[Any, ...]:
-    """The state nvidia-smi's -L and MIG mode answers depend on, as it is now."""
-    files = [stat_key(shutil.which("nvidia-smi", path=daemon_env().get("PATH")) or "-")]
+def state_key() -> tuple[Any, ...] | None:
+    """The state nvidia-smi's -L and MIG mode answers depend on, as it is now; None (ask
+    every time) when the nvidia-smi found is not the lab's stand-in, whose reads these are
+    (the stand-ins' own tests script one that answers from files of theirs)."""
+    smi = shutil.which("nvidia-smi", path=daemon_env().get("PATH")) or "-"
+    try:
+        with open(smi, "rb") as f:
+            if b"import labgpu" not in f.read(4096):
+                return None
+    except OSError:
+        return None
+    files = [stat_key(smi)]
     for folder in map(P, _STATE_DIRS):
         files.append(stat_key(folder))
         with contextlib.suppress(OSError):
