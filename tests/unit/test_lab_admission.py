@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -131,9 +132,10 @@ class MemStore:
         o = self.objs.get((*key, ns, name))
         return copy.deepcopy(o) if o else None
 
-    def list(self, key: tuple[str, str], ns: str | None = None) -> list[Obj]:
+    def list(self, key: tuple[str, str], ns: str | None = None,
+             where: Callable[[Obj], bool] | None = None) -> list[Obj]:
         return [copy.deepcopy(o) for (g, p, n, _), o in self.objs.items()
-                if (g, p) == key and (ns is None or n == ns)]
+                if (g, p) == key and (ns is None or n == ns) and (where is None or where(o))]
 
     def put(self, key: tuple[str, str], obj: Obj) -> Obj:
         self.rv += 1

@@ -10,7 +10,7 @@ import json
 import random
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any, cast
 
@@ -167,9 +167,10 @@ class FakeStore:
     def get(self, key: tuple[str, str], ns: str, name: str) -> dict[str, Any] | None:
         return self.objs.get((key[1], ns, name))
 
-    def list(self, key: tuple[str, str], ns: str | None) -> list[dict[str, Any]]:
+    def list(self, key: tuple[str, str], ns: str | None,
+             where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
         return [o for (plural, n, _), o in self.objs.items()
-                if plural == key[1] and (ns is None or n == ns)]
+                if plural == key[1] and (ns is None or n == ns) and (where is None or where(o))]
 
 
 class Request:

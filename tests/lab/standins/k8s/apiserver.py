@@ -27,6 +27,7 @@ import time
 import traceback
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -59,7 +60,7 @@ from .common import (
 )
 from .resources import Registry, Resource
 from .scheduler import is_active, matches_node_selector, untolerated_taint
-from .store import Conflict, Store, StoreError
+from .store import Conflict, Event, Store, StoreError
 
 Obj = dict[str, Any]
 NODE_GRACE = 40.0  # node-monitor-grace-period
@@ -215,6 +216,23 @@ QUIET_KEYS = frozenset({("coordination.k8s.io", "leases"), ("", "events"),
                         ("events.k8s.io", "events")})
 #: seconds between two controller passes, however often the store changes
 MIN_PASS_GAP = 0.1
+
+
+def _node_gist(node: Obj) -> Any:
+    """What of a Node the controllers act on: not the kubelet's heartbeat times."""
+    st = node.get("status") or {}
+    return (node["metadata"].get("labels"), node.get("spec"), st.get("allocatable"),
+            [(c.get("type"), c.get("status")) for c in st.get("conditions") or []])
+
+
+def stirs(e: Event) -> bool:
+    """Whether a change may give the controllers work: not a heartbeat (a lease, a node
+    status that only moved its times) nor an event."""
+    if e.key in QUIET_KEYS:
+        return False
+    if e.key == ("", "nodes") and e.type == "MODIFIED" and e.old is not None:
+        return bool(_node_gist(e.old) != _node_gist(e.obj))
+    return True
 LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
 RENEW_SECONDS = 2
 
@@ -326,8 +344,9 @@ class ApiServer:
     def get(self, res: Resource, ns: str, name: str) -> Obj | None:
         return self.store.get(self.key(res), ns if res.namespaced else "", name)
 
-    def list(self, res: Resource, ns: str | None = None) -> list[Obj]:
-        return self.store.list(self.key(res), ns if res.namespaced else None)
+    def list(self, res: Resource, ns: str | None = None,
+             where: Callable[[Obj], bool] | None = None) -> list[Obj]:
+        return self.store.list(self.key(res), ns if res.namespaced else None, where)
 
     def R(self, name: str) -> Resource:
         r = self.registry.lookup(name)
@@ -828,15 +847,15 @@ class ApiServer:
         """Return when the store has a change after revision ``seen`` that a controller may
         act on, or after ``timeout`` seconds: the real controllers are driven by their
         informers' events; the lab's pass over everything runs on the next change, not on a
-        clock. Heartbeats (leases) and events do not count: eight kubelets post them all the
-        time."""
+        clock. Heartbeats (leases, node statuses that only moved their times) and events do not
+        count: eight kubelets post them all the time."""
         deadline = time.monotonic() + timeout
         with self.store.lock:
             while True:
                 for e in reversed(self.store.history):
                     if e.rv <= seen:
                         break
-                    if e.key not in QUIET_KEYS:
+                    if stirs(e):
                         return
                 seen = self.store.rv
                 left = deadline - time.monotonic()
@@ -1962,7 +1981,7 @@ class ApiServer:
                         "resourceVersion", ""), self._one(q, "includeObject", "Metadata")), js
                 return 200, obj, js
             if method == "GET":
-                items = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
+                items = self.list(res, ns or None, self._selected(q))
                 return 200, self._table_or_list(res, items, q, h), js
             mgr = self._manager(q, h)
             sch = schema.for_kind(res.group, res.version, res.kind)
@@ -2001,7 +2020,7 @@ class ApiServer:
                         time.sleep(0.2)
             if method == "DELETE":
                 if not name:
-                    gone = [o for o in self.list(res, ns or None) if self._selected(q)(o)]
+                    gone = self.list(res, ns or None, self._selected(q))
                     refused: HTTPError | None = None
                     for o in gone:  # each item is deleted, and admitted, on its own
                         try:

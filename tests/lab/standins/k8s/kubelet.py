@@ -145,7 +145,7 @@ class StaticProcess:
             if self.proc is not None:
                 self.proc.poll()
             return self._pid() is not None
-        return run(["systemctl", "is-active", "--quiet", self.unit]).returncode == 0
+        return nodeinfo.unit_active(self.unit)
 
     def stop(self) -> None:
         if os.environ.get(NO_SYSTEMD_ENV):

@@ -16,6 +16,7 @@ import sys
 import urllib.request
 from typing import Any
 
+from . import nodeinfo
 from .client import ApiError, Client
 from .common import NO_SYSTEMD_ENV, P, parse_quantity, read, run, write
 from .podrun import CNI
@@ -292,7 +293,7 @@ def active(uid: str) -> bool:
             return True
         except (ValueError, OSError):
             return False
-    return run(["systemctl", "is-active", "--quiet", unit_name(uid)]).returncode == 0
+    return nodeinfo.unit_active(unit_name(uid))
 
 
 def stop(uid: str) -> bool:

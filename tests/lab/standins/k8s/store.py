@@ -22,6 +22,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
@@ -263,10 +264,15 @@ class Store:
             text = self.texts.get(key, {}).get((ns, name))
         return json.loads(text) if text is not None else None
 
-    def list(self, key: Key, ns: str | None = None) -> list[Obj]:
+    def list(self, key: Key, ns: str | None = None,
+             where: Callable[[Obj], bool] | None = None) -> list[Obj]:
+        """Copies of the objects of ``key`` (in ``ns``), by namespace and name; ``where``
+        picks among the stored objects first (it must not change them), so that a selective
+        list (a kubelet's pods of its node) copies only what it returns."""
         with self.lock:
-            items = [(k, v) for k, v in self.texts.get(key, {}).items()
-                     if ns is None or k[0] == ns]
+            texts = self.texts.get(key, {})
+            items = [(k, texts[k]) for k, o in self.objs.get(key, {}).items()
+                     if (ns is None or k[0] == ns) and (where is None or where(o))]
         return [json.loads(v) for _, v in sorted(items, key=lambda kv: kv[0])]
 
     def _txn(self, ekey: str, request: Obj, based_on: Any = None) -> int:
