@@ -211,6 +211,8 @@ def field_match(selector: str, obj: Obj) -> bool:
 
 #: the Lease the controllers' leader holds, and how long it lasts unrenewed
 LEADER_LEASE = "kube-controller-manager"
+LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
+RENEW_SECONDS = 2
 #: changes that do not wake the controllers early (await_change): heartbeats and events
 QUIET_KEYS = frozenset({("coordination.k8s.io", "leases"), ("", "events"),
                         ("events.k8s.io", "events")})
@@ -233,8 +235,6 @@ def stirs(e: Event) -> bool:
     if e.key == ("", "nodes") and e.type == "MODIFIED" and e.old is not None:
         return bool(_node_gist(e.old) != _node_gist(e.obj))
     return True
-LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
-RENEW_SECONDS = 2
 
 
 def controller_manager_flags() -> dict[str, str]:

@@ -127,11 +127,9 @@ class Client:
         if body is not None:
             data = body if isinstance(body, bytes) else (
                 body.encode() if isinstance(body, str) else json.dumps(body).encode())
-        headers = {"Accept": "application/json", "User-Agent": self.agent}
+        headers = self._headers()
         if data is not None:
             headers["Content-Type"] = content_type
-        if self.creds.token:
-            headers["Authorization"] = f"Bearer {self.creds.token}"
         while True:
             conn, reused = self._connection()
             try:
@@ -169,17 +167,21 @@ class Client:
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
 
+    def _headers(self) -> dict[str, str]:
+        """What every request of this client carries: JSON, its agent, its token if any."""
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
+        if self.creds.token:
+            headers["Authorization"] = f"Bearer {self.creds.token}"
+        return headers
+
     def stream(self, path: str, idle: float) -> Iterator[bytes]:
         """The lines of a watch ``path`` (one event each), on a connection of its own; ends
         when the server ends the stream, raises Unreachable when the connection breaks or
         stays silent for ``idle`` seconds."""
         conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx,
                                            timeout=idle)
-        headers = {"Accept": "application/json", "User-Agent": self.agent}
-        if self.creds.token:
-            headers["Authorization"] = f"Bearer {self.creds.token}"
         try:
-            conn.request("GET", path, headers=headers)
+            conn.request("GET", path, headers=self._headers())
             resp = conn.getresponse()
             if resp.status >= 400:
                 raise ApiError(resp.status, {"message": resp.read().decode(errors="replace"),
