@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -14,6 +12,9 @@ from gpuk8s.facts.dpkg import DpkgHealth as DpkgHealth
 from gpuk8s.facts.dpkg import DpkgPackages as DpkgPackages
 from gpuk8s.facts.dpkg import Packages as Packages
 from gpuk8s.facts.dpkg import PackageState as PackageState
+from gpuk8s.facts.files import FileReads as FileReads
+from gpuk8s.facts.files import Files as Files
+from gpuk8s.facts.files import FileState as FileState
 from gpuk8s.facts.units import Services as Services
 from gpuk8s.facts.units import SystemdUnits as SystemdUnits
 from gpuk8s.facts.units import Unit as Unit
@@ -349,80 +350,6 @@ class Sysctls(Fact[dict[str, str]]):
 
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
         return dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
-
-
-@dataclass(frozen=True)
-class FileState:
-    """One path: existence, mode (octal string), owner, sha256 and (if asked) content."""
-
-    path: str
-    exists: bool
-    mode: str = ""
-    owner: str = ""
-    sha256: str = ""
-    content: bytes | None = None
-    #: last modification (Unix time) of a file whose content was probed; 0: not known
-    mtime: int = 0
-
-    @property
-    def text(self) -> str | None:
-        return None if self.content is None else self.content.decode(errors="replace")
-
-
-class Files(Fact[dict[str, FileState]]):
-    """State of files; args are paths, a path prefixed with ``+`` also returns its content."""
-
-    def command(self) -> str:
-        lines = []
-        for arg in self.args:
-            path = arg.lstrip("+")
-            # the path is data: one quoted word, printed by printf's %s, never part of a
-            # format or of a double-quoted string the shell would expand
-            q = shell(path)
-            if arg.startswith("+"):
-                # content read: its sha256 is computed here, from the content (no sha256sum)
-                lines.append(f"if [ -e {q} ]; then printf 'P %s %s\\n' {q} "
-                             f"\"$(stat -c '%a %U %Y' {q})\"; "
-                             f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
-                             f"else printf 'N %s\\n' {q}; fi")
-            else:
-                lines.append(f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} "
-                             f"\"$(stat -c '%a %U' {q})\" "
-                             f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
-                             f"else printf 'N %s\\n' {q}; fi")
-        return "\n".join(lines)
-
-    def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
-        states: dict[str, FileState] = {}
-        contents: dict[str, bytes] = {}
-        mtimes: dict[str, int] = {}
-        for line in output.splitlines():
-            kind, _, rest = line.partition(" ")
-            if kind == "F":
-                path, mode, owner, sha = rest.rsplit(" ", 3)
-                states[path] = FileState(path, True, mode, owner, sha)
-            elif kind == "P":  # a file whose content follows: mode, owner, mtime
-                path, mode, owner, stamp = rest.rsplit(" ", 3)
-                states[path] = FileState(path, True, mode, owner)
-                if stamp.isdigit():
-                    mtimes[path] = int(stamp)
-            elif kind == "N":
-                states[rest] = FileState(rest, False)
-            elif kind == "T":
-                path, _, stamp = rest.rpartition(" ")
-                if path and stamp.isdigit():
-                    mtimes[path] = int(stamp)
-            elif kind == "C":
-                path, _, encoded = rest.rpartition(" ")
-                if not path:
-                    path, encoded = encoded, ""
-                contents[path] = base64.b64decode(encoded)
-        for path, raw in contents.items():
-            old = states[path]
-            states[path] = FileState(old.path, old.exists, old.mode, old.owner,
-                                     old.sha256 or hashlib.sha256(raw).hexdigest(), raw,
-                                     mtimes.get(path, 0))
-        return states
 
 
 PENDING_HANDLERS = "/var/lib/gpuk8s/pending-handlers"

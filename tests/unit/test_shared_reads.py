@@ -14,6 +14,7 @@ command runs its shared read itself) and in one probe (where the read runs once 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ from gpuk8s.facts.dra import Dra
 from gpuk8s.facts.kube import MANAGED_KINDS, Cluster
 from gpuk8s.facts.nvidia import QUERY_FIELDS, GpuTopology, MigState, Nvidia
 from gpuk8s.facts.probe import build_probe, parse_probe
-from gpuk8s.facts.system import Services
+from gpuk8s.facts.system import Files, Services
 from gpuk8s.sinks import shell
 from tests.lab.selftest.standins.nvidia_helpers import (
     DUAL,
@@ -330,3 +331,70 @@ def test_no_admin_conf_reads_nothing(tmp_path: Path) -> None:
     values = compare({Cluster(): OLD_CLUSTER, Dra(): OLD_DRA}, tools,
                      here=tmp_path / "missing.conf")
     assert not values[Cluster()].reachable and not values[Dra()].reachable
+
+
+# --------------------------------------------------------------------------------- files
+def old_files(*args: str) -> str:
+    """The Files command of before its shared read, verbatim: two or three processes a path."""
+    lines = []
+    for arg in args:
+        path = arg.lstrip("+")
+        q = shell(path)
+        if arg.startswith("+"):
+            lines.append(f"if [ -e {q} ]; then printf 'P %s %s\\n' {q} "
+                         f"\"$(stat -c '%a %U %Y' {q})\"; "
+                         f"printf 'C %s %s\\n' {q} \"$(base64 -w0 < {q})\"; "
+                         f"else printf 'N %s\\n' {q}; fi")
+        else:
+            lines.append(f"if [ -e {q} ]; then printf 'F %s %s %s\\n' {q} "
+                         f"\"$(stat -c '%a %U' {q})\" "
+                         f"\"$(sha256sum < {q} 2>/dev/null | cut -c1-64)\"; "
+                         f"else printf 'N %s\\n' {q}; fi")
+    return "\n".join(lines)
+
+
+def test_files_read_with_one_stat_and_one_sha256sum(tmp_path: Path) -> None:
+    """Every Files fact of a probe (paths shared between them, with and without content)
+    gives what its command of before gave: a file (and one whose name begins like it), an
+    empty one of mode 600, binary
+    content, a folder, a symlink to a file and a dangling one, a missing path; the probe
+    runs stat once and sha256sum once for all of them."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("[plugins]\nsnapshotter = 'overlayfs'\n")
+    (root / "a.conf old").write_text("a name that begins like another one\n")
+    (root / "empty").write_text("")
+    (root / "empty").chmod(0o600)
+    (root / "bin.gpg").write_bytes(bytes(range(256)) * 3)
+    os.utime(root / "bin.gpg", (1700000000, 1700000000))
+    (root / "certs.d").mkdir()
+    (root / "link").symlink_to(root / "a.conf")
+    (root / "dangling").symlink_to(root / "gone")
+    p = {n: str(root / n) for n in ("a.conf", "a.conf old", "empty", "bin.gpg", "certs.d",
+                                    "link", "dangling", "missing")}
+    groups = [(p["a.conf"], "+" + p["empty"], p["certs.d"], "+" + p["link"], p["a.conf old"]),
+              ("+" + p["a.conf"], p["dangling"], p["missing"], "+" + p["bin.gpg"]),
+              ("+" + p["certs.d"], p["link"], p["bin.gpg"], p["empty"])]
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    log = tmp_path / "log"
+    for tool in ("stat", "sha256sum"):
+        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        (tools / tool).write_text(f"#!/bin/sh\necho {tool} >> {log}\nexec {real} \"$@\"\n")
+        (tools / tool).chmod(0o755)
+    facts: dict[Fact[Any], str] = {Files(*g): old_files(*g) for g in groups}
+    values = compare(facts, tools)
+    a = values[Files(*groups[1])][p["a.conf"]]
+    assert a.text == "[plugins]\nsnapshotter = 'overlayfs'\n" and a.mode == "644"
+    assert values[Files(*groups[2])][p["bin.gpg"]].sha256 == \
+        hashlib.sha256(bytes(range(256)) * 3).hexdigest()
+    assert not values[Files(*groups[1])][p["dangling"]].exists
+    log.write_text("")
+    sh(build_probe(list(facts))[0], tools)
+    assert sorted(log.read_text().split()) == ["sha256sum", "stat"]
+
+
+def test_a_path_the_shared_read_cannot_split_is_refused() -> None:
+    with pytest.raises(ValueError, match="no newline"):
+        Files("/etc/a\\\\b").command()
