@@ -15,7 +15,7 @@ from gpuk8s.sinks import shell
 #: what a probed path may not hold: the shared read's lines are split on newlines, and
 #: sha256sum escapes a name with a backslash (gpuk8s's own paths never have these)
 _ODD_PATH = re.compile(r"[\n\r\\]")
-#: the shared read's newline, and a helper that takes its next line from $1's variable
+#: the shared read's newline (its loop cuts stat's and sha256sum's output line by line)
 _NL = "_gk_nl='\n'"
 
 
@@ -115,21 +115,15 @@ class Files(Fact[dict[str, FileState]]):
         return (FileReads(*self.args),)
 
     def command(self) -> str:
-        lines = [self.sources()[0].ensure(), _NL,
-                 '_gk_x="$_gk_nl$_gk_files$_gk_nl"']
+        # one sed over the shared read picks this fact's lines by their tags (fixed hex
+        # words, never a path), and only the kinds it asked for: N and F for a path, N, P and
+        # C for a +path. (Shell pattern cuts of the whole read were quadratic: 200 ms a fact.)
+        picks = []
         for arg in self.args:
-            path = arg.removeprefix("+")
-            kinds = "P C" if arg.startswith("+") else "F"
-            g = tag(path)
-            # the path is data: one quoted word, printed by printf's %s, never part of a
-            # format or of a double-quoted string the shell would expand
-            lines.append(f"f={shell(path)}; case $_gk_x in *\"$_gk_nl{g} N \"*) "
-                         "printf 'N %s\\n' \"$f\";; *) for k in " + kinds + "; do\n"
-                         f"  case $_gk_x in *\"$_gk_nl{g} $k \"*) "
-                         f"l=${{_gk_x#*\"$_gk_nl{g} $k \"}}\n"
-                         "    printf '%s %s\\n' \"$k\" \"${l%%\"$_gk_nl\"*}\";; esac\n"
-                         "done;; esac")
-        return "\n".join(lines)
+            kinds = "NPC" if arg.startswith("+") else "NF"
+            picks.append(f"s/^{tag(arg.removeprefix('+'))} \\([{kinds}]\\) /\\1 /p")
+        return "\n".join([self.sources()[0].ensure(),
+                          f"printf '%s\\n' \"$_gk_files\" | sed -n {shell(';'.join(picks))}"])
 
     def parse(self, output: str, exit_code: int) -> dict[str, FileState]:
         states: dict[str, FileState] = {}
