@@ -82,9 +82,16 @@ class Source(Request):
         or of a merged source covering it)."""
         raise NotImplementedError
 
+    def start(self) -> str:
+        """Shell lines for a read that can go on in the background (its ``command()`` then
+        collects it): a probe runs them at its very top, before any section, and runs the
+        facts that need this source after all the others, so that the read overlaps them.
+        They never print and never read stdin. None by default."""
+        return ""
+
     def ensure(self) -> str:
         """Shell lines that run this source unless it already ran in this shell."""
-        return f"{self.ready()} || {{\n{self.command()}\n}}"
+        return f"{self.ready()} || {{\n{self.start()}\n{self.command()}\n}}"
 
     @classmethod
     def merge(cls, sources: Sequence[Source]) -> Source:

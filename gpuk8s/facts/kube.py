@@ -151,30 +151,42 @@ def _kube_reads() -> dict[str, str]:
 
 class KubeReads(Source):
     """The kubectl reads of a probe's cluster facts (args: names from _kube_reads), all side
-    by side, with admin.conf: one round for the Cluster fact and the Dra fact together. Each
+    by side, with admin.conf: one round for the Cluster fact and the Dra fact together, in the
+    background of the rest of a probe (start, then command collects). Each
     read leaves its output in $_gk_k_<name>, its exit code in $_gk_k_<name>_rc and the last
     three lines of its stderr in $_gk_k_<name>_err (with, when it timed out, that the API
     server did not answer). Without admin.conf or kubectl (or a temporary folder for the
     outputs) nothing runs and each exit code is "absent"."""
 
-    def command(self) -> str:
+    def _names(self) -> list[str]:
         reads = _kube_reads()
-        names = [n for n in self.args if n in reads]
-        start = "\n".join(f"  $_gk_k get {reads[n]} >\"$_gk_d/{n}\" 2>\"$_gk_d/{n}.e\" & "
-                          f"_gk_p_{n}=$!" for n in names)
+        return [n for n in self.args if n in reads]
+
+    def start(self) -> str:
+        # the reads go on in the background while the rest of the probe runs (on a no-op run
+        # they are most of the control plane's probe); command() collects them
+        reads = _kube_reads()
+        launch = "\n".join(f"  $_gk_k get {reads[n]} >\"$_gk_d/{n}\" 2>\"$_gk_d/{n}.e\" "
+                           f"</dev/null & _gk_p_{n}=$!" for n in self._names())
+        return f"""if [ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 && \\
+  _gk_d=$(mktemp -d); then
+  # kubectl retries a refused or cut connection (discovery included) well past its request
+  # timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
+  _gk_k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+{launch}
+  _gk_kr_on=1
+fi"""
+
+    def command(self) -> str:
+        names = self._names()
         wait = "\n".join(f"  wait $_gk_p_{n}; _gk_k_{n}_rc=$?" for n in names)
         keep = "\n".join(
             f"  [ $_gk_k_{n}_rc -eq 124 ] && echo \"$_gk_late\" >>\"$_gk_d/{n}.e\"\n"
             f"  _gk_k_{n}=$(cat \"$_gk_d/{n}\"); _gk_k_{n}_err=$(tail -n 3 \"$_gk_d/{n}.e\")"
             for n in names)
         absent = "; ".join(f"_gk_k_{n}=; _gk_k_{n}_rc=absent" for n in names) or ":"
-        return f"""if [ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 && \\
-  _gk_d=$(mktemp -d); then
-  # kubectl retries a refused or cut connection (discovery included) well past its request
-  # timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
-  _gk_k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"
+        return f"""if [ -n "${{_gk_kr_on+x}}" ]; then
   _gk_late="the API server did not answer within {CLUSTER_WAIT}s"
-{start}
 {wait}
 {keep}
   rm -rf "$_gk_d"

@@ -50,11 +50,27 @@ def build_probe(requests: Sequence[Fact[Any]], marker: str | None = None, *,
         parts.append(body)
         parts.append(f"_gk_rc=$?; {clock}; echo \"\n{marker} E {i} $_gk_rc $_gk_t\"")
 
-    for i, source in enumerate(probe_sources(requests)):
-        # in the script's own shell (a group, not a subshell), so that its variables stay
-        section(-(i + 1), f"{{ {source.command()}\n}} </dev/null")
+    sources = probe_sources(requests)
+    # a source with a background part starts it first; its collecting section and the facts
+    # that read it come after every other fact, so that the background read overlaps them
+    # (sections are found by number, not by place)
+    late = [s for s in sources if s.start()]
+    for source in late:
+        parts.append(f"{{ {source.start()}\n}} </dev/null")
+    waiting = {i for i, fact in enumerate(requests)
+               if any(type(s) is type(x) for s in fact.sources() for x in late)}
+    for i, source in enumerate(sources):
+        if source not in late:
+            # in the script's own shell (a group, not a subshell), so that its variables stay
+            section(-(i + 1), f"{{ {source.command()}\n}} </dev/null")
     for i, fact in enumerate(requests):
-        section(i, f"( {fact.command()}\n) </dev/null")
+        if i not in waiting:
+            section(i, f"( {fact.command()}\n) </dev/null")
+    for i, source in enumerate(sources):
+        if source in late:
+            section(-(i + 1), f"{{ {source.command()}\n}} </dev/null")
+    for i in sorted(waiting):
+        section(i, f"( {requests[i].command()}\n) </dev/null")
     return "\n".join(parts) + "\n", marker
 
 

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from gpuk8s.facts import Fact
-from gpuk8s.facts.probe import DATE, build_probe, parse_probe, probe_times
+from gpuk8s.facts.probe import DATE, build_probe, parse_probe, probe_sources, probe_times
 from gpuk8s.gather import fact_requests
 from gpuk8s.inventory import load_inventory
+from gpuk8s.sections import section_times
 from gpuk8s.session import role_vars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,10 +119,11 @@ def lab_requests(host: str, **extra: Any) -> list[Fact[Any]]:
 
 
 def run_probe(tmp_path: Path, requests: list[Fact[Any]], *, gpus: bool, control_plane: bool,
-              mig: str = "Disabled") -> tuple[collections.Counter[str], dict[str, float]]:
+              mig: str = "Disabled", spans: bool = False) -> Any:
     """Run the probe of ``requests`` here; return how many times each tool ran (and
     ``nvidia-smi --query-gpu`` on its own) and probe_times. ``gpus``: nvidia-smi is
-    installed; ``control_plane``: admin.conf is there for kubectl."""
+    installed; ``control_plane``: admin.conf is there for kubectl. ``spans``: also each
+    section's (start, end, name) by its number."""
     tools = tmp_path / "bin"
     tools.mkdir()
     program = tmp_path / "standin.py"
@@ -154,7 +156,13 @@ def run_probe(tmp_path: Path, requests: list[Fact[Any]], *, gpus: bool, control_
         runs[tool] += 1
         if tool == "nvidia-smi" and args.startswith("--query-gpu"):
             runs["nvidia-smi --query-gpu"] += 1
-    return runs, probe_times(out, marker, requests)
+    if not spans:
+        return runs, probe_times(out, marker, requests)
+    names = {i: f.key for i, f in enumerate(requests)}
+    names.update({-(i + 1): f"source {x.key}" for i, x in enumerate(probe_sources(requests))})
+    return runs, probe_times(out, marker, requests), {
+        i: (start, end, names[i]) for i, (start, end) in section_times(out, marker).items()
+        if end is not None}
 
 
 def test_the_lab_inventory_asks_every_host_the_same_facts() -> None:
@@ -185,11 +193,22 @@ def test_a_gpu_workers_probe_runs_each_tool_once(tmp_path: Path, mig: str) -> No
 def test_a_control_planes_probe_reads_the_cluster_in_one_round(tmp_path: Path,
                                                                dra: bool) -> None:
     """The Cluster fact's two reads, and the Dra fact's two when the inventory asks for DRA,
-    run side by side in one round: the shared read takes about one kubectl's time."""
+    run side by side in one round, started at the top of the probe: the section that
+    collects them waits only for what is left of one kubectl's time after the other
+    sections ran (without the head start it would wait a whole one)."""
     requests = lab_requests("cp-01", **({"gpu_allocation": "dra"} if dra else {}))
-    runs, times = run_probe(tmp_path, requests, gpus=False, control_plane=True)
+    runs, times, spans = run_probe(tmp_path, requests, gpus=False, control_plane=True,
+                                   spans=True)
     assert runs["kubectl"] == (4 if dra else 2)
     assert runs["systemctl"] == 1 and runs["nvidia-smi"] == 0
-    reads = [t for k, t in times.items() if k.startswith("source KubeReads")]
-    assert len(reads) == 1 and KUBECTL_SECONDS <= reads[0] < 1.9 * KUBECTL_SECONDS, times
+    (collect,) = [n for n, k in spans.items() if k[2].startswith("source KubeReads")]
+    top = min(start for start, _, _ in spans.values())
+    start, end, _ = spans[collect]
+    before = start - top  # the other sections, run while the reads went on
+    assert before > KUBECTL_SECONDS / 2, spans  # else the test shows nothing
+    assert KUBECTL_SECONDS <= end - top < max(before, KUBECTL_SECONDS) + \
+        0.9 * KUBECTL_SECONDS, spans
+    assert end - start < max(0.0, KUBECTL_SECONDS - before) + KUBECTL_SECONDS / 2, spans
+    # the sections that read the cluster come last
+    assert max(s for s, _, k in spans.values() if k in ("Cluster", "Dra")) >= start
     assert times["Cluster"] < KUBECTL_SECONDS / 2
