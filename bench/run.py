@@ -48,7 +48,7 @@ from gpuk8s.gather import fact_requests  # noqa: E402
 from gpuk8s.inventory import load_inventory  # noqa: E402
 from gpuk8s.session import role_vars  # noqa: E402
 from tests.lab.lab import Lab  # noqa: E402
-from tests.lab.paths import state_dir  # noqa: E402
+from tests.lab.paths import services_dir  # noqa: E402
 from tests.lab.topology import Topology  # noqa: E402
 
 INVOKE = str(ROOT / ".venv" / "bin" / "invoke")
@@ -162,7 +162,7 @@ def acng_bytes(text: str, clients: set[str] | None = None) -> dict[str, int]:
 
 
 def lab_host_log() -> Path:
-    return state_dir() / "run" / "apt-cacher-ng" / "apt-cacher.log"
+    return services_dir() / "apt-cacher-ng" / "apt-cacher.log"
 
 
 def served_by_lab_host(since: int, clients: set[str]) -> int:

@@ -6,6 +6,7 @@ handwritten digits (scikit-learn's load_digits, 1,797 8x8 images) as MNIST's mni
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -47,9 +48,18 @@ def tf_venv() -> Path:
     venv = _cache_root() / f"venv-{key}"
     if (venv / "ok").is_file():
         return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    # two test sessions side by side: one builds, the other waits for it
+    with open(venv.parent / f"venv-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / "ok").is_file():
+            return venv
+        return _build(venv)
+
+
+def _build(venv: Path) -> Path:
     # built where it will live (a venv's scripts name its path); "ok" marks it complete
     shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q",
                           "--disable-pip-version-check", "-r", str(REQUIREMENTS)],

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import base, images, net, node, registry
-from .paths import LAB_KEY_FINGERPRINT, LabError, cache_dir, run, shared_dir, state_dir
+from .lock import HOST_LOCK_PATH, acquire, others_in_use
+from .paths import (
+    LAB_KEY_FINGERPRINT,
+    LabError,
+    cache_dir,
+    run,
+    shared_dir,
+    state_dir,
+)
 from .topology import NodeSpec, Topology, write_inventory
 
 T = TypeVar("T")
@@ -179,7 +187,22 @@ class Lab:
               f"(total {t2 - t0:.1f} s); inventory {self.inventory_path}", flush=True)
         return self.nodes()
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _host_locked() -> Iterator[None]:
+        """The host's shared part (bridge, services, caches) is built, started and stopped
+        by one instance at a time."""
+        lock = acquire("lab host", HOST_LOCK_PATH)
+        try:
+            yield
+        finally:
+            lock.close()
+
     def _host_up(self) -> Path:
+        with self._host_locked():
+            return self._host_up_locked()
+
+    def _host_up_locked(self) -> Path:
         for d in (self.state / "ssh", self.state / "secrets", self.state / "nodes"):
             d.mkdir(parents=True, exist_ok=True)
         (self.state / "secrets").chmod(0o700)
@@ -346,10 +369,14 @@ class Lab:
         for point in node.lab_mounts():
             if run(["umount", point], check=False).returncode != 0:
                 run(["umount", "-l", point], check=False)
-        net.cleanup_all_net()
-        self._repos_stop()
-        registry.stop()
-        net.stop_proxy()
+        with self._host_locked():
+            net.cleanup_all_net()  # this instance's
+            # the bridge and the host's services: the last instance in use stops them
+            if not others_in_use():
+                net.remove_bridge()
+                self._repos_stop()
+                registry.stop()
+                net.stop_proxy()
         if node.lab_mounts():
             raise LabError(f"lab: mounts left under {self.state}: {node.lab_mounts()}")
         if self.state.is_dir():
@@ -513,8 +540,7 @@ class Lab:
                 node.unmount_overlay(s.name)
                 for n in node.nspawn_pids(s.name):
                     raise LabError(f"{s.name}: nspawn {n} still running")
-            rootfs = base.ensure_base()
-            self._registry_up()
+            rootfs = self._host_up()  # another instance's `down` may have stopped them
         else:
             self.down(quiet=True)
             rootfs = self._host_up()

@@ -20,8 +20,9 @@ from .paths import (
     VETH_PREFIX,
     LabError,
     cache_dir,
+    own_veth_octet,
     run,
-    state_dir,
+    services_dir,
 )
 
 SYSCTLS = {
@@ -120,18 +121,23 @@ def leftover_netns() -> list[str]:
 
 
 def leftover_veths() -> list[str]:
+    """This instance's node veths (gk8v<last octet of its address>)."""
     try:
-        return sorted(n for n in os.listdir("/sys/class/net") if n.startswith(VETH_PREFIX))
+        names = os.listdir("/sys/class/net")
     except OSError:
         return []
+    return sorted(n for n in names if n.startswith(VETH_PREFIX)
+                  and n[len(VETH_PREFIX):].isdigit()
+                  and own_veth_octet(int(n[len(VETH_PREFIX):])))
 
 
 def cleanup_all_net() -> None:
+    """This instance's node networks (Lab.down removes the bridge when no other instance is
+    in use)."""
     for veth in leftover_veths():
         run(["ip", "link", "del", veth], check=False)
     for ns in leftover_netns():
         run(["ip", "netns", "del", ns], check=False)
-    remove_bridge()
 
 
 # ---------------------------------------------------------------- apt-cacher-ng
@@ -155,7 +161,7 @@ FollowIndexFileRemoval: 1
 
 
 def _acng_paths() -> dict[str, Path]:
-    run_dir = state_dir() / "run"
+    run_dir = services_dir()
     return {
         "conf": cache_dir() / "apt-cacher-ng" / "conf",
         "cache": cache_dir() / "apt-cacher-ng" / "cache",

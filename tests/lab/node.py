@@ -16,6 +16,7 @@ from typing import Any
 
 from . import fakepci, net
 from .paths import (
+    CGROUP_PREFIX,
     HOST_IP,
     NODE_SHARED_DIR,
     PREFIX_LEN,
@@ -212,7 +213,7 @@ def start(spec: NodeSpec) -> None:
         "statefile": str(nd / "supervisor.json"),
         "console_log": str(nd / "console.log"),
         "argv": nspawn_argv(spec),
-        "cgroup": f"gpuk8s-lab-{spec.name}",
+        "cgroup": f"{CGROUP_PREFIX}{spec.name}",
     }
     (nd / "supervisor.cfg.json").write_text(json.dumps(cfg, indent=1) + "\n")
     (nd / "supervisor.pid").unlink(missing_ok=True)
@@ -283,7 +284,7 @@ def nspawn_pids(name: str | None = None) -> list[int]:
 
 def lab_cgroups(name: str | None = None) -> list[Path]:
     """The per-node cgroup dirs (every hierarchy) that supervisors created."""
-    pattern = f"gpuk8s-lab-{name}" if name else "gpuk8s-lab-*"
+    pattern = f"{CGROUP_PREFIX}{name}" if name else f"{CGROUP_PREFIX}*"
     return [d for parent in cgroup_dirs() for d in parent.glob(pattern) if d.is_dir()]
 
 

@@ -10,12 +10,32 @@ from pathlib import Path
 #: the checkout: what tests and helpers at any depth under tests/lab/ read files from and run
 #: commands in (never parents[3+] of a test module: tests/unit/test_self_contained.py)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _instance() -> int:
+    raw = os.environ.get("GPUK8S_LAB_INSTANCE", "0")
+    if raw not in ("0", "1"):
+        raise SystemExit(f"GPUK8S_LAB_INSTANCE={raw!r}: the lab has instances 0 (the default) "
+                         "and 1 (a second lab beside it, for the test suite); set 0 or 1")
+    return int(raw)
+
+
+#: which of the two labs this process drives (GPUK8S_LAB_INSTANCE): both share the bridge,
+#: the host's address and its services (apt-cacher-ng, the repos, the registry, the caches);
+#: each has its own nodes (netns, cgroups, addresses), state dir, snapshots and lock
+INSTANCE = _instance()
+INSTANCES = (0, 1)
 BRIDGE = "gk8s0"
 HOST_IP = "10.88.0.1"
 SUBNET_PREFIX = "10.88.0."
 PREFIX_LEN = 24
-NETNS_PREFIX = "gk8s-"
+#: node addresses: instance 0 from .11 (up to 240 nodes when alone), instance 1 from .131
+#: (up to 120 nodes; instance 0 stays under 120 beside it)
+IP_OFFSET = (10, 130)
+NETNS_PREFIX = ("gk8s-", "gk8s1-")[INSTANCE]
 VETH_PREFIX = "gk8v"  # host side: gk8v<last octet>; node side: eth0
+#: the cgroup of each node's supervisor: <prefix><node name>
+CGROUP_PREFIX = ("gpuk8s-lab-", "gpuk8s-lab1-")[INSTANCE]
 PROXY_PORT = 3142
 #: the lab's OCI registry (tests/lab/registry.py), every registry's mirror in the lab inventory
 REGISTRY_PORT = 5000
@@ -42,8 +62,25 @@ def key_pins() -> dict[str, str]:
         "nvidia_container_toolkit_repo_key_fingerprint", "docker_repo_key_fingerprint")}
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab"))
+def state_dir(instance: int | None = None) -> Path:
+    """This instance's state (nodes, snapshots, inventory); another instance's by number."""
+    if instance is None or instance == INSTANCE:
+        env = os.environ.get("GPUK8S_LAB_STATE")
+        if env:
+            return Path(env)
+        instance = INSTANCE
+    return Path("/var/lib/gpuk8s-lab" + ("" if instance == 0 else f"-{instance}"))
+
+
+def services_dir() -> Path:
+    """Run files of the host's services both instances share (apt-cacher-ng, the repos'
+    server, the registry): outside every state dir, which `down` clears; under a state dir
+    set by GPUK8S_LAB_STATE (a test's own), so that its services are its own too."""
+    if os.environ.get("GPUK8S_LAB_SERVICES"):
+        return Path(os.environ["GPUK8S_LAB_SERVICES"])
+    if os.environ.get("GPUK8S_LAB_STATE"):
+        return Path(os.environ["GPUK8S_LAB_STATE"]) / "services"
+    return Path("/run/gpuk8s-lab-services")
 
 
 def shared_dir() -> Path:
@@ -63,9 +100,38 @@ def cache_dir() -> Path:
 
 def node_ip(index: int) -> str:
     """IP of node ``index`` (1-based, spec order)."""
-    if not 1 <= index <= 240:
-        raise ValueError(f"node index {index} out of range 1..240")
-    return f"{SUBNET_PREFIX}{10 + index}"
+    top = 250 - IP_OFFSET[INSTANCE]
+    if not 1 <= index <= top:
+        raise ValueError(f"node index {index} out of range 1..{top} (lab instance {INSTANCE})")
+    if IP_OFFSET[INSTANCE] + index > IP_OFFSET[1] and INSTANCE == 0 and others_up():
+        raise ValueError(f"node index {index}: lab instance 1 is up and has the addresses "
+                         f"from {SUBNET_PREFIX}{IP_OFFSET[1] + 1}; take it down first "
+                         "(GPUK8S_LAB_INSTANCE=1 python -m tests.lab down)")
+    return f"{SUBNET_PREFIX}{IP_OFFSET[INSTANCE] + index}"
+
+
+def own_veth_octet(last: int) -> bool:
+    """Whether a node address ending in ``last`` (a veth gk8v<last>) is this instance's:
+    instance 1 has .131 and up; instance 0 the rest, and those too while instance 1 is down."""
+    if INSTANCE == 1:
+        return IP_OFFSET[1] < last <= 250
+    return IP_OFFSET[0] < last <= IP_OFFSET[1] or (IP_OFFSET[1] < last <= 250
+                                                   and not others_up())
+
+
+def others_up() -> bool:
+    """Whether another instance of the lab has a node running (its supervisors' pid files)."""
+    for other in INSTANCES:
+        if other == INSTANCE:
+            continue
+        for pidfile in (state_dir(other) / "nodes").glob("*/supervisor.pid"):
+            try:
+                pid = int(pidfile.read_text().split()[0])
+                os.kill(pid, 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            return True
+    return False
 
 
 def run(

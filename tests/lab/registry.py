@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .net import pid_alive, port_open, read_pid
-from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, state_dir
+from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, services_dir
 
 PORT = REGISTRY_PORT
 URL = REGISTRY_URL
@@ -49,7 +49,7 @@ http:
 
 
 def _paths(addr: str = f"{HOST_IP}:{PORT}") -> dict[str, Path]:
-    run = state_dir() / "registry" / ("" if addr == f"{HOST_IP}:{PORT}" else
+    run = services_dir() / "registry" / ("" if addr == f"{HOST_IP}:{PORT}" else
                                        addr.replace(":", "_"))
     return {"data": cache_dir() / "registry", "conf": run / "config.yml",
             "pidfile": run / "registry.pid", "log": run / "registry.log"}

@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # python tests/lab/repos.py
 import yaml
 
 from tests.lab import debs, net
-from tests.lab.paths import LAB_KEY_FINGERPRINT, key_pins, registry_mirrors
+from tests.lab.paths import LAB_KEY_FINGERPRINT, key_pins, registry_mirrors, services_dir
 
 DEFAULT_LISTEN = "10.88.0.1:8081"
 LAYOUT_VERSION = "2"
@@ -53,7 +53,9 @@ def cache_dir() -> Path:
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab"))
+    """Where the repos' server keeps its pid file and log: the host's shared services'
+    folder (both lab instances use one server)."""
+    return services_dir()
 
 
 def repos_dir() -> Path:

@@ -4,6 +4,7 @@ point; the cluster compared with what an uninterrupted run gives."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -191,6 +192,35 @@ def derived_inventory(lab: Lab, dest: Path, hosts: dict[str, dict[str, Any]] | N
                     host[key] = value
     assert seen == set(hosts or {}), f"not in the lab's inventory: {set(hosts or {}) - seen}"
     return _write_inventory(inv, dest)
+
+
+#: what a "bootstrapped" snapshot was made by: gpuk8s's own code, roles and templates and the
+#: inventories (a snapshot of a cluster an older gpuk8s bootstrapped must not stand for this one)
+PRODUCT_DIRS = ("gpuk8s", "roles", "templates", "inventories")
+
+
+def product_key() -> str:
+    h = hashlib.sha256()
+    for folder in PRODUCT_DIRS:
+        for f in sorted((REPO_ROOT / folder).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def snapshot_bootstrapped(lab: Lab) -> Path:
+    """Snapshot the lab's cluster as "bootstrapped", stamped with this checkout's product_key."""
+    dest = lab.snapshot("bootstrapped")
+    (dest / "product").write_text(product_key())
+    return dest
+
+
+def bootstrapped_is_current(lab: Lab) -> bool:
+    """A "bootstrapped" snapshot exists and this checkout's gpuk8s made it."""
+    snap = lab.snapshot_dir("bootstrapped")
+    stamp = snap / "product"
+    return (snap / "topology.yaml").exists() and stamp.is_file() and \
+        stamp.read_text() == product_key()
 
 
 def restore_fresh(lab: Lab) -> Lab:

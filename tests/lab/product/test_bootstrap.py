@@ -25,7 +25,12 @@ from gpuk8s.report import Reporter
 from tests.browser import render, timeline_problems
 from tests.lab.lab import Lab
 from tests.lab.paths import REPO_ROOT
-from tests.lab.product.runs import PYTHON, restore_fresh
+from tests.lab.product.runs import (
+    PYTHON,
+    bootstrapped_is_current,
+    restore_fresh,
+    snapshot_bootstrapped,
+)
 from tests.lab.repos import real_kubectl
 
 pytestmark = pytest.mark.lab
@@ -305,8 +310,8 @@ def wait_cluster_ready(lab: Lab, timeout: int = 180) -> None:
 
 
 def test_snapshot_bootstrapped(fresh: Lab) -> None:
-    dest = fresh.snapshot("bootstrapped")
-    assert (dest / "topology.yaml").exists()
+    dest = snapshot_bootstrapped(fresh)
+    assert (dest / "topology.yaml").exists() and bootstrapped_is_current(fresh)
     assert os.path.exists(dest / "nodes" / "cp-01")
     # the snapshot boots back into a Ready cluster with its GPUs
     wait_cluster_ready(fresh)

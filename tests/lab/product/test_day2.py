@@ -20,7 +20,15 @@ from gpuk8s import api, day2
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
-from tests.lab.product.runs import BOX, call, derived_inventory, invoke_at, restore_fresh
+from tests.lab.product.runs import (
+    BOX,
+    bootstrapped_is_current,
+    call,
+    derived_inventory,
+    invoke_at,
+    restore_fresh,
+    snapshot_bootstrapped,
+)
 from tests.lab.product.test_bootstrap import GATE_VARS, GATES, NODES, kubectl_cp, wait_cluster_ready
 
 pytestmark = pytest.mark.lab
@@ -58,12 +66,11 @@ def ssh_sessions_since(lab: Lab, name: str, since: float, until: float) -> list[
 def restore_bootstrapped(lab: Lab) -> Lab:
     """The lab as test_bootstrap leaves it (its "bootstrapped" snapshot), booted and Ready;
     a module run alone bootstraps once and takes the snapshot itself."""
-    snap = lab.snapshot_dir("bootstrapped") / "topology.yaml"
-    if not snap.exists():
+    if not bootstrapped_is_current(lab):  # none yet, or an older gpuk8s made it
         # from fresh nodes: a lab left up by an earlier session may hold a cluster already
         restore_fresh(lab)
         api.bootstrap(lab.inventory_path, sets=[GATES], yes=True, reporter=quiet())
-        lab.snapshot("bootstrapped")
+        snapshot_bootstrapped(lab)
     lab.restore("bootstrapped")
     wait_cluster_ready(lab)
     return lab

@@ -31,14 +31,14 @@ from gpuk8s import day2
 from gpuk8s.report import Reporter
 from tests.lab import repos
 from tests.lab.lab import Lab
+from tests.lab.paths import node_ip
 from tests.lab.product.runs import bootstrap_inline, restore_fresh, ssh_ok
 
 pytestmark = pytest.mark.lab
 
 CONTROL_PLANES = ("cp-01", "cpu-01", "gpu-02")
 WORKER = "gpu-01"
-ADDRESS = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
-           "cpu-01": "10.88.0.14"}
+ADDRESS = {n: node_ip(i) for i, n in enumerate(("cp-01", "gpu-01", "gpu-02", "cpu-01"), 1)}
 OLD, NEW = "1.36.1", "1.36.2"
 ADMIN = "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=10s"
 ETCDCTL = ("/usr/lib/gpuk8s-lab/etcd/etcdctl --endpoints https://127.0.0.1:2379 "

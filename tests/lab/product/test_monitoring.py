@@ -19,6 +19,7 @@ import pytest
 from gpuk8s import day2
 from tests.lab import images, registry
 from tests.lab.lab import Lab
+from tests.lab.paths import node_ip
 from tests.lab.product.runs import bootstrap_inline, call, derived_inventory, ssh_ok
 from tests.lab.product.test_bootstrap import GATE_VARS
 from tests.lab.product.test_day2 import restore_bootstrapped
@@ -83,7 +84,7 @@ def test_gpu_monitoring_scrapes_every_lab_gpu(cluster: Lab, tmp_path: Path) -> N
         assert host not in node_ips and any(ipaddress.ip_address(host) in c for c in cidrs), t
     # and nothing answers on a GPU node's own address at the exporter's port
     rc, out, err = cluster.ssh("cp-01", "curl -s -m 5 -o /dev/null -w '%{http_code}' "
-                               "http://10.88.0.12:9400/metrics")
+                               f"http://{node_ip(2)}:9400/metrics")  # gpu-01
     assert rc != 0 and out in ("", "000"), (rc, out, err)
     again, text = bootstrap_inline(inventory(cluster, tmp_path, True))
     assert again["changed"] == 0, text

@@ -13,6 +13,7 @@ import pytest
 from gpuk8s import api
 from gpuk8s.report import Reporter
 from tests.lab.lab import Lab
+from tests.lab.paths import node_ip
 
 pytestmark = pytest.mark.lab
 
@@ -53,7 +54,7 @@ def test_every_node_uses_the_cache_and_a_second_run_changes_nothing(cached: Lab)
     for node in ("cp-01", "gpu-01", "gpu-02", "cpu-01"):
         conf = sh(cached, node, "cat /etc/apt/apt.conf.d/90gpuk8s-proxy")
         # https sources go direct: the cache serves http only (apt would CONNECT through it)
-        assert conf == ('Acquire::http::Proxy "http://10.88.0.11:3142";\n'
+        assert conf == (f'Acquire::http::Proxy "http://{node_ip(1)}:3142";\n'
                         'Acquire::https::Proxy "DIRECT";\n'), node
     assert sh(cached, CACHE, "systemctl is-active apt-cacher-ng").strip() == "active"
     # the cache's own upstream is the lab host's apt-cacher-ng (apt_proxy)

@@ -17,12 +17,11 @@ import yaml
 
 from tests.lab import registry
 from tests.lab.lab import Lab
-from tests.lab.paths import HOST_IP
+from tests.lab.paths import HOST_IP, node_ip
 from tests.lab.product.test_day2 import restore_bootstrapped
 
 pytestmark = pytest.mark.lab
-NODES = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
-         "cpu-01": "10.88.0.14"}
+NODES = {n: node_ip(i) for i, n in enumerate(("cp-01", "gpu-01", "gpu-02", "cpu-01"), 1)}
 NS = "kubectl-e2e"
 BUSYBOX = "docker.io/library/busybox:gpuk8s-lab"
 

@@ -36,17 +36,16 @@ import yaml
 from gpuk8s import api, workloads
 from gpuk8s.errors import PreflightError
 from gpuk8s.report import Reporter
-from tests.lab import images, registry
+from tests.lab import images, net
 from tests.lab.lab import Lab
-from tests.lab.paths import HOST_IP, REGISTRY_URL, REPO_ROOT, shared_dir
+from tests.lab.paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, REPO_ROOT, node_ip, shared_dir
 from tests.lab.product.test_day2 import restore_bootstrapped
 from tests.tfenv import DIGITS_AS_MNIST
 
 pytestmark = pytest.mark.lab
 
 GPU_NODES = {"gpu-01": 2, "gpu-02": 1}
-NODE_IPS = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
-            "cpu-01": "10.88.0.14"}
+NODE_IPS = {n: node_ip(i) for i, n in enumerate(("cp-01", "gpu-01", "gpu-02", "cpu-01"), 1)}
 #: the lab's "NFS server": the shared folder every node sees (see the module docstring)
 NFS = ["nfs.server=" + HOST_IP, "nfs.path=/srv/gpuk8s"]
 SHARE = Path("10.88.0.1/srv/gpuk8s")
@@ -421,13 +420,18 @@ def test_a_wrong_mirror_names_the_image_the_node_and_containerds_error(cluster: 
 
     on_gpu02 = values_file(tmp_path, imagePullPolicy="Always", storage={"enabled": False},
                            nodeSelector={"kubernetes.io/hostname": "gpu-02"})
-    registry.stop()   # the lab's mirror goes away after bootstrap
+    # the lab's mirror goes away after bootstrap, as gpu-02 sees it: its connections to the
+    # registry are refused (the registry itself keeps serving the other lab instance)
+    refuse = ["ip", "netns", "exec", net.netns_name("gpu-02"), "iptables", "OUTPUT", "-p",
+              "tcp", "-d", HOST_IP, "--dport", str(REGISTRY_PORT), "-j", "REJECT",
+              "--reject-with", "tcp-reset"]
+    subprocess.run([*refuse[:4], "-I", *refuse[4:]], check=True)
     try:
         with pytest.raises(workloads.WorkloadError) as exc:
             run(workloads.deploy, cluster.inventory_path, "eval", values_files=[on_gpu02],
                 pending_grace=5, timeout=180)
     finally:
-        registry.start()
+        subprocess.run([*refuse[:4], "-D", *refuse[4:]], check=True)
         run(workloads.undeploy, cluster.inventory_path, "eval")
     message = str(exc.value)
     assert "on node gpu-02" in message

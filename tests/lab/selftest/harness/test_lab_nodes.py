@@ -12,13 +12,21 @@ import yaml
 
 from tests.lab import net
 from tests.lab.lab import Lab
-from tests.lab.paths import BRIDGE, NETNS_PREFIX, REPO_ROOT, VETH_PREFIX
+from tests.lab.lock import others_in_use
+from tests.lab.paths import (
+    BRIDGE,
+    CGROUP_PREFIX,
+    NETNS_PREFIX,
+    REPO_ROOT,
+    VETH_PREFIX,
+    node_ip,
+    own_veth_octet,
+)
 
 pytestmark = pytest.mark.lab
 
 NODES = ["cp-01", "gpu-01", "gpu-02", "cpu-01"]
-IPS = {"cp-01": "10.88.0.11", "gpu-01": "10.88.0.12", "gpu-02": "10.88.0.13",
-       "cpu-01": "10.88.0.14"}
+IPS = {name: node_ip(i) for i, name in enumerate(NODES, 1)}
 
 
 def ok(lab: Lab, node: str, cmd: str, **kw: object) -> str:
@@ -140,10 +148,10 @@ def test_inventory(lab: Lab) -> None:
         "http://10.88.0.1:8081/pkgs.k8s.io/core:/stable:/v{{ kubernetes_version }}/deb/")
     assert v["docker_repo_key_url"] == "http://10.88.0.1:8081/download.docker.com/linux/debian/gpg"
     ch = inv["children"]
-    assert ch["control_plane"]["hosts"] == {"cp-01": {"ansible_host": "10.88.0.11"}}
+    assert ch["control_plane"]["hosts"] == {"cp-01": {"ansible_host": IPS["cp-01"]}}
     workers = ch["workers"]["hosts"]
-    assert workers["gpu-01"] == {"ansible_host": "10.88.0.12", "gpu_required": True}
-    assert workers["cpu-01"] == {"ansible_host": "10.88.0.14"}
+    assert workers["gpu-01"] == {"ansible_host": IPS["gpu-01"], "gpu_required": True}
+    assert workers["cpu-01"] == {"ansible_host": IPS["cpu-01"]}
     become = yaml.safe_load(lab.become_inventory_path.read_text())["all"]["vars"]
     assert become["ansible_user"] == "labadmin" and become["ansible_become"] is True
     assert lab.labadmin_password not in lab.become_inventory_path.read_text()
@@ -180,13 +188,18 @@ def _leftovers(lab: Lab) -> list[str]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left += [f"netns {line}" for line in netns.splitlines() if line.startswith(NETNS_PREFIX)]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    # the other lab instance, when in use, keeps the bridge and its own veths
+    shared = others_in_use()
     for line in links.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name == BRIDGE or name.startswith(VETH_PREFIX):
+        if (name == BRIDGE and not shared) or (
+                name.startswith(VETH_PREFIX) and name[len(VETH_PREFIX):].isdigit()
+                and own_veth_octet(int(name[len(VETH_PREFIX):]))):
             left.append(f"link {name}")
     mounts = Path("/proc/mounts").read_text()
-    left += [f"mount {line}" for line in mounts.splitlines() if str(lab.state) in line]
-    left += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob("*/gpuk8s-lab-*")]
+    left += [f"mount {line}" for line in mounts.splitlines()
+             if f"{lab.state}/" in line or f"{lab.state} " in line]
+    left += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PREFIX}*")]
     return left
 
 
