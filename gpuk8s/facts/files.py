@@ -63,7 +63,8 @@ class FileReads(Source):
     ``F <path> <mode> <owner> <sha256>``, ``P <path> <mode> <owner> <mtime>`` then
     ``C <path> <base64>``. ``stat`` reads a symlink itself, ``[ -e ]`` and the readers follow
     it, as the Files command of before did. A ``stat`` that fails (a path gone since it was
-    seen) is asked again path by path."""
+    seen) is asked again path by path, and so is one whose line is not next (each line
+    ends with its path)."""
 
     def command(self) -> str:
         paths = _paths(self.args)
@@ -82,16 +83,18 @@ class FileReads(Source):
             "_gk_files=$(" + _NL,
             "set --",
             f'for f in {words}; do [ -e "$f" ] && set -- "$@" "$f"; done',
-            """st=; [ $# -eq 0 ] || st=$(stat -c '%a %U %Y' -- "$@" 2>/dev/null) || st=""",
+            """st=; [ $# -eq 0 ] || st=$(stat -c '%a %U %Y %n' -- "$@" 2>/dev/null) || st=""",
             sums,
             f"for f in {words}; do",
             "case $f in",
             *tags,
             "esac",
             """[ -e "$f" ] || { printf '%s N %s\\n' "$g" "$f"; continue; }""",
-            'if [ -n "$st" ]; then s=${st%%"$_gk_nl"*}',
-            '  case $st in *"$_gk_nl"*) st=${st#*"$_gk_nl"};; *) st=;; esac',
-            """else s=$(stat -c '%a %U %Y' -- "$f" 2>/dev/null); fi""",
+            # stat's next line is this path's when it ends with its name (a path that came or
+            # went since the first loop is asked alone, and never takes another's line)
+            's=; case ${st%%"$_gk_nl"*} in *" $f") s=${st%%"$_gk_nl"*}; s=${s%" $f"}',
+            '  case $st in *"$_gk_nl"*) st=${st#*"$_gk_nl"};; *) st=;; esac;; esac',
+            """[ -n "$s" ] || s=$(stat -c '%a %U %Y' -- "$f" 2>/dev/null)""",
             "m=${s% *}; t=${s##* }",
             # sha256sum's next line is this file's when it ends with its name (it printed
             # none for a file it could not read)

@@ -168,8 +168,11 @@ class KubeReads(Source):
         reads = _kube_reads()
         launch = "\n".join(f"  $_gk_k get {reads[n]} >\"$_gk_d/{n}\" 2>\"$_gk_d/{n}.e\" "
                            f"</dev/null & _gk_p_{n}=$!" for n in self._names())
-        return f"""if [ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 && \\
+        return f"""unset _gk_kr_on
+if [ -f {ADMIN_CONF} ] && command -v kubectl >/dev/null 2>&1 && \\
   _gk_d=$(mktemp -d); then
+  # the reads' outputs (managed objects) never stay behind a probe that dies before its end
+  trap 'rm -rf "$_gk_d"' EXIT
   # kubectl retries a refused or cut connection (discovery included) well past its request
   # timeout; timeout bounds the whole read when no API server answers (no etcd quorum)
   _gk_k="timeout {CLUSTER_WAIT} kubectl --kubeconfig {ADMIN_CONF} --request-timeout=10s"

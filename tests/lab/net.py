@@ -179,12 +179,24 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def read_pid(pidfile: Path) -> int | None:
+def read_pid(pidfile: Path, program: str | None = None) -> int | None:
+    """The live process a pid file names; with ``program``, only if its command line holds
+    that word (a pid file left behind in /run may name an unrelated process by now)."""
     try:
         pid = int(pidfile.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return pid if pid_alive(pid) else None
+    if not pid_alive(pid):
+        return None
+    return pid if program is None or runs(pid, program) else None
+
+
+def runs(pid: int, program: str) -> bool:
+    """Whether process ``pid``'s command line holds ``program``."""
+    try:
+        return program.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def pid_alive(pid: int) -> bool:
@@ -205,7 +217,7 @@ def pid_alive(pid: int) -> bool:
 def start_proxy(timeout: float = 20.0) -> None:
     """Start apt-cacher-ng on HOST_IP:3142 (config and cache under the cache dir)."""
     p = _acng_paths()
-    if read_pid(p["pidfile"]) and port_open(HOST_IP, PROXY_PORT):
+    if read_pid(p["pidfile"], "apt-cacher-ng") and port_open(HOST_IP, PROXY_PORT):
         return
     for key in ("conf", "cache", "logs"):
         p[key].mkdir(parents=True, exist_ok=True)
@@ -234,8 +246,10 @@ def start_proxy(timeout: float = 20.0) -> None:
 
 def stop_proxy() -> None:
     p = _acng_paths()
-    pid = read_pid(p["pidfile"])
+    pid = read_pid(p["pidfile"], "apt-cacher-ng")
     if pid is None:
+        with contextlib.suppress(OSError):
+            p["pidfile"].unlink()
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)

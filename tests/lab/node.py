@@ -18,6 +18,7 @@ from . import fakepci, net
 from .paths import (
     CGROUP_PREFIX,
     HOST_IP,
+    INSTANCE,
     NODE_SHARED_DIR,
     PREFIX_LEN,
     REPO_URL,
@@ -182,7 +183,10 @@ def nspawn_argv(spec: NodeSpec) -> list[str]:
         # not --boot: PID 1 is a wrapper that fixes mounts up and execs systemd (base.py)
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
         "--kill-signal=SIGRTMIN+3",
-        f"--machine={spec.name}", f"--hostname={spec.name}",
+        # nspawn keeps /run/systemd/nspawn/propagate/<machine> while it runs: the second lab
+        # instance's names must not be the first's
+        f"--machine={spec.name if INSTANCE == 0 else f'lab{INSTANCE}-{spec.name}'}",
+        f"--hostname={spec.name}",
         f"--directory={nd / 'merged'}",
         f"--network-namespace-path={net.netns_path(spec.name)}",
         "--capability=all",

@@ -56,7 +56,7 @@ def _paths(addr: str = f"{HOST_IP}:{PORT}") -> dict[str, Path]:
 
 
 def running(addr: str = f"{HOST_IP}:{PORT}") -> bool:
-    pid = read_pid(_paths(addr)["pidfile"])
+    pid = read_pid(_paths(addr)["pidfile"], "docker-registry")
     host, _, port = addr.rpartition(":")
     return pid is not None and pid_alive(pid) and port_open(host, int(port))
 
@@ -89,7 +89,9 @@ def start(addr: str = f"{HOST_IP}:{PORT}", timeout: float = 20.0) -> None:
 
 
 def stop(addr: str = f"{HOST_IP}:{PORT}") -> None:
-    pid = read_pid(_paths(addr)["pidfile"])
+    pidfile = _paths(addr)["pidfile"]
+    pid = read_pid(pidfile, "docker-registry")
+    pidfile.unlink(missing_ok=True)  # it lives in /run now: never a stale pid to kill later
     if pid is None:
         return
     try:

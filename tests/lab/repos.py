@@ -490,7 +490,8 @@ def _running() -> dict[str, object] | None:
         info = json.loads(_pidfile().read_text())
     except (OSError, ValueError):
         return None
-    return info if net.pid_alive(int(info["pid"])) else None
+    pid = int(info["pid"])
+    return info if net.pid_alive(pid) and net.runs(pid, "tests.lab.repos") else None
 
 
 def _probe(listen: str, timeout: float = 1.0) -> bool:
