@@ -179,6 +179,12 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def answers(host: str, port: int, tries: int = 3, timeout: float = 3.0) -> bool:
+    """Whether a running shared service listens: patient, since a busy host (two labs on
+    two cores) can be slow to accept, and a wrong "no" would restart it under the other lab."""
+    return any(port_open(host, port, timeout) for _ in range(tries))
+
+
 def read_pid(pidfile: Path, program: str | None = None) -> int | None:
     """The live process a pid file names; with ``program``, only if its command line holds
     that word (a pid file left behind in /run may name an unrelated process by now)."""
@@ -217,7 +223,7 @@ def pid_alive(pid: int) -> bool:
 def start_proxy(timeout: float = 20.0) -> None:
     """Start apt-cacher-ng on HOST_IP:3142 (config and cache under the cache dir)."""
     p = _acng_paths()
-    if read_pid(p["pidfile"], "apt-cacher-ng") and port_open(HOST_IP, PROXY_PORT):
+    if read_pid(p["pidfile"], "apt-cacher-ng") and answers(HOST_IP, PROXY_PORT):
         return
     for key in ("conf", "cache", "logs"):
         p[key].mkdir(parents=True, exist_ok=True)

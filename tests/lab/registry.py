@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .net import pid_alive, port_open, read_pid
+from .net import answers, pid_alive, port_open, read_pid
 from .paths import HOST_IP, REGISTRY_PORT, REGISTRY_URL, LabError, cache_dir, services_dir
 
 PORT = REGISTRY_PORT
@@ -58,7 +58,7 @@ def _paths(addr: str = f"{HOST_IP}:{PORT}") -> dict[str, Path]:
 def running(addr: str = f"{HOST_IP}:{PORT}") -> bool:
     pid = read_pid(_paths(addr)["pidfile"], "docker-registry")
     host, _, port = addr.rpartition(":")
-    return pid is not None and pid_alive(pid) and port_open(host, int(port))
+    return pid is not None and pid_alive(pid) and answers(host, int(port))
 
 
 def start(addr: str = f"{HOST_IP}:{PORT}", timeout: float = 20.0) -> None:

@@ -537,7 +537,9 @@ def serve(listen: str = DEFAULT_LISTEN, background: bool = True) -> int | None:
 def ensure_served(listen: str = DEFAULT_LISTEN) -> int:
     """Build if needed and make sure a server for listen runs; return its pid."""
     info = _running()
-    if info and info.get("listen") == listen and _probe(listen):
+    # patient with a live server: a busy host can be slow to answer, and a wrong "no" would
+    # restart the server under the other lab instance's apt
+    if info and info.get("listen") == listen and any(_probe(listen, 3.0) for _ in range(3)):
         return int(info["pid"])  # type: ignore[call-overload]
     if info:
         stop_serving()
