@@ -13,6 +13,7 @@ from pathlib import Path
 from .paths import (
     BRIDGE,
     HOST_IP,
+    INSTANCE,
     IPTABLES_COMMENT,
     NETNS_PREFIX,
     PREFIX_LEN,
@@ -126,9 +127,12 @@ def leftover_veths() -> list[str]:
         names = os.listdir("/sys/class/net")
     except OSError:
         return []
+    from .lock import others_in_use  # lock imports paths, as this module does
+
+    busy = INSTANCE == 0 and others_in_use()
     return sorted(n for n in names if n.startswith(VETH_PREFIX)
                   and n[len(VETH_PREFIX):].isdigit()
-                  and own_veth_octet(int(n[len(VETH_PREFIX):])))
+                  and own_veth_octet(int(n[len(VETH_PREFIX):]), busy))
 
 
 def cleanup_all_net() -> None:

@@ -110,13 +110,15 @@ def node_ip(index: int) -> str:
     return f"{SUBNET_PREFIX}{IP_OFFSET[INSTANCE] + index}"
 
 
-def own_veth_octet(last: int) -> bool:
+def own_veth_octet(last: int, other_in_use: bool = True) -> bool:
     """Whether a node address ending in ``last`` (a veth gk8v<last>) is this instance's:
-    instance 1 has .131 and up; instance 0 the rest, and those too while instance 1 is down."""
+    instance 1 has .131 and up; instance 0 the rest, and those too when instance 1 is not in
+    use (``other_in_use``: lock.others_in_use(), which also counts a session between restores,
+    whose nodes are down while their veths are made)."""
     if INSTANCE == 1:
         return IP_OFFSET[1] < last <= 250
     return IP_OFFSET[0] < last <= IP_OFFSET[1] or (IP_OFFSET[1] < last <= 250
-                                                   and not others_up())
+                                                   and not other_in_use)
 
 
 def others_up() -> bool:

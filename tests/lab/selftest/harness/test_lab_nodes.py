@@ -194,7 +194,7 @@ def _leftovers(lab: Lab) -> list[str]:
         name = line.split(":")[1].strip().split("@")[0]
         if (name == BRIDGE and not shared) or (
                 name.startswith(VETH_PREFIX) and name[len(VETH_PREFIX):].isdigit()
-                and own_veth_octet(int(name[len(VETH_PREFIX):]))):
+                and own_veth_octet(int(name[len(VETH_PREFIX):]), shared)):
             left.append(f"link {name}")
     mounts = Path("/proc/mounts").read_text()
     left += [f"mount {line}" for line in mounts.splitlines()
