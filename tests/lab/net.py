@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .lock import others_in_use
 from .paths import (
     BRIDGE,
     HOST_IP,
@@ -127,8 +128,6 @@ def leftover_veths() -> list[str]:
         names = os.listdir("/sys/class/net")
     except OSError:
         return []
-    from .lock import others_in_use  # lock imports paths, as this module does
-
     busy = INSTANCE == 0 and others_in_use()
     return sorted(n for n in names if n.startswith(VETH_PREFIX)
                   and n[len(VETH_PREFIX):].isdigit()

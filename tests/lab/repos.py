@@ -52,12 +52,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GPUK8S_LAB_CACHE", "/var/cache/gpuk8s-lab"))
 
 
-def state_dir() -> Path:
-    """Where the repos' server keeps its pid file and log: the host's shared services'
-    folder (both lab instances use one server)."""
-    return services_dir()
-
-
 def repos_dir() -> Path:
     return cache_dir() / "repos"
 
@@ -482,7 +476,7 @@ def _serve_forever(listen: str, root: Path) -> None:
 
 
 def _pidfile() -> Path:
-    return state_dir() / "repos-http.json"
+    return services_dir() / "repos-http.json"
 
 
 def _running() -> dict[str, object] | None:
@@ -505,14 +499,15 @@ def _probe(listen: str, timeout: float = 1.0) -> bool:
 
 
 def serve(listen: str = DEFAULT_LISTEN, background: bool = True) -> int | None:
-    """Serve the www root on listen. background: a daemon process with a pid file in the state dir
-    (returns its pid once it answers); else serve in this process until interrupted."""
+    """Serve the www root on listen. background: a daemon process with a pid file in the
+    services dir (returns its pid once it answers); else serve in this process until
+    interrupted."""
     root = www_root()
     if not background:
         _serve_forever(listen, root)
         return None
-    state_dir().mkdir(parents=True, exist_ok=True)
-    with open(state_dir() / "repos-http.log", "ab") as log:  # the child keeps its own copy
+    services_dir().mkdir(parents=True, exist_ok=True)
+    with open(services_dir() / "repos-http.log", "ab") as log:  # the child keeps its own copy
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.lab.repos", "--serve-only", "--listen", listen],
             cwd=str(debs.REPO_ROOT),
@@ -526,7 +521,7 @@ def serve(listen: str = DEFAULT_LISTEN, background: bool = True) -> int | None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = (state_dir() / "repos-http.log").read_text(errors="replace")[-800:]
+            tail = (services_dir() / "repos-http.log").read_text(errors="replace")[-800:]
             raise RuntimeError(f"lab repo server on {listen} exited ({proc.returncode}):\n{tail}")
         if _probe(listen, 0.5):
             return proc.pid
