@@ -103,8 +103,12 @@ class Nvidia(Fact[NvidiaState]):
         # prints the one the table's header shows (21 ms against the table's 107 ms on the
         # H200, whose table draws every GPU); where it has no such line (older drivers), or
         # where the query failed, the table is asked, as before
-        return f"""if command -v nvidia-smi >/dev/null 2>&1; then
-  {NvidiaSmi().ensure()}
+        # absent or not is the source's answer, never a second ``command -v``: a driver
+        # install still unpacking on the host (a killed run's apt goes on) can bring
+        # nvidia-smi between the two, and the fact would read the source's "absent" as its
+        # exit code (CI of stop 43, test_chain_a_eight_kill_points)
+        return f"""{NvidiaSmi().ensure()}
+if [ "$_gk_smi_rc" != absent ]; then
   echo '## query'; [ -z "$_gk_smi" ] || printf '%s\\n' "$_gk_smi"
   echo "## rc $_gk_smi_rc"; echo '## header'; h=
   [ "$_gk_smi_rc" != 0 ] ||
@@ -121,7 +125,10 @@ echo '## nvswitch'; ls /proc/driver/nvidia-nvswitch/devices 2>/dev/null | head -
         rc = 0
         for line in output.splitlines():
             if line.startswith("## rc "):
-                rc = int(line.split()[2])
+                word = line[6:].strip()
+                if not word.isdigit():
+                    raise ValueError(f"nvidia-smi's exit code is not a number: {word!r}")
+                rc = int(word)
             elif line.startswith("## "):
                 current = line[3:]
                 sections.setdefault(current, [])

@@ -179,6 +179,25 @@ def test_no_nvidia_smi(tmp_path: Path) -> None:
     assert not compare(NVIDIA_FACTS, tools)[Nvidia()].smi_present
 
 
+def test_nvidia_smi_arriving_after_the_shared_read(tmp_path: Path) -> None:
+    """A driver install still unpacking (a killed run's apt goes on) brings nvidia-smi
+    between the shared read, which found none, and the Nvidia fact: the fact keeps the
+    read's answer (no nvidia-smi) instead of reading its "absent" as an exit code (stop
+    43's CI: "cannot parse fact Nvidia: invalid literal for int()")."""
+    tools = standin(tmp_path, DUAL)
+    out = sh(f"_gk_smi=; _gk_smi_rc=absent\n{Nvidia().command()}", tools)
+    state = Nvidia().parse(out.stdout, out.returncode)
+    assert not state.smi_present and state.gpus == ()
+    # and where the read did run it, the same script gives the GPUs
+    out = sh(Nvidia().command(), tools)
+    assert len(Nvidia().parse(out.stdout, out.returncode).gpus) == 2
+
+
+def test_an_exit_code_that_is_no_number_is_our_error() -> None:
+    with pytest.raises(ValueError, match="not a number: 'absent'"):
+        Nvidia().parse("## query\n## rc absent\n## header\n## proc\n", 0)
+
+
 # ------------------------------------------------------------------------------ systemctl
 #: unit -> (Id, LoadState, ActiveState, UnitFileState) as `systemctl show` gives them, and
 #: what `is-enabled` prints (None: an error on stderr, nothing on stdout)
