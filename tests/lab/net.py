@@ -13,6 +13,7 @@ from pathlib import Path
 from .lock import others_in_use
 from .paths import (
     BRIDGE,
+    BRIDGE_MAC,
     HOST_IP,
     INSTANCE,
     IPTABLES_COMMENT,
@@ -63,7 +64,10 @@ def veth_name(ip: str) -> str:
 
 def ensure_bridge() -> None:
     if not link_exists(BRIDGE):
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        run(["ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"])
+    mac = Path(f"/sys/class/net/{BRIDGE}/address").read_text().strip()
+    if mac != BRIDGE_MAC:   # a bridge made before the fixed MAC: set it (it then stays)
+        run(["ip", "link", "set", BRIDGE, "address", BRIDGE_MAC])
     addrs = run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE]).stdout
     if f"{HOST_IP}/{PREFIX_LEN}" not in addrs:
         run(["ip", "addr", "add", f"{HOST_IP}/{PREFIX_LEN}", "dev", BRIDGE])

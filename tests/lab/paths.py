@@ -26,6 +26,13 @@ def _instance() -> int:
 INSTANCE = _instance()
 INSTANCES = (0, 1)
 BRIDGE = "gk8s0"
+#: the bridge's own MAC (locally administered). Without one, Linux gives a bridge the lowest
+#: MAC of its ports and changes it whenever a port comes or goes: each restore of one lab
+#: instance (its veths deleted and made again) then moved the host address 10.88.0.1 to
+#: another MAC under the other instance's nodes, whose ARP entries went stale; their SSH and
+#: HTTP to the host stalled for up to two minutes (the CI run of a67c09d: every lab-1 node's
+#: registry check timed out while lab 0 went down). A MAC set by hand stays.
+BRIDGE_MAC = "02:67:6b:38:73:01"
 HOST_IP = "10.88.0.1"
 SUBNET_PREFIX = "10.88.0."
 PREFIX_LEN = 24

@@ -15,6 +15,7 @@ from tests.lab.lab import Lab
 from tests.lab.lock import others_in_use
 from tests.lab.paths import (
     BRIDGE,
+    BRIDGE_MAC,
     CGROUP_PREFIX,
     NETNS_PREFIX,
     REPO_ROOT,
@@ -136,6 +137,22 @@ def test_apt_goes_through_the_proxy_and_nothing_else_gets_out(lab: Lab) -> None:
        timeout=300)
     rc, _, _ = lab.ssh("cp-01", "curl -sS --noproxy '*' -m 3 -o /dev/null http://1.1.1.1/")
     assert rc != 0
+
+
+def test_the_host_keeps_its_mac_when_ports_come_and_go(lab: Lab) -> None:
+    """The bridge has a MAC of its own: a port with a lower MAC (another instance's node
+    coming up) or one leaving does not move 10.88.0.1 to another MAC under the nodes (their
+    ARP entries would go stale and their traffic to the host stall)."""
+    mac = Path(f"/sys/class/net/{BRIDGE}/address")
+    assert mac.read_text().strip() == BRIDGE_MAC
+    subprocess.run(["ip", "link", "add", "gk8stest0", "address", "02:00:00:00:00:01", "type",
+                    "veth", "peer", "name", "gk8stest1"], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", "gk8stest0", "master", BRIDGE, "up"], check=True)
+        assert mac.read_text().strip() == BRIDGE_MAC
+    finally:
+        subprocess.run(["ip", "link", "del", "gk8stest0"], check=True)
+    assert mac.read_text().strip() == BRIDGE_MAC
 
 
 def test_inventory(lab: Lab) -> None:
