@@ -58,12 +58,18 @@ def _open_telling_drops(conn: Any) -> None:
     except paramiko.BadHostKeyException:
         raise
     except paramiko.SSHException as exc:
+        if _DROPPED_IN_AUTH in str(exc):
+            # the connection closed under the authentication, whatever the handler's state:
+            # sshd going down for a reboot can send its success and close at once, and
+            # paramiko reports the closed transport with the key already accepted (a lab
+            # bootstrap's reconnect took that for a refused key)
+            raise _ClosedInAuth(_server_banner(conn)) from None
         transport = conn.client.get_transport()
         handler = getattr(transport, "auth_handler", None)
         if transport is None or handler is None or handler.is_authenticated():
             raise  # no authentication was tried: the key files, the handshake
         said = _server_banner(conn)
-        if not transport.is_active() or _DROPPED_IN_AUTH in str(exc):
+        if not transport.is_active():
             raise _ClosedInAuth(said) from None
         text = str(exc) if isinstance(exc, paramiko.AuthenticationException) \
             else "Authentication failed."

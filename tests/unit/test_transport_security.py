@@ -399,6 +399,39 @@ def test_a_connection_dropped_during_authentication_is_retried(home: Path,
     assert len(sshd.users) == tries + 1   # refused once, never retried
 
 
+def test_a_drop_right_after_the_key_was_accepted_is_a_drop_not_a_refusal() -> None:
+    """sshd going down can accept the key and close at once; paramiko then raises its
+    "transport shut down or saw EOF" with the handler already authenticated. That is a host
+    going away (retried), never a refused key (a lab bootstrap's reconnect failed on it)."""
+    from gpuk8s.transport import ssh_errors
+
+    class Handler:
+        banner = None
+
+        def is_authenticated(self) -> bool:
+            return True
+
+    class Transport:
+        auth_handler = Handler()
+
+        def is_active(self) -> bool:
+            return False
+
+    class Client:
+        def get_transport(self) -> Transport:
+            return Transport()
+
+    class Conn:
+        client = Client()
+
+        def open(self) -> None:
+            raise paramiko.AuthenticationException(
+                "Authentication failed: transport shut down or saw EOF")
+
+    with pytest.raises(ssh_errors._ClosedInAuth):
+        ssh_errors._open_telling_drops(Conn())
+
+
 #: what systemd writes to /run/nologin at boot, and pam_nologin sends to every user but root
 NOLOGIN = ("System is booting up. Unprivileged users are not permitted to log in yet. Please "
            "come back later. For technical details, see pam_nologin(8).")
