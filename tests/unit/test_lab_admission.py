@@ -137,6 +137,10 @@ class MemStore:
         return [copy.deepcopy(o) for (g, p, n, _), o in self.objs.items()
                 if (g, p) == key and (ns is None or n == ns) and (where is None or where(o))]
 
+    def shared(self, key: tuple[str, str], ns: str | None = None) -> list[Obj]:
+        return [o for (g, p, n, _), o in self.objs.items()
+                if (g, p) == key and (ns is None or n == ns)]
+
     def put(self, key: tuple[str, str], obj: Obj) -> Obj:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)

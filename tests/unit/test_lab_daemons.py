@@ -211,3 +211,47 @@ def test_the_readme_lists_every_daemon() -> None:
     readme = (REPO / "tests/lab/standins/k8s/README.md").read_text()
     for d in daemons.DAEMONS:
         assert f"`{d.image}`" in readme, d.name
+
+
+def test_kube_proxy_syncs_on_its_watches_events_not_on_a_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-proxy's loop lists services and pods once at its start, then again only when
+    one of its two watches brings an event (its informers), not every second; a failed sync
+    is tried again a second later."""
+    import queue
+    import threading
+    import time
+
+    events: dict[str, queue.Queue[bytes | None]] = {"services": queue.Queue(),
+                                                      "pods": queue.Queue()}
+    synced: queue.Queue[int] = queue.Queue()
+    failures = [OSError("iptables-restore: busy")]
+
+    class WatchClient(FakeClient):
+        def stream(self, path: str, idle: float) -> Any:
+            kind = path.split("?")[0].rsplit("/", 1)[1]
+            assert "watch=true" in path
+            while (line := events[kind].get()) is not None:
+                yield line
+
+    def sync(services: list[Obj], pods_: list[Obj], last: str) -> str:
+        if failures:
+            raise failures.pop()
+        synced.put(len(pods_))
+        return "rules"
+
+    monkeypatch.setattr(daemons.proxy, "sync", sync)
+    k = FakeKubelet()
+    k.client = WatchClient({"/api/v1/services": {"items": []},
+                            "/api/v1/pods": {"items": [{}]}})
+    threading.Thread(target=daemons.proxy_loop, args=(k,), daemon=True).start()
+    assert synced.get(timeout=5) == 1          # the first sync failed; the retry came
+    time.sleep(2.5)                            # nothing changed: no list, no sync
+    assert synced.empty() and k.client.calls.count("/api/v1/pods") == 2
+    k.client.data["/api/v1/pods"] = {"items": [{}, {}]}
+    events["pods"].put(b'{"type": "ADDED"}\n')
+    assert synced.get(timeout=5) == 2
+    events["services"].put(b'{"type": "MODIFIED"}\n')
+    assert synced.get(timeout=5) == 2
+    for q in events.values():
+        q.put(None)

@@ -130,10 +130,11 @@ def bootstrap_inline(inventory: Path, **kwargs: Any) -> tuple[dict[str, Any], st
     from gpuk8s.report import Reporter
 
     out = io.StringIO()
-    result = api.bootstrap(inventory, yes=True, reporter=Reporter(out), **kwargs)
-    text = out.getvalue()
-    sys.stdout.write(text)
-    return result, text
+    try:
+        result = api.bootstrap(inventory, yes=True, reporter=Reporter(out), **kwargs)
+    finally:   # a failed run's report (preflight's problems) shows in the test's output
+        sys.stdout.write(out.getvalue())
+    return result, out.getvalue()
 
 
 def ssh_ok(lab: Lab, node: str, cmd: str, timeout: float = 120.0) -> str:
@@ -195,14 +196,20 @@ def derived_inventory(lab: Lab, dest: Path, hosts: dict[str, dict[str, Any]] | N
 
 
 #: what a "bootstrapped" snapshot was made by: gpuk8s's own code, roles and templates and the
-#: inventories (a snapshot of a cluster an older gpuk8s bootstrapped must not stand for this one)
-PRODUCT_DIRS = ("gpuk8s", "roles", "templates", "inventories")
+#: inventories (a snapshot of a cluster an older gpuk8s bootstrapped must not stand for this
+#: one), and what the nodes installed in that bootstrap: the stand-ins (the kubelet, the API
+#: server... a snapshot keeps the version it installed), their packages and the repos that
+#: build them, and the lab's topologies
+PRODUCT_DIRS = ("gpuk8s", "roles", "templates", "inventories", "tests/lab/standins",
+                "tests/lab/packages", "tests/lab/topologies", "tests/lab/debs.py",
+                "tests/lab/repos.py")
 
 
 def product_key() -> str:
     h = hashlib.sha256()
-    for folder in PRODUCT_DIRS:
-        for f in sorted((REPO_ROOT / folder).rglob("*")):
+    for entry in PRODUCT_DIRS:
+        path = REPO_ROOT / entry
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if f.is_file() and "__pycache__" not in f.parts:
                 h.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()

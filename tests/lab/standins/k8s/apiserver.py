@@ -348,6 +348,11 @@ class ApiServer:
              where: Callable[[Obj], bool] | None = None) -> list[Obj]:
         return self.store.list(self.key(res), ns if res.namespaced else None, where)
 
+    def shared(self, res: Resource, ns: str | None = None) -> list[Obj]:
+        """The stored objects themselves (Store.shared): only for code that never changes
+        them."""
+        return self.store.shared(self.key(res), ns if res.namespaced else None)
+
     def R(self, name: str) -> Resource:
         r = self.registry.lookup(name)
         assert r is not None, name
@@ -722,7 +727,7 @@ class ApiServer:
                   ns: str, name: str, sub: str) -> bool:
         if "system:masters" in groups:
             return True
-        for crb in self.list(self.R("clusterrolebindings")):
+        for crb in self.shared(self.R("clusterrolebindings")):
             if crb.get("roleRef", {}).get("name") != "cluster-admin":
                 continue
             for s in crb.get("subjects") or []:
@@ -760,8 +765,8 @@ class ApiServer:
             return False
         return rbac.allows(
             user, groups, verb, res.group, f"{plural}/{sub}" if sub else plural, ns, name,
-            lambda scope: self.list(self.R("clusterrolebindings")) if scope is None else
-            self.list(self.R("rolebindings"), scope),
+            lambda scope: self.shared(self.R("clusterrolebindings")) if scope is None else
+            self.shared(self.R("rolebindings"), scope),
             lambda kind, scope, rname: self.get(self.R("clusterroles"), "", rname)
             if kind == "ClusterRole" else self.get(self.R("roles"), scope, rname))
 

@@ -174,7 +174,10 @@ def yaml_load_all(text: str) -> list[Any]:
     except ImportError:  # pragma: no cover - nodes depend on python3-yaml
         docs = [json.loads(text)]
         return docs
-    return [d for d in yaml.safe_load_all(text) if d is not None]
+    # libyaml's parser where the node has it (Debian's python3-yaml does): the same
+    # SafeConstructor, a parse about ten times faster than the pure-Python one
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
 
 
 def yaml_dump(obj: Any) -> str:

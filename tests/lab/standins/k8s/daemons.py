@@ -244,15 +244,52 @@ def kube_proxy(k: Kubelet, pods: list[Obj]) -> None:
         k.proxy_started = True
 
 
-def proxy_loop(k: Kubelet) -> None:
-    rules = ""
+#: kube-proxy's full resync, its --iptables-sync-period default (30s); between them it acts
+#: on its informers' events only
+PROXY_RESYNC = 30.0
+#: the real watch ends after a server-chosen timeout and the informer opens it again
+PROXY_WATCH_SECONDS = 60
+
+
+def proxy_watch(k: Kubelet, kind: str, changed: threading.Event) -> None:
+    """One informer of kube-proxy's: a watch of every ``kind`` (services, pods) that sets
+    ``changed`` on each event (the opening ADDED events included: a watch opened again after
+    the API server was away brings a resync)."""
+    path = f"/api/v1/{kind}?watch=true&timeoutSeconds={PROXY_WATCH_SECONDS}"
     while True:
+        opened = time.monotonic()
+        try:
+            for _ in k.client.stream(path, idle=PROXY_WATCH_SECONDS + 30):
+                changed.set()
+        except (ApiError, Unreachable, TLSError, OSError):
+            pass  # the API server is away (restarting): open it again
+        if time.monotonic() - opened < 5:
+            time.sleep(1)
+
+
+def proxy_loop(k: Kubelet) -> None:
+    """kube-proxy's sync loop: the Service rules from a list of services and pods each time a
+    watch saw a change (or every PROXY_RESYNC seconds), as the real proxier syncs on its
+    informers' events, instead of listing every pod of the cluster each second; a failed sync
+    is tried again a second later."""
+    rules = ""
+    changed = threading.Event()
+    changed.set()
+    for kind in ("services", "pods"):
+        threading.Thread(target=proxy_watch, args=(k, kind, changed), daemon=True,
+                         name=f"kube-proxy-{kind}").start()
+    while True:
+        changed.wait(PROXY_RESYNC)
+        changed.clear()
         try:
             rules = proxy.sync(k.client.get("/api/v1/services")["items"],
                                k.client.get("/api/v1/pods")["items"], rules)
         except (ApiError, Unreachable, TLSError, OSError) as e:
             klog("E", f'"Failed to sync proxy rules" err="{e}"', "proxier.go:1520")
-        time.sleep(1)
+            changed.set()
+            time.sleep(1)
+            continue
+        time.sleep(0.2)   # a burst of events (a Deployment's pods) gives one sync
 
 
 def cluster_dns(k: Kubelet, pods: list[Obj]) -> None:

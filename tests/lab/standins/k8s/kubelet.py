@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime as dt
 import hashlib
 import http.server
@@ -225,6 +226,8 @@ class Kubelet:
                                        "pod kube-apiserver)")
         self.etcd = StaticProcess(ETCD_UNIT, "REAL etcd (static pod etcd)")
         self.registered = False
+        #: static pod manifest file -> ((mtime, size, inode), its first document or None)
+        self.manifest_cache: dict[str, tuple[Any, Obj | None]] = {}
         #: set by the pod watch: a sync is due now
         self.wake = threading.Event()
         self.status_posted = self.lease_renewed = -HEARTBEAT
@@ -335,7 +338,9 @@ class Kubelet:
                     "kubeProxyVersion": "",
                     "operatingSystem": "linux", "architecture": "amd64"}}
 
-    def sync_node(self, pods: list[Obj]) -> None:
+    def sync_node(self, pods: list[Obj]) -> Obj:
+        """Register the node once, post its status when it changed or a heartbeat is due,
+        renew its lease; returns the node as the API has it now."""
         path = f"/api/v1/nodes/{self.node_name}"
         if not self.registered:
             try:
@@ -358,11 +363,13 @@ class Kubelet:
         if now_ - self.status_posted >= HEARTBEAT or \
                 _without_heartbeats(node.get("status") or {}) != _without_heartbeats(st):
             node["status"] = st
-            self.client.request("PUT", path + "/status", node)
+            posted = self.client.request("PUT", path + "/status", node)
+            node = posted if isinstance(posted, dict) and posted.get("metadata") else node
             self.status_posted = now_
         if now_ - self.lease_renewed >= HEARTBEAT:
             self.renew_lease(node)
             self.lease_renewed = now_
+        return node
 
     def renew_lease(self, node: Obj) -> None:
         """The node's heartbeat Lease in kube-node-lease (what `kubectl describe node` shows
@@ -384,17 +391,31 @@ class Kubelet:
 
     # -------------------------------------------------------------- static pods
     def static_manifests(self) -> dict[str, Obj]:
+        """The static pod manifests, each parsed again only when its file changed (the
+        file-source's check each sync, as the real kubelet re-reads the folder); the caller
+        gets its own copy of each."""
         d = self.cfg.get("staticPodPath") or "/etc/kubernetes/manifests"
         out = {}
         try:
             names = sorted(os.listdir(P(d)))
         except OSError:
             return {}
+        cache: dict[str, tuple[Any, Obj | None]] = {}
         for fn in names:
             if fn.endswith((".yaml", ".yml", ".json")):
-                docs = yaml_load_all(read(f"{d}/{fn}") or "")
-                if docs and isinstance(docs[0], dict):
-                    out[fn] = docs[0]
+                try:
+                    st = os.stat(P(f"{d}/{fn}"))
+                except OSError:
+                    continue
+                key = (st.st_mtime_ns, st.st_size, st.st_ino)
+                got = self.manifest_cache.get(fn)
+                if got is None or got[0] != key:
+                    docs = yaml_load_all(read(f"{d}/{fn}") or "")
+                    got = (key, docs[0] if docs and isinstance(docs[0], dict) else None)
+                cache[fn] = got
+                if got[1] is not None:
+                    out[fn] = copy.deepcopy(got[1])
+        self.manifest_cache = cache
         return out
 
     def _sync_static(self, proc: StaticProcess, manifest: Obj | None, pod: str,
@@ -850,10 +871,9 @@ class Kubelet:
         # stopped here, then deleted below, once nothing on the node counts them any more
         terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
         pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        self.sync_node(pods)
+        node = self.sync_node(pods)   # one read of the node a sync, as it was posted
         self.sync_mirror_pods(manifests, pods, api_up)
         cfg = nodeinfo.containerd_config()
-        node = self.client.get(f"/api/v1/nodes/{self.node_name}")
         self.pod_cidr = node.get("spec", {}).get("podCIDR")
         avail = {k: int(parse_quantity(v)) for k, v in
                  (node["status"].get("allocatable") or {}).items() if is_device_resource(k)}

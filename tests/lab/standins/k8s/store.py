@@ -275,6 +275,15 @@ class Store:
                      if (ns is None or k[0] == ns) and (where is None or where(o))]
         return [json.loads(v) for _, v in sorted(items, key=lambda kv: kv[0])]
 
+    def shared(self, key: Key, ns: str | None = None) -> list[Obj]:
+        """The stored objects of ``key`` (in ``ns``) themselves, not copies, by namespace and
+        name: for readers that never change what they get (authorization reads every binding
+        of each request). Stored objects are never changed in place, so they stay valid."""
+        with self.lock:
+            items = [(k, o) for k, o in self.objs.get(key, {}).items()
+                     if ns is None or k[0] == ns]
+        return [o for _, o in sorted(items, key=lambda kv: kv[0])]
+
     def _txn(self, ekey: str, request: Obj, based_on: Any = None) -> int:
         """Run ``request`` if the key is still at the revision the change was based on (the
         object's resourceVersion, else the newest this server saw; absent: it must not
