@@ -141,6 +141,9 @@ class MemStore:
         return [o for (g, p, n, _), o in self.objs.items()
                 if (g, p) == key and (ns is None or n == ns)]
 
+    def catch_up(self, timeout: float = 10) -> None:
+        """In memory: always caught up."""
+
     def put(self, key: tuple[str, str], obj: Obj) -> Obj:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)

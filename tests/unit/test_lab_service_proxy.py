@@ -167,6 +167,9 @@ class FakeStore:
     def get(self, key: tuple[str, str], ns: str, name: str) -> dict[str, Any] | None:
         return self.objs.get((key[1], ns, name))
 
+    def catch_up(self, timeout: float = 10) -> None:
+        """In memory: always caught up."""
+
     def list(self, key: tuple[str, str], ns: str | None,
              where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
         return [o for (plural, n, _), o in self.objs.items()

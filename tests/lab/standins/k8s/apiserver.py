@@ -344,6 +344,19 @@ class ApiServer:
     def get(self, res: Resource, ns: str, name: str) -> Obj | None:
         return self.store.get(self.key(res), ns if res.namespaced else "", name)
 
+    def read(self, res: Resource, ns: str, name: str) -> Obj | None:
+        """A client's read of one object: where the cache has none, once more after the cache
+        caught up with etcd (Store.catch_up), so that an object another API server just
+        wrote is found, as the real server's quorum read finds it."""
+        obj = self.get(res, ns, name)
+        if obj is None:
+            try:
+                self.store.catch_up()
+            except StoreError:
+                return None   # etcd away: the cache's answer stands
+            obj = self.get(res, ns, name)
+        return obj
+
     def list(self, res: Resource, ns: str | None = None,
              where: Callable[[Obj], bool] | None = None) -> list[Obj]:
         return self.store.list(self.key(res), ns if res.namespaced else None, where)
@@ -1978,7 +1991,7 @@ class ApiServer:
             if sub == "eviction" and method == "POST":
                 return 201, self.evict(ns, name, dry), js
             if method == "GET" and name:
-                obj = self.get(res, ns, name)
+                obj = self.read(res, ns, name)
                 if obj is None:
                     raise not_found(res, name)
                 if tables.wants_table(h.headers.get("Accept", "")):
@@ -2004,7 +2017,7 @@ class ApiServer:
                 if res.namespaced:
                     obj["metadata"]["namespace"] = ns
                 self._validate(res, obj, q)
-                old = self.get(res, ns, name)
+                old = self.read(res, ns, name)
                 if old is None:
                     raise not_found(res, name)
                 self._check_rv(res, old, obj)
@@ -2080,7 +2093,7 @@ class ApiServer:
               user: admission.UserInfo | None = None) -> Obj:
         ctype = h.headers.get("Content-Type", "").split(";")[0].strip()
         sch = schema.for_kind(res.group, res.version, res.kind)
-        old = self.get(res, ns, name)
+        old = self.read(res, ns, name)
         if ctype == "application/apply-patch+yaml":
             try:
                 docs = yaml_load_all(body.decode())

@@ -258,6 +258,16 @@ class Store:
                                      f"{timeout:.0f}s ({self.error or 'no error seen'})")
                 self.changed.wait(left)
 
+    def catch_up(self, timeout: float = 10) -> None:
+        """Wait until the cache holds everything etcd holds now: etcd's current revision (a
+        range that matches no key answers its header) brought in by the watch. The real API
+        server answers a GET from etcd itself (a quorum read); the lab's serves its cache,
+        which lags another API server's write by a watch event: a client that created an
+        object through one API server and reads it through another (kubeadm join's CSR,
+        behind HAProxy) must still find it."""
+        out = self.etcd.call("/v3/kv/range", {"key": _b64(PREFIX)})
+        self._caught_up(int((out.get("header") or {}).get("revision") or 0), timeout)
+
     # ------------------------------------------------------------------ the API
     def get(self, key: Key, ns: str, name: str) -> Obj | None:
         with self.lock:
