@@ -193,3 +193,19 @@ class Client:
                               ) from e
         finally:
             conn.close()
+
+
+def follow(client: Client, path: str, seconds: int, changed: threading.Event) -> None:
+    """An informer's watch, forever: open the watch ``path`` (its ``timeoutSeconds`` is
+    ``seconds``) and set ``changed`` on each event, the opening ADDED events included; open it
+    again when the server ends it, and a second later when the API server is away
+    (restarting, not started yet)."""
+    while True:
+        opened = time.monotonic()
+        try:
+            for _ in client.stream(path, idle=seconds + 30):
+                changed.set()
+        except (ApiError, Unreachable, TLSError, OSError):
+            pass
+        if time.monotonic() - opened < 5:
+            time.sleep(1)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import dcgm, device_plugin, dns, dra_node, programs, proxy
-from .client import ApiError, TLSError, Unreachable
+from .client import ApiError, TLSError, Unreachable, follow
 from .common import klog, read, run, write
 
 if TYPE_CHECKING:
@@ -251,22 +251,6 @@ PROXY_RESYNC = 30.0
 PROXY_WATCH_SECONDS = 60
 
 
-def proxy_watch(k: Kubelet, kind: str, changed: threading.Event) -> None:
-    """One informer of kube-proxy's: a watch of every ``kind`` (services, pods) that sets
-    ``changed`` on each event (the opening ADDED events included: a watch opened again after
-    the API server was away brings a resync)."""
-    path = f"/api/v1/{kind}?watch=true&timeoutSeconds={PROXY_WATCH_SECONDS}"
-    while True:
-        opened = time.monotonic()
-        try:
-            for _ in k.client.stream(path, idle=PROXY_WATCH_SECONDS + 30):
-                changed.set()
-        except (ApiError, Unreachable, TLSError, OSError):
-            pass  # the API server is away (restarting): open it again
-        if time.monotonic() - opened < 5:
-            time.sleep(1)
-
-
 def proxy_loop(k: Kubelet) -> None:
     """kube-proxy's sync loop: the Service rules from a list of services and pods each time a
     watch saw a change (or every PROXY_RESYNC seconds), as the real proxier syncs on its
@@ -275,9 +259,10 @@ def proxy_loop(k: Kubelet) -> None:
     rules = ""
     changed = threading.Event()
     changed.set()
-    for kind in ("services", "pods"):
-        threading.Thread(target=proxy_watch, args=(k, kind, changed), daemon=True,
-                         name=f"kube-proxy-{kind}").start()
+    for kind in ("services", "pods"):   # its two informers
+        threading.Thread(target=follow, daemon=True, name=f"kube-proxy-{kind}", args=(
+            k.client, f"/api/v1/{kind}?watch=true&timeoutSeconds={PROXY_WATCH_SECONDS}",
+            PROXY_WATCH_SECONDS, changed)).start()
     while True:
         changed.wait(PROXY_RESYNC)
         changed.clear()

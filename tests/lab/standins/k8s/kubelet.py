@@ -33,7 +33,7 @@ from . import (
     programs,
     realpods,
 )
-from .client import ApiError, Client, TLSError, Unreachable
+from .client import ApiError, Client, TLSError, Unreachable, follow
 from .common import (
     NO_SYSTEMD_ENV,
     P,
@@ -1038,17 +1038,9 @@ class Kubelet:
         """Wake the sync loop as soon as one of this node's pods changes, as the real kubelet
         learns of its pods from a watch (its pod config's API source), instead of leaving a
         new pod waiting out the rest of STATUS_PERIOD."""
-        path = (f"/api/v1/pods?watch=true&timeoutSeconds={WATCH_SECONDS}&fieldSelector="
-                + urllib.parse.quote(f"spec.nodeName={self.node_name}"))
-        while True:
-            opened = time.monotonic()
-            try:
-                for _ in self.client.stream(path, idle=WATCH_SECONDS + 30):
-                    self.wake.set()
-            except (ApiError, Unreachable, TLSError, OSError):
-                pass  # the API server is away (restarting, not started yet)
-            if time.monotonic() - opened < 5:
-                time.sleep(1)
+        follow(self.client, f"/api/v1/pods?watch=true&timeoutSeconds={WATCH_SECONDS}"
+               "&fieldSelector=" + urllib.parse.quote(f"spec.nodeName={self.node_name}"),
+               WATCH_SECONDS, self.wake)
 
     def run(self) -> None:
         self.serve()
