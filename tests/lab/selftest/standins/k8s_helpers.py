@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -249,38 +250,64 @@ class Cluster:
                  f"--initial-cluster=standin=http://127.0.0.1:{peer}", "--unsafe-no-fsync"],
                 stdout=subprocess.DEVNULL, stderr=open(root / "etcd.log", "w"))  # noqa: SIM115
         self.kubeconfig = root / "admin.conf"
+        self.gates, self.env = gates, env or {}
+        self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
+        for _attempt in range(5):
+            self.proc = self._launch()
+            if self.wait_listening():
+                break
+            # free_port's port was taken by another process before the API server bound it
+            # (CI of 8ef863b: the server exited "Address already in use" while the test's
+            # requests went to the other listener): another port, the same server
+            self.port = free_port()
+            self.server = f"https://127.0.0.1:{self.port}"
+        else:
+            raise AssertionError("the API server found its port taken five times")
         self.kubeconfig.write_text(kubeconfig.build(
             self.server, self.ca_pem, "kubernetes-admin",
             cert_pem=(pk / "admin.crt").read_text(), key_pem=(pk / "admin.key").read_text()))
-        args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-                f"--client-ca-file={ca}", f"--tls-cert-file={pk / 'apiserver.crt'}",
-                f"--tls-private-key-file={pk / 'apiserver.key'}",
-                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
-        if gates:
-            args.append(f"--feature-gates={gates}")
-        self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
-            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
-            **(env or {})})
-        self.wait_listening()
         from k8s.client import Client
 
         self.client = Client(kubeconfig.load(str(self.kubeconfig)))
 
-    def wait_listening(self, timeout: float = 60) -> None:
-        """Until the API server accepts connections. It imports its CEL library and waits for
-        its etcd first: seconds on a loaded 2-core CI machine (10 s was once not enough)."""
+    def _launch(self) -> subprocess.Popen[bytes]:
+        pk = self.root / "pki"
+        args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--client-ca-file={pk / 'ca.crt'}", f"--tls-cert-file={pk / 'apiserver.crt'}",
+                f"--tls-private-key-file={pk / 'apiserver.key'}",
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
+        if self.gates:
+            args.append(f"--feature-gates={self.gates}")
+        self.log.seek(0)
+        self.log.truncate()
+        return subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
+            **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
+            **self.env})
+
+    def wait_listening(self, timeout: float = 60) -> bool:
+        """Until this API server answers a TLS handshake with its own certificate (another
+        process on the port cannot: the CA is this cluster's). It imports its CEL library and
+        waits for its etcd first: seconds on a loaded 2-core CI machine (10 s was once not
+        enough). False when it exited because the port was taken."""
+        ctx = ssl.create_default_context(cadata=self.ca_pem)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.flush()
+                text = (self.root / "apiserver.log").read_text()
+                if "Address already in use" in text:
+                    return False
                 raise AssertionError(f"the API server exited {self.proc.returncode}:\n"
-                                     + (self.root / "apiserver.log").read_text()[-3000:])
+                                     + text[-3000:])
+            if self.etcd is not None and self.etcd.poll() is not None:
+                raise AssertionError(f"its etcd exited {self.etcd.returncode}:\n"
+                                     + (self.root / "etcd.log").read_text()[-3000:])
             try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
+                with socket.create_connection(("127.0.0.1", self.port), 0.5) as sock, \
+                        ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
+                    return True
+            except (OSError, ssl.SSLError):
                 time.sleep(0.1)
         raise AssertionError(f"the API server did not listen on {self.port} in {timeout:.0f} s")
 

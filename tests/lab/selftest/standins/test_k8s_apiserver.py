@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from k8s import kubeconfig, pki
 
 from tests.lab.repos import real_kubectl
+from tests.lab.selftest.standins import k8s_helpers
 from tests.lab.selftest.standins.k8s_helpers import (
     CP_TAINT,
     NEEDS_OPENSSL,
@@ -256,7 +258,7 @@ spec:
         args = cluster.proc.args
         cluster.proc = subprocess.Popen(args, stderr=cluster.log, stdout=cluster.log, env={
             **os.environ, "PYTHONPATH": str(STANDINS)})
-        cluster.wait_listening()
+        assert cluster.wait_listening(), "its port was taken while it restarted"
         cluster.wait(lambda: cluster.kubectl("get", "node", "gpu-01").returncode == 0)
 
 
@@ -364,3 +366,27 @@ def test_apiserver_refuses_unknown_feature_gate(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip() == ('Error: invalid argument "Accelerators=true" for '
                                 '"--feature-gates" flag: unrecognized feature gate: Accelerators')
+
+
+def test_a_port_taken_before_the_server_binds_it_gets_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port's port can be taken by another process before the API server binds it (CI of
+    8ef863b). The harness must not take the other listener for the server: it starts the
+    server again on another port, and requests reach the server."""
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    taken = stranger.getsockname()[1]
+    ports = iter([taken])
+    real = k8s_helpers.free_port
+    monkeypatch.setattr(k8s_helpers, "free_port", lambda: next(ports, None) or real())
+    try:
+        c = Cluster(tmp_path / "c")
+        try:
+            assert c.port != taken
+            c.add_node("gpu-01")
+            assert c.client.get("/api/v1/nodes/gpu-01")["metadata"]["name"] == "gpu-01"
+        finally:
+            c.stop()
+    finally:
+        stranger.close()
