@@ -36,6 +36,8 @@ ARM_DPKG_KILLER = ("rm -f /run/gpuk8s-test-killed; nohup timeout {t} sh -c 'unti
 INTERRUPTED = "dpkg --audit; ls /var/lib/dpkg/updates | grep '^[0-9]'"
 #: the lab's cuda-toolkit preinst waits while this file exists (it survives the driver reboot)
 HOLD = Path("/var/lib/gpuk8s-lab/hold-unpack")
+#: the lab driver's "loaded" module, copied at boot (tests/lab/standins/nvidia/labgpu.py)
+LOADED_MODULE = "/run/nvidia-lab/loaded-module-version"
 TOOLKIT_STATUS = "dpkg-query -W -f='${db:Status-Abbrev}' cuda-toolkit-13-0"
 
 
@@ -119,18 +121,24 @@ def test_chain_a_eight_kill_points(fresh: Lab, tmp_path: Path) -> None:
     timings[4] = run.kill()
     settle(fresh)
     assert first_op(run, "gpu-01") == "base | repair interrupted dpkg", run.log("gpu-01")
-    # 5: during gpu-01's driver reboot
-    boot = fresh.boot_id("gpu-01")
+    # 5: during a GPU node's driver reboot: gpu-01's, unless it got ahead of gpu-02 in run 4
+    # and rebooted already (CI of 8ef863b: gpu-02's apt-get update hung 4 minutes there)
+    waiting = [h for h in ("gpu-01", "gpu-02")
+               if fresh.ssh(h, f"test -s {LOADED_MODULE}")[0] != 0]
+    assert waiting, "both GPU nodes finished their driver reboot before kill point 5:\n" \
+        + run.log("gpu-01")[-2000:] + run.log("gpu-02")[-2000:]
+    target = waiting[0]
+    boot = fresh.boot_id(target)
     run = Bootstrap(inv, runs)
-    run.wait_op("gpu-01", "nvidia_driver | reboot", 400)
+    run.wait_op(target, "nvidia_driver | reboot", 400)
 
     def going_down() -> bool:  # the reboot was sent: sshd gone, or already a new boot
-        rc, out, _ = fresh.ssh("gpu-01", "cat /proc/sys/kernel/random/boot_id", timeout=10)
+        rc, out, _ = fresh.ssh(target, "cat /proc/sys/kernel/random/boot_id", timeout=10)
         return rc != 0 or out.strip() != boot
 
-    run.wait_for("gpu-01 going down", going_down, 120)
+    run.wait_for(f"{target} going down", going_down, 120)
     timings[5] = run.kill()
-    fresh.wait_for_reboot("gpu-01", boot, 180)
+    fresh.wait_for_reboot(target, boot, 180)
     settle(fresh)
     # 6: inside kubeadm init
     run = Bootstrap(inv, runs)
