@@ -253,14 +253,16 @@ class Cluster:
         self.gates, self.env = gates, env or {}
         self.log = open(root / "apiserver.log", "w")  # noqa: SIM115
         for _attempt in range(5):
-            self.proc = self._launch()
+            self.proc = self.launch()
             if self.wait_listening():
                 break
             # free_port's port was taken by another process before the API server bound it
             # (CI of 8ef863b: the server exited "Address already in use" while the test's
-            # requests went to the other listener): another port, the same server
+            # requests went to the other listener): another port, the same server, a new log
             self.port = free_port()
             self.server = f"https://127.0.0.1:{self.port}"
+            self.log.seek(0)
+            self.log.truncate()
         else:
             raise AssertionError("the API server found its port taken five times")
         self.kubeconfig.write_text(kubeconfig.build(
@@ -270,7 +272,8 @@ class Cluster:
 
         self.client = Client(kubeconfig.load(str(self.kubeconfig)))
 
-    def _launch(self) -> subprocess.Popen[bytes]:
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start this cluster's API server (again: a restart keeps its port, flags and log)."""
         pk = self.root / "pki"
         args = [sys.executable, "-m", "k8s.apiserver", f"--secure-port={self.port}",
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -279,8 +282,6 @@ class Cluster:
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
         if self.gates:
             args.append(f"--feature-gates={self.gates}")
-        self.log.seek(0)
-        self.log.truncate()
         return subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
             **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
             **self.env})

@@ -255,9 +255,7 @@ spec:
         cluster.add_node("gpu-01")
         cluster.proc.terminate()
         cluster.proc.wait(10)
-        args = cluster.proc.args
-        cluster.proc = subprocess.Popen(args, stderr=cluster.log, stdout=cluster.log, env={
-            **os.environ, "PYTHONPATH": str(STANDINS)})
+        cluster.proc = cluster.launch()
         assert cluster.wait_listening(), "its port was taken while it restarted"
         cluster.wait(lambda: cluster.kubectl("get", "node", "gpu-01").returncode == 0)
 
