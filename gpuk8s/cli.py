@@ -243,14 +243,18 @@ def gpu_usage(c: Context, inventory: str = INVENTORY, json: bool = False,
 
 @command(help={"driver": "NVIDIA driver version, e.g. 580.159.04",
                "kubernetes": "Kubernetes patch release, e.g. 1.36.2",
-               "serial": "nodes at a time", "yes": "do not ask"})
+               "kernel": "GPU nodes' kernel: a release (6.8.0-60-generic), or alone for the "
+                         "newest their kernel meta-packages offer",
+               "serial": "nodes at a time", "yes": "do not ask"},
+         optional=["kernel"])
 def upgrade(c: Context, driver: str | None = None, kubernetes: str | None = None,
-            inventory: str = INVENTORY, limit: str | None = None, serial: int = 1,
-            drain_timeout: int = 300, yes: bool = False) -> None:
-    """Upgrade the NVIDIA driver (--driver) or Kubernetes (--kubernetes) node by node: drain,
-    upgrade, verify, uncordon; the control plane first for Kubernetes."""
-    _call("upgrade", inventory=inventory, driver=driver, kubernetes=kubernetes, limit=limit,
-          serial=serial, drain_timeout=drain_timeout, yes=yes)
+            kernel: str | None = None, inventory: str = INVENTORY, limit: str | None = None,
+            serial: int = 1, drain_timeout: int = 300, yes: bool = False) -> None:
+    """Upgrade the NVIDIA driver (--driver), Kubernetes (--kubernetes) or GPU nodes' kernel
+    (--kernel) node by node: drain, upgrade, verify, uncordon; the control plane first for
+    Kubernetes; a kernel's NVIDIA module built and checked before any reboot."""
+    _call("upgrade", inventory=inventory, driver=driver, kubernetes=kubernetes, kernel=kernel,
+          limit=limit, serial=serial, drain_timeout=drain_timeout, yes=yes)
 
 
 @command()

@@ -46,6 +46,10 @@ PHASES: tuple[Phase, ...] = (
                           "nvidia_driver", "cuda", "nvidia_container_toolkit"),
           "node stack: base, containerd, kubeadm/kubelet/kubectl, API endpoint, NVIDIA driver, "
           "CUDA, toolkit"),
+    # after the node phase installed the kernel headers and the driver: hold them together
+    Phase("gpu-lock", "all", ("gpu_node_lock",),
+          "GPU nodes: the running kernel and the NVIDIA driver held together, "
+          "unattended-upgrades kept away from them"),
     Phase("control-plane", "first_control_plane", ("control_plane", "cni"),
           "control plane: kubeadm init, admin kubeconfig, pod network",
           provides=("admin_conf",)),

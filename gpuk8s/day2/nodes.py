@@ -21,6 +21,7 @@ from gpuk8s.drain import drain
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.executor import HostResult
 from gpuk8s.facts import HostFacts
+from gpuk8s.facts.kernel import LockPackages
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
 from gpuk8s.ops.apt import Apt, purge_script
@@ -74,7 +75,10 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
         host_facts = session.facts[host]
         if reinstall_driver or full:
             installed = session.facts[host].get(Packages(*_driver_names(session, host))) or {}
-            purge += sorted(installed)
+            # and the rest of the driver's set by name: gpu_node_lock holds it, and a held
+            # package is not one --autoremove takes
+            locked = session.facts[host].get(LockPackages())
+            purge += sorted(set(installed) | set(locked.driver if locked else ()))
         if full:  # what the roles install, by their own package lists
             purge += [*KUBE_PACKAGES, *_role_packages("container_runtime", host_facts),
                       *_role_packages("nvidia_container_toolkit", host_facts)]

@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 
 from gpuk8s.day2.gpuusage import node_utilisation
+from gpuk8s.day2.kernelstatus import kernel_lines, kernel_row
 from gpuk8s.day2.steps import gathered_session
 from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
@@ -89,6 +90,9 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
                                   for c, m, f in refused[name]]} if name in refused else {}),
                 **_control_plane(facts[ControlPlaneHealth()]),
             })
+            kernel = kernel_row(facts, bool(host.vars.get("gpu_node_lock", True)))
+            if kernel is not None:
+                rows[-1]["kernel"] = kernel
         session.runlog.write_report(status=rows)
         _print_status(session.reporter, rows, as_json, wide=wide)
         if not as_json and (line := quorum(rows)):
@@ -178,6 +182,9 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
                       _dash(r.get("driver")), _dash(r.get("cuda")), _dash(r.get("kubelet")),
                       _dash(r.get("containerd")), _dash(r.get("control_plane"))])
     rep.table("cluster status", STATUS_COLUMNS, cells, wide=wide)
+    for r in rows:  # each GPU node's kernel and driver, and what needs the admin
+        for text, style in kernel_lines(r["host"], r["kernel"]) if r.get("kernel") else ():
+            rep.console.print(rep.cell(text, style), soft_wrap=True)
     for r in rows:  # why a host is refused: the checks and their problems, short
         if r.get("preflight"):
             rep.console.print(Text.assemble(rep.cell(r["host"], "bold"), " is refused by "

@@ -8,6 +8,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.day2.kernelupgrade import upgrade_kernel
 from gpuk8s.day2.kubernetes import upgrade_kubernetes
 from gpuk8s.day2.steps import (
     ask_confirmation,
@@ -26,22 +27,27 @@ from gpuk8s.session import DEFAULT_OPENER, Opener
 
 # -- upgrade ----------------------------------------------------------------------------------
 def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str | None = None,
+            kernel: str | bool | None = None,
             limit: str | None = None, serial: int = 1, drain_timeout: int = 300,
             yes: bool = False, reporter: Reporter | None = None,
             confirm: Callable[[str], bool] | None = None,
             opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
-    """Upgrade the NVIDIA driver (``driver``) or Kubernetes to a patch release
-    (``kubernetes``), ``serial`` nodes at a time; see upgrade_driver and upgrade_kubernetes."""
-    if (driver is None) == (kubernetes is None):
-        raise InventoryError("say what to upgrade: --driver VERSION or --kubernetes VERSION "
-                             "(one of them)",
-                             fix="e.g. invoke upgrade --kubernetes 1.36.2, or "
-                             "invoke upgrade --driver 580.159.04")
+    """Upgrade the NVIDIA driver (``driver``), Kubernetes to a patch release
+    (``kubernetes``) or GPU nodes' kernel (``kernel``: a release, or True for the newest the
+    nodes' kernel meta-packages offer), ``serial`` nodes at a time; see upgrade_driver,
+    upgrade_kubernetes and upgrade_kernel."""
+    if sum(x is not None and x is not False for x in (driver, kubernetes, kernel)) != 1:
+        raise InventoryError("say what to upgrade: --driver VERSION, --kubernetes VERSION or "
+                             "--kernel [RELEASE] (one of them)",
+                             fix="e.g. invoke upgrade --kubernetes 1.36.2, "
+                             "invoke upgrade --driver 580.159.04, or invoke upgrade --kernel")
     kwargs: dict[str, Any] = {"limit": limit, "serial": serial, "drain_timeout": drain_timeout,
                               "yes": yes, "reporter": reporter, "confirm": confirm,
                               "opener": opener}
     if kubernetes is not None:
         return upgrade_kubernetes(inventory, kubernetes, **kwargs)
+    if kernel is not None and kernel is not False:
+        return upgrade_kernel(inventory, None if kernel is True else str(kernel), **kwargs)
     assert driver is not None
     return upgrade_driver(inventory, driver, **kwargs)
 

@@ -11,8 +11,8 @@ from typing import Any
 from gpuk8s.checks import Rule, check_fingerprint, check_xyz, pinned_key
 from gpuk8s.facts import Fact
 from gpuk8s.facts.kube import Containerd
-from gpuk8s.facts.system import Files, Packages, PciDevices
-from gpuk8s.ops import Op, change, noop
+from gpuk8s.facts.system import Files, FileState, Packages, PciDevices
+from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.ops.apt import packages, repo
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import HostContext
@@ -33,6 +33,22 @@ RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 #: config --in-place` on the same file: packaging/debian/nvidia-container-toolkit-base.postinst).
 ISOLATION = {"accept-nvidia-visible-devices-envvar-when-unprivileged": False,
              "accept-nvidia-visible-devices-as-volume-mounts": True}
+#: NVIDIA's fix for containers that lose their GPUs ("Failed to initialize NVML: Unknown
+#: Error") after `systemctl daemon-reload` under the systemd cgroup driver: runc needs a
+#: /dev/char/MAJOR:MINOR link for each NVIDIA device node, which udev does not make for them.
+#: The rule and its file are NVIDIA's, word for word, from the workaround of the NOTICE issue
+#: NVIDIA/nvidia-container-toolkit#48 (also NVIDIA/nvidia-docker#1671 and #1730,
+#: NVIDIA/gpu-operator#485): at each load of the nvidia driver, `nvidia-ctk system
+#: create-dev-char-symlinks --create-all` (flags as cmd/nvidia-ctk/system/
+#: create-dev-char-symlinks/create-dev-char-symlinks.go@v1.20.0 defines them; an existing
+#: link is a warning and exit 0, so running it again is harmless). The same text says to run
+#: the command once after the modules are loaded: the op does, when the driver is loaded.
+#: With the toolkit's default runtime mode (auto, jit-cdi since v1.18) containerd's path is
+#: not the affected hook path, so this is defence in depth (docs/research/
+#: issue-32-upstream-facts.md section 1).
+DEV_CHAR_RULES = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
+DEV_CHAR_RULE = ('ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+                 'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
             "libnvidia-container-tools", "libnvidia-container1")
 
@@ -48,7 +64,7 @@ RULES: dict[str, Rule] = {
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [PciDevices(), Containerd(), Packages(*PACKAGES), Files(LIST, "+" + KEYRING, DROP_IN),
-            Files("+" + RUNTIME_CONFIG)]
+            Files("+" + RUNTIME_CONFIG), Files(DEV_CHAR_RULES)]
 
 
 def isolation_settings(content: bytes | None) -> dict[str, object]:
@@ -91,6 +107,7 @@ def plan(ctx: HostContext) -> list[Op]:
     ops.append(pkg_op)
     runtime_config = f[Files("+" + RUNTIME_CONFIG)][RUNTIME_CONFIG]
     ops.append(isolation_op(runtime_config.content, runtime_config.exists))
+    ops.append(dev_char_op(f[Files(DEV_CHAR_RULES)][DEV_CHAR_RULES]))
     containerd = f[Containerd()]
     default = bool(ctx.var("nvidia_container_runtime_default"))
     configured = "nvidia" in containerd.runtimes and states[DROP_IN].exists and \
@@ -107,6 +124,21 @@ def plan(ctx: HostContext) -> list[Op]:
                           f"nvidia-ctk runtime configure --runtime=containerd{flag}",
                           notify=("restart containerd",)))
     return ops
+
+
+def dev_char_op(state: FileState) -> Op:
+    """NVIDIA's udev rule, then the links made once for the driver loaded now (none yet on a
+    fresh node: the rule makes them when the driver loads at the reboot)."""
+    op = files.content(state, "nvidia_container_toolkit | /dev/char links",
+                       DEV_CHAR_RULE.encode())
+    if not op.changes:
+        return noop(op.id, f"= {DEV_CHAR_RULES}: nvidia-ctk links /dev/char/MAJOR:MINOR "
+                    "for the NVIDIA devices at each driver load")
+    return change(op.id, op.reason + " (nvidia-ctk links /dev/char/MAJOR:MINOR for the "
+                  "NVIDIA devices at each driver load)", *op.commands,
+                  "[ ! -e /dev/nvidiactl ] || "
+                  "/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all",
+                  diff=op.diff)
 
 
 HANDLERS = {

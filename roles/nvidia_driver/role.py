@@ -166,7 +166,9 @@ def plan(ctx: HostContext) -> list[Op]:
     if driver_source(ctx.vars, os_) == "cuda":
         ops.append(cuda_repo_op(ctx, "nvidia_driver | CUDA apt repo"))
     wanted = driver_packages(ctx.vars, os_, devices, sysinfo.kernel, sysinfo.headers)
-    pkg_op = packages(installed, "nvidia_driver | driver packages", wanted, hold=True,
+    # held unless the admin opted out of gpu_node_lock (which then unholds them)
+    pkg_op = packages(installed, "nvidia_driver | driver packages", wanted,
+                      hold=bool(ctx.var("gpu_node_lock")),
                       update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True,
                       apt=ctx.apt)
     if pkg_op.changes:
@@ -206,7 +208,8 @@ def plan(ctx: HostContext) -> list[Op]:
         fm_version = (str(ctx.var("nvidia_driver_version")) or upstream
                       or f"{ctx.var('nvidia_driver_branch')}.")
         ops.append(packages(installed, "nvidia_driver | fabric manager",
-                            {fabricmanager_package(ctx.vars, os_): fm_version}, hold=True,
+                            {fabricmanager_package(ctx.vars, os_): fm_version},
+                            hold=bool(ctx.var("gpu_node_lock")),
                             apt=ctx.apt))
         unit = f[Services("nvidia-fabricmanager")]["nvidia-fabricmanager"]
         if unit.active != "active" or unit.enabled != "enabled":

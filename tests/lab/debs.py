@@ -28,6 +28,7 @@ Schema of one definition file (tests/lab/packages/<group>/<name>.yaml)::
     # optional extensions:
     vars: {NVCC_BUILD: "36424714_0"}    # extra @KEY@ substitutions
     version_vars: {"13.0.2-1": {...}}   # per-version extra substitutions
+    version_repos: {"580.173.02-1": lab-updates}   # a version published in another repo
     fetch: {containerd: {package: containerd, suite: unstable}}   # real debs from deb.debian.org
     version_from_fetch: "{containerd}-1~debian.12~bookworm"  # versions derived from a fetched deb
 
@@ -430,7 +431,8 @@ def render(pkg: PackageDef, version: str, fetched: FetchResolver | None = None) 
     for line in rest:
         lines.append(" " + line if line.strip() else " .")
     control = "\n".join(lines) + "\n"
-    return BuildSpec(name, version, arch, pkg.repo, control, scripts, entries, conffiles)
+    repo = str((raw.get("version_repos") or {}).get(version, pkg.repo))
+    return BuildSpec(name, version, arch, repo, control, scripts, entries, conffiles)
 
 
 def build_deb(spec: BuildSpec, cache_dir: Path) -> Path:

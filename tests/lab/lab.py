@@ -170,6 +170,10 @@ class Lab:
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
         if reuse and self.is_up(topo):
             print(f"lab: already up ({len(topo.nodes)} nodes)", flush=True)
+            # packages edited since it came up: the repos the nodes install from catch up
+            # (each .deb is cached by its content, so this is a second when nothing changed)
+            with self._host_locked():
+                self._repos("build_all")
             return self.nodes()
         t0 = time.monotonic()
         self.down(quiet=True)

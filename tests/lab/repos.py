@@ -129,6 +129,10 @@ REPOS: dict[str, Repo] = {
             label="Docker CE",
         ),
         Repo("lab-kernel", "lab-kernel", ("lab-kernel/lab-key.asc",)),
+        # updates published "later": no node's sources name it until a test adds it (a
+        # newer kernel, a newer driver set, an unrelated update; see CONTRACT.md)
+        Repo("lab-updates", "lab-updates", ("lab-updates/lab-key.asc",),
+             origin="gpuk8s-lab-updates", label="gpuk8s-lab-updates"),
     )
 }
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuk8s.facts import Fact, HostFacts
 from gpuk8s.facts.controlplane import ControlPlaneHealthState
+from gpuk8s.facts.kernel import GpuKernelState, LockedPackages
 from gpuk8s.facts.kube import ClusterState, ContainerdState, GateState
 from gpuk8s.facts.nvidia import NvidiaState, Topology
 from gpuk8s.facts.system import FileState, PciDevice, SystemInfo, Unit
@@ -77,6 +78,10 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return {url: (200, "") for url in fact.args}
     if kind == "ControlPlaneHealth":
         return ControlPlaneHealthState()
+    if kind == "LockPackages":
+        return LockedPackages()
+    if kind == "GpuKernel":
+        return GpuKernelState()
     if kind == "Reaches":
         return dict.fromkeys(fact.args, "ok")
     raise AssertionError(f"no scenario value for fact {kind}")

@@ -57,11 +57,16 @@ def test_a_pin_on_another_version_names_where_it_is_set() -> None:
     assert 'kubernetes_package_version: ""' in text
 
 
-def test_driver_or_kubernetes_one_of_them() -> None:
-    with pytest.raises(InventoryError, match="--driver VERSION or --kubernetes VERSION"):
+def test_driver_kubernetes_or_kernel_one_of_them() -> None:
+    with pytest.raises(InventoryError, match="--driver VERSION, --kubernetes VERSION or "
+                       r"--kernel \[RELEASE\]"):
         day2.upgrade(LAB)
     with pytest.raises(InventoryError, match="one of them"):
         day2.upgrade(LAB, driver="580.159.04", kubernetes="1.36.2")
+    with pytest.raises(InventoryError, match="one of them"):
+        day2.upgrade(LAB, driver="580.159.04", kernel=True)
+    with pytest.raises(InventoryError, match="is not a kernel release"):
+        day2.upgrade(LAB, kernel="6.8; reboot")
 
 
 def test_install_script_holds_again_and_fails_clearly_without_the_release(

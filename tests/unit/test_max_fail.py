@@ -106,6 +106,7 @@ def test_unreachable_at_start_with_max_fail_the_rest_converge(fake_run: dict[str
         fake_run["run"](max_fail="1")
     assert "cpu-01" in str(err.value) and "cannot connect" in str(err.value)
     assert dict(fake_run["phases"]) == {"node": ["cp-01", "gpu-01", "gpu-02"],
+                                        "gpu-lock": ["cp-01", "gpu-01", "gpu-02"],
                                         "control-plane": ["cp-01"], "join": ["gpu-01", "gpu-02"],
                                         "kubelets": ["cp-01", "gpu-01", "gpu-02"],
                                         "gpu-partition": ["cp-01", "gpu-01", "gpu-02"],

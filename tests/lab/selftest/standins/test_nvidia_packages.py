@@ -50,13 +50,15 @@ def run_script(
     return subprocess.run([str(script), *args], capture_output=True, text=True, env=env)
 
 
-def boot(root: Path) -> None:
-    """A reboot: /run is empty again, then nvidia-lab-modload.service runs."""
+def boot(root: Path, krel: str = "6.1.0-lab") -> None:
+    """A reboot into kernel ``krel``: /run is empty again, then nvidia-lab-modload.service
+    runs."""
     import shutil
 
     shutil.rmtree(root / "run", ignore_errors=True)
     (root / "run").mkdir()
-    res = run(root, "/usr/lib/gpuk8s-lab/nvidia/nvidia-lab-modload")
+    res = run(root, "/usr/lib/gpuk8s-lab/nvidia/nvidia-lab-modload",
+              env={"GPUK8S_LAB_KREL": krel})
     assert res.returncode == 0, res.stderr
 
 
@@ -109,6 +111,106 @@ def test_driver_install_reboot_upgrade_cycle(root: Path) -> None:
         "NVIDIA UNIX x86_64 Kernel Module  580.159.04"
         in (root / "usr/lib/gpuk8s-lab/nvidia/proc-driver-nvidia-version").read_text()
     )
+
+
+def test_dkms_standin_builds_per_kernel_and_from_the_kernel_hooks(root: Path) -> None:
+    """A module per kernel, where DKMS installs it and readable by the real modinfo format
+    (.modinfo in an ELF object); a kernel installed later gets one from the hook; a kernel
+    the module does not build against keeps none, and the failed build's log stays where
+    DKMS leaves it (build/make.log)."""
+    (root / "usr/src/linux-headers-6.1.0-lab").mkdir(parents=True)
+    mod = install_files(root, "nvidia-kernel-open-dkms", NEW)
+    res = run_script(root, mod, "postinst", "configure", "")
+    assert res.returncode == 0, res.stderr
+    ko = root / "lib/modules/6.1.0-lab/updates/dkms/nvidia.ko"
+    data = ko.read_bytes()
+    assert data[:4] == b"\x7fELF" and b"version=580.159.04\0" in data
+    hook = root / "etc/kernel/postinst.d/dkms"
+    assert hook.read_bytes() == (root / "etc/kernel/header_postinst.d/dkms").read_bytes()
+    # a new kernel with headers: its module is built when the kernel is installed
+    (root / "usr/src/linux-headers-6.1.0-lab2").mkdir(parents=True)
+    (root / "usr/src/linux-headers-6.1.0-lab2/Makefile").write_text("KERNELRELEASE = x\n")
+    res = run(root, "/etc/kernel/postinst.d/dkms", "6.1.0-lab2", "/boot/vmlinuz-6.1.0-lab2")
+    assert res.returncode == 0, res.stderr
+    assert b"version=580.159.04\0" in \
+        (root / "lib/modules/6.1.0-lab2/updates/dkms/nvidia.ko").read_bytes()
+    # no headers: DKMS's hint, no module, the kernel's install goes on (exit 0)
+    res = run(root, "/etc/kernel/postinst.d/dkms", "6.1.0-lab4")
+    assert res.returncode == 0 and "6.1.0-lab4 headers are missing" in res.stdout
+    assert not (root / "lib/modules/6.1.0-lab4").exists()
+    # a kernel the driver does not build against
+    (root / "usr/src/linux-headers-6.1.0-lab3").mkdir(parents=True)
+    (root / "usr/src/linux-headers-6.1.0-lab3/Makefile").write_text(
+        "KERNELRELEASE = 6.1.0-lab3\nGPUK8S_LAB_NVIDIA_BUILD = fail\n")
+    res = run(root, "/etc/kernel/header_postinst.d/dkms", "6.1.0-lab3")
+    assert res.returncode == 0 and "autoinstall for kernel: 6.1.0-lab3 failed!" in res.stdout
+    assert "Bad return status for module build on kernel: 6.1.0-lab3 (x86_64)" in res.stderr
+    assert not (root / "lib/modules/6.1.0-lab3/updates/dkms/nvidia.ko").exists()
+    log = (root / "var/lib/dkms/nvidia/580.159.04/build/make.log").read_text()
+    assert "Error 1" in log and "6.1.0-lab3" in log
+    # booting a kernel loads the module built for it, or none
+    install_files(root, "nvidia-driver-cuda", NEW)
+    fake_pci(root, (SINGLE / "sys-pci-nvidia.txt").read_text().splitlines())
+    boot(root, "6.1.0-lab3")
+    assert smi(root).returncode == 9
+    boot(root, "6.1.0-lab2")
+    assert smi(root, "--query-gpu=driver_version", "--format=csv,noheader").stdout == \
+        "580.159.04\n"
+    # removing the package removes what it built, for every kernel
+    assert run_script(root, mod, "postrm", "remove").returncode == 0
+    assert not ko.exists() and not (root / "lib/modules/6.1.0-lab2/updates/dkms/nvidia.ko").exists()
+
+
+def test_a_node_boots_its_newest_kernel_image(root: Path) -> None:
+    """gpuk8s-lab-kernel-boot and the uname stand-in: the newest /boot/vmlinuz-* by version
+    order is the kernel uname reports after a boot; none: the real uname's answer."""
+    import shutil
+
+    here = Path(__file__).resolve().parents[2] / "standins" / "kernel"
+    for name in ("uname", "gpuk8s-lab-kernel-boot"):
+        shutil.copy(here / name, root / name)
+    real = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
+    assert run(root, "/uname", "-r").stdout.strip() == real
+    (root / "boot").mkdir()
+    for k in ("6.8.0-9-generic", "6.8.0-51-generic", "6.8.0-100-generic"):
+        (root / f"boot/vmlinuz-{k}").write_text("x")
+    res = run(root, "/gpuk8s-lab-kernel-boot")
+    assert res.returncode == 0 and "booted 6.8.0-100-generic" in res.stdout
+    assert run(root, "/uname", "-r").stdout == "6.8.0-100-generic\n"
+    assert run(root, "/uname", "-sr").stdout.split() == ["Linux", "6.8.0-100-generic"]
+    assert run(root, "/uname", "-a").stdout.split()[2] == "6.8.0-100-generic"
+    assert run(root, "/uname", "-m").stdout.strip() == os.uname().machine
+
+
+def test_a_driver_load_plays_udev_and_nvidias_rule_links_dev_char(root: Path) -> None:
+    """NVIDIA's /dev/char rule (the one gpuk8s installs) fires when the module stand-in loads:
+    nvidia-ctk's stand-in links every device node by MAJOR:MINOR; a second run only warns."""
+    from roles.nvidia_container_toolkit.role import DEV_CHAR_RULE, DEV_CHAR_RULES
+
+    fake_pci(root, (SINGLE / "sys-pci-nvidia.txt").read_text().splitlines())
+    (root / "usr/src/linux-headers-6.1.0-lab").mkdir(parents=True)
+    mod = install_files(root, "nvidia-kernel-open-dkms", NEW)
+    assert run_script(root, mod, "postinst", "configure", "").returncode == 0
+    install_files(root, "nvidia-container-toolkit-base", "1.20.0-1")
+    rules = root / DEV_CHAR_RULES.lstrip("/")
+    rules.parent.mkdir(parents=True)
+    rules.write_text(DEV_CHAR_RULE)
+    boot(root)
+    links = {p.name: os.readlink(p) for p in (root / "dev/char").iterdir()}
+    gpus = sum(1 for line in (SINGLE / "sys-pci-nvidia.txt").read_text().splitlines() if line)
+    assert links["195:255"] == "/dev/nvidiactl" and links["195:254"] == "/dev/nvidia-modeset"
+    assert links["510:0"] == "/dev/nvidia-uvm" and links["510:1"] == "/dev/nvidia-uvm-tools"
+    assert links["195:0"] == "/dev/nvidia0" and len(links) >= 4 + 1, (links, gpus)
+    res = run(root, "/usr/bin/nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
+    assert res.returncode == 0
+    assert "WARN[0000] Could not create symlink: symlink /dev/nvidiactl /dev/char/195:255: " \
+        "file exists" in res.stderr
+    # without --create-all: the char devices that exist
+    for p in (root / "dev/char").iterdir():
+        p.unlink()
+    res = run(root, "/usr/bin/nvidia-ctk", "system", "create-dev-char-symlinks")
+    assert res.returncode == 0 and "Creating link /dev/char/195:0 => /dev/nvidia0" in res.stderr
+    assert os.readlink(root / "dev/char/510:1") == "/dev/nvidia-uvm-tools"
 
 
 def test_meta_packages_pin_exact_versions() -> None:
