@@ -50,10 +50,11 @@ MARK = "/var/lib/gpuk8s/kernel-upgrade.started"
 
 
 def _state_script() -> str:
-    """Every installed package as LockPackages prints one ("P name version ..."): what the
+    """Every package dpkg has unpacked as LockPackages prints one ("P name version ..."),
+    half-configured ones too (a kernel whose postinst failed on its DKMS build): what the
     kernel's install may add (its dependencies too) is what a refusal takes away again."""
-    return ("dpkg-query -W -f='P ${Package} ${Version} ${db:Status-Abbrev} ${Status}\\n' "
-            "2>/dev/null | awk '$4 ~ /^[ih]i/'; true")
+    return ("dpkg-query -W -f='P ${binary:Package} ${Version} ${db:Status-Abbrev} "
+            "${Status}\\n' 2>/dev/null | awk '$4 !~ /^.[nc]/'; true")
 
 
 def package_state(session: Session, host: str) -> LockedPackages:
@@ -76,6 +77,20 @@ def wanted_packages(pkgs: LockedPackages, running: str, target: str | None) -> l
     return sorted(names | {f"linux-image-{target}", f"linux-headers-{target}"})
 
 
+def release_of_meta(depends: str) -> str:
+    """The kernel release an image meta-package's candidate depends on, from ``apt-cache
+    depends`` (linux-image-generic -> linux-image-6.8.0-60-generic: "6.8.0-60-generic");
+    "" when none."""
+    for line in depends.splitlines():
+        key, _, dep = line.strip().partition(": ")
+        dep = dep.strip()
+        if key.endswith("Depends") and dep.startswith("linux-image-"):
+            release = dep.removeprefix("linux-image-")
+            if RELEASE.fullmatch(release) and _VERSIONED.search(release):
+                return release
+    return ""
+
+
 def _module_ok(state: GpuKernelState, release: str, library: str) -> tuple[bool, str]:
     k = state.kernel(release)
     if k is None:
@@ -85,6 +100,9 @@ def _module_ok(state: GpuKernelState, release: str, library: str) -> tuple[bool,
     if library and k.module_version and k.module_version != library:
         return False, (f"the NVIDIA module for kernel {release} is {k.module_version}, the "
                        f"driver's library is {library}")
+    if state.newest != release:
+        return False, (f"kernel {state.newest} is installed too and newer: the boot loader "
+                       f"would start it, not {release} (remove it first)")
     return True, f"NVIDIA module {k.module_version or '(version unknown)'} for {release}"
 
 
@@ -94,37 +112,64 @@ def _library(facts: HostFacts) -> str:
 
 
 # -- one node -----------------------------------------------------------------------------------
-def install_new_kernel(session: Session, host: str, target: str | None) -> str:
-    """Install the new kernel and check its NVIDIA module, before any reboot. Returns the
-    new release ("" when nothing newer came). A missing or wrong module: the packages are
-    put back as they were and Gpuk8sError names the kernel, the driver and the build log."""
+def target_release(session: Session, host: str, kernel: str | None) -> str:
+    """``kernel``, or the release the node's waiting image meta-package would bring."""
+    if kernel is not None:
+        return kernel
+    pkgs = session.facts[host][LockPackages()]
+    for meta in wanted_packages(pkgs, "", None):
+        if meta.startswith("linux-image-"):
+            out = run_step(session, host, f"apt-cache depends {shell(meta)}="
+                           f"{shell(pkgs.waiting[meta])}", f"what {meta} brings")
+            if release := release_of_meta(out):
+                return release
+    raise Gpuk8sError(f"{host}: cannot tell which kernel its meta-packages would bring "
+                      f"({', '.join(metas(pkgs)) or 'none installed'}): name it, "
+                      "invoke upgrade --kernel RELEASE")
+
+
+def install_new_kernel(session: Session, host: str, kernel: str | None
+                       ) -> tuple[str, LockedPackages]:
+    """Install the new kernel and check its NVIDIA module, before any reboot: first the
+    target release's own packages, then (no release named) the metas that wait with it, so
+    a refusal only has new packages to take away. Returns the new release and the package
+    state before. A missing or wrong module, or a failed install: the packages are put back
+    as they were and Gpuk8sError names the kernel, the driver and the build log."""
     rep = session.reporter
     facts = session.facts[host]
     state, pkgs = facts[GpuKernel()], facts[LockPackages()]
     library = _library(facts)
-    names = wanted_packages(pkgs, state.running, target)
+    new = target_release(session, host, kernel)
+    names = wanted_packages(pkgs, state.running, new)
+    then = wanted_packages(pkgs, state.running, None) if kernel is None else []
     before = package_state(session, host)
     apt = Apt.for_host(session.host(host).vars)
-    words = " ".join(shell(n) for n in names)
-    rep.print(f"  [{host}] install {', '.join(names)} (kernel {state.running} -> "
-              f"{target or 'the newest the metas bring'})")
+    rep.print(f"  [{host}] install {', '.join(names)} (kernel {state.running} -> {new})")
+
+    def refuse(why: str) -> Gpuk8sError:
+        log = run_step(session, host, (
+            f"for f in $(find /var/lib/dkms -path '*/build/make.log' -newer {MARK} "
+            "2>/dev/null); do echo \"$f:\"; tail -n 8 \"$f\"; done"), "read the build log")
+        _put_back(session, host, before)
+        return Gpuk8sError(
+            f"{host}: kernel {new} refused before any reboot: {why} (driver "
+            f"{library or 'unknown'}); the packages are back as they were and the node still "
+            f"runs {state.running}" + (f"\n  the build log's last lines:\n{_indent(log)}"
+                                       if log.strip() else ""))
+
+    # no --allow-change-held-packages: the held driver must not move with the kernel (a
+    # prebuilt module package pinning another nvidia-kernel-common is refused here)
     try:
         run_step(session, host, apt.script(
             f"mkdir -p /var/lib/gpuk8s && : > {MARK}\n"
             f"{apt.update()} || exit $?\n"
-            f"apt-mark unhold {words} >/dev/null 2>&1 || true\n"
-            f"{apt.cmd} install --allow-change-held-packages {words}"),
-            f"install kernel {target or ''}".strip(), timeout=1800)
+            f"{apt.cmd} install {' '.join(shell(n) for n in names)}"),
+            f"install kernel {new}", timeout=1800)
     except Gpuk8sError as exc:
-        _put_back(session, host, before)
-        raise Gpuk8sError(f"{host}: installing {', '.join(names)} failed, packages put "
-                          f"back as they were: {exc}") from None
+        raise refuse(f"installing {', '.join(names)} failed: "
+                     f"{_indent(str(exc)).strip()}") from None
     gather(session, [host])
-    after = session.facts[host][GpuKernel()]
-    new = target or after.newest
-    if new == state.running:
-        return ""
-    ok, why = _module_ok(after, new, library)
+    ok, why = _module_ok(session.facts[host][GpuKernel()], new, library)
     if not ok and run_step(session, host, "if command -v dkms >/dev/null 2>&1; "
                            "then echo yes; fi", "dkms present?").strip() == "yes":
         rep.print(f"  [{host}] {why}: dkms autoinstall -k {new}")
@@ -133,17 +178,18 @@ def install_new_kernel(session: Session, host: str, target: str | None) -> str:
         gather(session, [host])
         ok, why = _module_ok(session.facts[host][GpuKernel()], new, library)
     if not ok:
-        log = run_step(session, host, (
-            f"for f in $(find /var/lib/dkms -path '*/build/make.log' -newer {MARK} "
-            "2>/dev/null); do echo \"$f:\"; tail -n 8 \"$f\"; done"), "read the build log")
-        _put_back(session, host, before)
-        raise Gpuk8sError(
-            f"{host}: kernel {new} refused before any reboot: {why} (driver "
-            f"{library or 'unknown'}); the packages are back as they were and the node still "
-            f"runs {state.running}" + (f"\n  the build log's last lines:\n{_indent(log)}"
-                                       if log.strip() else ""))
+        raise refuse(why)
+    if then:
+        words = " ".join(shell(n) for n in then)
+        try:
+            run_step(session, host, apt.script(
+                f"apt-mark unhold {words} >/dev/null\n{apt.cmd} install {words}"),
+                f"upgrade {', '.join(then)}", timeout=1800)
+        except Gpuk8sError as exc:
+            raise refuse(f"upgrading {', '.join(then)} failed: "
+                         f"{_indent(str(exc)).strip()}") from None
     rep.print(f"  [{host}] {why}")
-    return new
+    return new, before
 
 
 def _indent(text: str) -> str:
@@ -151,25 +197,28 @@ def _indent(text: str) -> str:
 
 
 def _put_back(session: Session, host: str, before: LockedPackages) -> None:
-    """Purge what the upgrade added, reinstall what it changed at the old versions, holds
-    as they were; then the state must equal ``before``."""
+    """One apt transaction: what the upgrade added purged, what it changed (or left
+    half-configured) back at its old version; holds as they were; then the state must equal
+    ``before``."""
     now = package_state(session, host)
     added = sorted(set(now.installed) - set(before.installed))
-    changed = sorted(n for n, st in before.installed.items()
-                     if n in now.installed and now.installed[n].version != st.version)
+    changed = sorted(n for n, st in before.installed.items() if n in now.installed
+                     and (now.installed[n].version, now.installed[n].status)
+                     != (st.version, st.status))
     missing = sorted(set(before.installed) - set(now.installed))
     apt = Apt.for_host(session.host(host).vars)
     lines = []
-    if added:
-        words = " ".join(shell(n) for n in added)
-        lines.append(f"apt-mark unhold {words} >/dev/null 2>&1 || true")
-        lines.append(f"{apt.cmd} purge --allow-change-held-packages {words}")
-    back = [f"{shell(n)}={shell(before.installed[n].version)}" for n in changed + missing]
-    if back:
-        lines.append(f"{apt.cmd} install --allow-change-held-packages --allow-downgrades "
-                     + " ".join(back))
+    specs = [f"{shell(n)}={shell(before.installed[n].version)}" for n in changed + missing]
+    specs += [f"{shell(n)}-" for n in added]
+    if specs:
+        if added:
+            lines.append("apt-mark unhold " + " ".join(shell(n) for n in added)
+                         + " >/dev/null 2>&1 || true")
+        lines.append(f"{apt.cmd} install --purge --allow-change-held-packages "
+                     f"--allow-downgrades {' '.join(specs)}")
     held = [n for n in before.installed if before.installed[n].held]
-    free = [n for n in before.installed if not before.installed[n].held]
+    free = [n for n in now.installed if n in before.installed and now.installed[n].held
+            and not before.installed[n].held]
     if held:
         lines.append("apt-mark hold " + " ".join(shell(n) for n in held) + " >/dev/null")
     if free:
@@ -181,7 +230,8 @@ def _put_back(session: Session, host: str, before: LockedPackages) -> None:
 
     def word(p: LockedPackages, n: str) -> str:
         st = p.installed.get(n)
-        return "absent" if st is None else st.version + (" (held)" if st.held else "")
+        return "absent" if st is None else \
+            f"{st.version} {st.status}" + (" (held)" if st.held else "")
 
     diff = sorted(f"{n}: {word(before, n)} -> {word(again, n)}"
                   for n in set(before.installed) | set(again.installed)
@@ -264,7 +314,8 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                            for n in wanted_packages(pkgs, state.running, None)]
                 go = bool(waiting)
                 what = (f"{state.running}; " + ", ".join(waiting)) if go else \
-                    f"{state.running}, no newer kernel offered" + \
+                    f"{state.running}, no newer kernel offered (as of its last apt-get " \
+                    "update)" + \
                     ("" if metas(pkgs) else " (no kernel meta-package installed: name one "
                      "with --kernel RELEASE)")
             if go and (nv.exit_code != 0 or not state.present):
@@ -283,20 +334,39 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
         session = gathered_session(inventory, ",".join(batch), "upgrade", reporter=reporter,
                                    opener=opener)
         with closing(session):
-            new = {h: install_new_kernel(session, h, kernel) for h in batch}
-            moving = [h for h in batch if new[h]]
+            new: dict[str, str] = {}
+            before: dict[str, LockedPackages] = {}
+            for h in batch:   # every node of the batch checked before any of them reboots
+                try:
+                    new[h], before[h] = install_new_kernel(session, h, kernel)
+                except Gpuk8sError:
+                    for done_h in new:   # the batch's others go back too: nothing half-done
+                        _put_back(session, done_h, before[done_h])
+                    raise
             names = {h: node_name(session, h) for h in batch}
             gpus = {h: sum(d.is_gpu for d in session.facts[h][PciDevices()]) for h in batch}
-            for h in moving:
-                drain(session, names[h], drain_timeout)
-            for h in moving:
-                reboot_into(session, h, new[h], gpus[h])
-            converge(session, yes=True)   # the lock again, on the new kernel's packages
-            for h in moving:
-                wait_offered(session, names[h], gpus[h])
-                uncordon(session, names[h])
+            # a meta that moved without a new kernel needs no reboot
+            moving = [h for h in batch if new[h] != session.facts[h][GpuKernel()].running]
+            cordoned: list[str] = []
+            try:
+                for h in moving:
+                    drain(session, names[h], drain_timeout)
+                    cordoned.append(names[h])
+                for h in moving:
+                    reboot_into(session, h, new[h], gpus[h])
+                converge(session, yes=True)   # the lock again, on the new kernel's packages
+                for h in moving:
+                    wait_offered(session, names[h], gpus[h])
+                    uncordon(session, names[h])
+                    cordoned.remove(names[h])
+            except Gpuk8sError as exc:
+                if not cordoned:
+                    raise
+                raise Gpuk8sError(f"{exc}\n  left cordoned: {', '.join(cordoned)} (once "
+                                  "fixed: kubectl uncordon " + " ".join(cordoned) + ")"
+                                  ) from None
         return session.reporter
 
     done = run_batches(todo, chunks(todo, serial), one_batch, to=kernel or "the new kernel",
-                       left="is left as the error says (cordoned if it was drained)")
+                       left="is as the error says")
     return {"upgraded": done, "remaining": []}

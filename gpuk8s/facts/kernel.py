@@ -76,7 +76,7 @@ class LockPackages(Fact[LockedPackages]):
 
     def command(self) -> str:
         globs = " ".join(f"'{g}'" for g in KERNEL_GLOBS + DRIVER_GLOBS)
-        return _nvidia_gate() + f"""  _gk_p=$(dpkg-query -W -f='${{Package}} ${{Version}} ${{db:Status-Abbrev}} ${{Status}}\\n' {globs} 2>/dev/null | awk '$3 ~ /^[ih]i/')
+        return _nvidia_gate() + f"""  _gk_p=$(dpkg-query -W -f='${{binary:Package}} ${{Version}} ${{db:Status-Abbrev}} ${{Status}}\\n' {globs} 2>/dev/null | awk '$3 ~ /^[ih]i/')
   [ -z "$_gk_p" ] || printf '%s\\n' "$_gk_p" | sed 's/^/P /'
   _gk_n=$(printf '%s\\n' "$_gk_p" | awk 'NF {{print $1}}')
   if [ -n "$_gk_n" ]; then
@@ -156,7 +156,9 @@ class GpuKernel(Fact[GpuKernelState]):
         return _nvidia_gate() + f"""  _gk_k=$(uname -r); echo "running $_gk_k"
   for _gk_f in /boot/vmlinuz-*; do [ -e "$_gk_f" ] && echo "image ${{_gk_f#/boot/vmlinuz-}}"; done
   for _gk_r in "$_gk_k" $(ls /boot 2>/dev/null | sed -n 's/^vmlinuz-//p'); do
-    _gk_m=$(find "/lib/modules/$_gk_r" \\( -name nvidia.ko -o -name 'nvidia.ko.*' \\) 2>/dev/null | head -n1)
+    # as modprobe would find it (modules.dep); where depmod has not run for it, any file
+    _gk_m=$(modinfo -k "$_gk_r" -F filename nvidia 2>/dev/null | head -n1)
+    [ -n "$_gk_m" ] || _gk_m=$(find "/lib/modules/$_gk_r" \\( -name nvidia.ko -o -name 'nvidia.ko.*' \\) 2>/dev/null | head -n1)
     [ -n "$_gk_m" ] || continue
     echo "module $_gk_r $_gk_m $(modinfo -F version "$_gk_m" 2>/dev/null | head -n1)"
   done

@@ -56,7 +56,8 @@ def hold_script(action: str) -> str:
     """``apt-mark hold|unhold`` of every kernel and driver package installed when it runs
     (the node phase may have installed more since the probe), never the toolkit's."""
     globs = " ".join(f"'{g}'" for g in KERNEL_GLOBS + DRIVER_GLOBS)
-    return (f"n=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{Package}}\\n' {globs} 2>/dev/null"
+    return (f"n=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{binary:Package}}\\n' {globs}"
+            " 2>/dev/null"
             f" | awk '$1 ~ /^[ih]i/ {{print $2}}' | grep -Ev '^{NOT_DRIVER.pattern}' || true)\n"
             f'[ -z "$n" ] || apt-mark {action} $n >/dev/null')
 
@@ -81,17 +82,19 @@ def plan(ctx: HostContext) -> list[Op]:
         ops.append(files.absent(conf, "gpu_node_lock | unattended-upgrades blacklist"))
         return ops
     waiting = "".join(f"; waiting: {n} {v}" for n, v in sorted(pkgs.waiting.items()))
-    if not pkgs.driver:
+    if not pkgs.installed:
         hold = change("gpu_node_lock | hold kernel and driver",
                       f"+ hold kernel {kernel}'s packages and the driver's once the node "
                       "phase has installed them", hold_script("hold"))
     elif pkgs.unheld:
         hold = change("gpu_node_lock | hold kernel and driver",
                       f"+ hold {', '.join(pkgs.unheld)} (kernel {kernel} and driver "
-                      f"{driver or '?'} locked together)", hold_script("hold"))
-    else:
+                      f"{driver or 'not from apt'} locked together)", hold_script("hold"))
+    else:   # a driver apt did not install (a runfile, a vendor image): the kernel alone
+        what = f"driver {driver} held together" if pkgs.driver else \
+            "held (the driver was not installed with apt)"
         hold = noop("gpu_node_lock | hold kernel and driver",
-                    f"= kernel {kernel} and driver {driver or '?'} held together "
+                    f"= kernel {kernel} and {what} "
                     f"({len(pkgs.kernel)} kernel, {len(pkgs.driver)} driver packages)"
                     f"{waiting and waiting + ' (held back until upgraded on purpose)'}")
     return [hold, files.content(conf, "gpu_node_lock | unattended-upgrades blacklist",

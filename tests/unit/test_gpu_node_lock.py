@@ -279,14 +279,41 @@ def test_the_kernel_upgrade_installs_the_target_s_counterparts() -> None:
 def test_a_module_for_the_new_kernel_must_match_the_library() -> None:
     from gpuk8s.day2.kernelupgrade import RELEASE, _module_ok
 
-    state = GpuKernelState(True, "6.8.0-51-generic", (
-        InstalledKernel("6.8.0-51-generic", "/m/nvidia.ko", "580.95.05"),
-        InstalledKernel("6.8.0-60-generic", "/n/nvidia.ko", "580.82.07"),
-        InstalledKernel("6.8.0-61-generic")))
-    assert _module_ok(state, "6.8.0-51-generic", "580.95.05")[0]
-    ok, why = _module_ok(state, "6.8.0-60-generic", "580.95.05")
+    ok51 = InstalledKernel("6.8.0-51-generic", "/m/nvidia.ko", "580.95.05")
+    old60 = InstalledKernel("6.8.0-60-generic", "/n/nvidia.ko", "580.82.07")
+    none61 = InstalledKernel("6.8.0-61-generic")
+    ok60 = InstalledKernel("6.8.0-60-generic", "/n/nvidia.ko.zst", "580.95.05")
+
+    def state(*k: InstalledKernel) -> GpuKernelState:
+        return GpuKernelState(True, "6.8.0-51-generic", k)
+
+    assert _module_ok(state(ok51, ok60), "6.8.0-60-generic", "580.95.05")[0]
+    ok, why = _module_ok(state(ok51, old60), "6.8.0-60-generic", "580.95.05")
     assert not ok and "is 580.82.07, the driver's library is 580.95.05" in why
-    ok, why = _module_ok(state, "6.8.0-61-generic", "580.95.05")
+    ok, why = _module_ok(state(ok51, none61), "6.8.0-61-generic", "580.95.05")
     assert not ok and "no NVIDIA module was built or installed for kernel 6.8.0-61" in why
-    assert not _module_ok(state, "6.8.0-62-generic", "")[0]
+    assert not _module_ok(state(ok51), "6.8.0-62-generic", "")[0]
+    # GRUB boots the newest image: a target older than another installed one is refused
+    ok, why = _module_ok(state(ok51, ok60, none61), "6.8.0-60-generic", "580.95.05")
+    assert not ok and "kernel 6.8.0-61-generic is installed too and newer" in why
     assert RELEASE.fullmatch("6.8.0-60-generic") and not RELEASE.fullmatch("6.8; reboot")
+
+
+def test_a_driver_not_from_apt_leaves_a_no_op_once_the_kernel_is_held() -> None:
+    held = {"linux-image-6.8.0-51-generic": ("6.8.0-51.52", True),
+            "linux-image-generic": ("6.8.0-51.52", True)}
+    hold, _ = plan(ctx(held, conf=True))
+    assert not hold.changes
+    assert "held (the driver was not installed with apt)" in hold.reason
+
+
+def test_the_release_an_image_meta_brings() -> None:
+    from gpuk8s.day2.kernelupgrade import release_of_meta
+
+    # apt-cache depends linux-image-generic=6.8.0-60.63 (Ubuntu 24.04's shape)
+    out = ("linux-image-generic\n  Depends: linux-image-6.8.0-60-generic\n"
+           "  Depends: linux-firmware\n  Depends: intel-microcode\n")
+    assert release_of_meta(out) == "6.8.0-60-generic"
+    assert release_of_meta("linux-image-amd64\n  Depends: linux-image-6.1.0-28-amd64\n") == \
+        "6.1.0-28-amd64"
+    assert release_of_meta("x\n  Depends: linux-firmware\n") == ""

@@ -134,16 +134,17 @@ def test_dkms_standin_builds_per_kernel_and_from_the_kernel_hooks(root: Path) ->
     assert res.returncode == 0, res.stderr
     assert b"version=580.159.04\0" in \
         (root / "lib/modules/6.1.0-lab2/updates/dkms/nvidia.ko").read_bytes()
-    # no headers: DKMS's hint, no module, the kernel's install goes on (exit 0)
+    # no headers: DKMS's hint, no module, the kernel's install goes on (exit 0); a failed
+    # build fails the hook (exit 11), and so the kernel package's postinst
     res = run(root, "/etc/kernel/postinst.d/dkms", "6.1.0-lab4")
-    assert res.returncode == 0 and "6.1.0-lab4 headers are missing" in res.stdout
+    assert res.returncode == 0 and "please install the linux-headers-6.1.0-lab4" in res.stdout
     assert not (root / "lib/modules/6.1.0-lab4").exists()
     # a kernel the driver does not build against
     (root / "usr/src/linux-headers-6.1.0-lab3").mkdir(parents=True)
     (root / "usr/src/linux-headers-6.1.0-lab3/Makefile").write_text(
         "KERNELRELEASE = 6.1.0-lab3\nGPUK8S_LAB_NVIDIA_BUILD = fail\n")
     res = run(root, "/etc/kernel/header_postinst.d/dkms", "6.1.0-lab3")
-    assert res.returncode == 0 and "autoinstall for kernel: 6.1.0-lab3 failed!" in res.stdout
+    assert res.returncode == 11 and "autoinstall for kernel: 6.1.0-lab3 failed!" in res.stdout
     assert "Bad return status for module build on kernel: 6.1.0-lab3 (x86_64)" in res.stderr
     assert not (root / "lib/modules/6.1.0-lab3/updates/dkms/nvidia.ko").exists()
     log = (root / "var/lib/dkms/nvidia/580.159.04/build/make.log").read_text()
