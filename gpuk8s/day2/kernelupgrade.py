@@ -12,6 +12,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.day2.kubernetes import wait_node
 from gpuk8s.day2.steps import (
     ask_confirmation,
     chunks,
@@ -34,11 +35,10 @@ from gpuk8s.facts.system import PciDevices
 from gpuk8s.gather import gather
 from gpuk8s.ops import Op
 from gpuk8s.ops.apt import Apt
-from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, run_step
-from gpuk8s.sinks import node_arg, shell
+from gpuk8s.sinks import shell
 
 #: a kernel release as `uname -r` prints it (6.8.0-60-generic, 6.1.0-28-amd64)
 RELEASE = re.compile(r"[0-9][A-Za-z0-9._+~-]*")
@@ -271,17 +271,6 @@ def reboot_into(session: Session, host: str, release: str, gpus: int) -> None:
               f"{library or loaded}), {gpus}/{gpus} GPUs")
 
 
-def wait_offered(session: Session, node: str, gpus: int, timeout: int = 300) -> None:
-    """The node Ready, and its GPUs allocatable again (the device plugin re-registered)."""
-    ref = node_arg(node, "node/")
-    waits = [f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s"]
-    if gpus:
-        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
-                     f"={gpus} {ref} --timeout={timeout}s")
-    run_step(session, session.first_cp, " && ".join(waits), f"verify {node}",
-             timeout=2 * timeout + 60)
-
-
 # -- the roll -------------------------------------------------------------------------------------
 def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | None = None,
                    serial: int = 1, drain_timeout: int = 300, yes: bool = False,
@@ -356,7 +345,7 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                     reboot_into(session, h, new[h], gpus[h])
                 converge(session, yes=True)   # the lock again, on the new kernel's packages
                 for h in moving:
-                    wait_offered(session, names[h], gpus[h])
+                    wait_node(session, names[h], gpus[h], 300)
                     uncordon(session, names[h])
                     cordoned.remove(names[h])
             except Gpuk8sError as exc:

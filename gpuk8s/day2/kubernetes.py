@@ -102,16 +102,20 @@ def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_A
         f'echo "installed {" ".join(names)} $v"\n')
 
 
-def _wait_node(session: Session, node: str, target: str, gpus: int, timeout: int) -> None:
+def wait_node(session: Session, node: str, gpus: int, timeout: int,
+              kubelet: str | None = None) -> None:
+    """After a node's restart: the API server answers, the node is Ready (with its kubelet at
+    v``kubelet`` when given) and its ``gpus`` GPUs allocatable again."""
     cp = session.first_cp
     ref = node_arg(node, "node/")
     # the API server may be restarting (the control plane's kubelet just did): wait for it
     waits = [f"end=$(( $(date +%s) + {timeout} )); until {KUBECTL} get --raw /readyz "
              ">/dev/null 2>&1; do [ $(date +%s) -lt $end ] || { echo 'the API server did not "
              f"come back within {timeout}s'; exit 1; }}; sleep 1; done",
-             f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s",
-             f"{KUBECTL} wait --for=jsonpath='{{.status.nodeInfo.kubeletVersion}}'=v{target} "
-             f"{ref} --timeout={timeout}s"]
+             f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s"]
+    if kubelet:
+        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.nodeInfo.kubeletVersion}}'"
+                     f"=v{kubelet} {ref} --timeout={timeout}s")
     if gpus:
         waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
                      f"={gpus} {ref} --timeout={timeout}s")
@@ -219,7 +223,7 @@ def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
         node = session.cluster["nodes"][h]
         # a tainted control plane's GPUs are not offered (no device plugin there)
         gpus = int(node["gpus"] or 0) if node.get("schedulable", True) else 0
-        _wait_node(session, names[h], target, gpus, verify_timeout)
+        wait_node(session, names[h], gpus, verify_timeout, kubelet=target)
         uncordon(session, names[h])
         rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus
                                                     else ""))

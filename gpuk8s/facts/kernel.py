@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpuk8s.facts import Fact
+from gpuk8s.facts import Fact, Source
 from gpuk8s.facts.dpkg import PACKAGE_NAME, PackageState
 
 #: what the lock holds: the kernel (images, headers, Ubuntu's module packages and prebuilt
@@ -58,14 +58,29 @@ class LockedPackages:
         return sorted(n for n, s in self.installed.items() if s.held)
 
 
+#: the globs as dpkg-query and the hold's script take them (quoted words)
+GLOB_ARGS = " ".join(f"'{g}'" for g in KERNEL_GLOBS + DRIVER_GLOBS)
+
+
+class NvidiaPci(Source):
+    """Whether the host has an NVIDIA PCI device, in $_gk_nv (1 or 0): one loop of `read`s,
+    no process, shared by the kernel facts of a probe, which print nothing elsewhere."""
+
+    def command(self) -> str:
+        # its own variable names: a source runs in the probe's top shell, beside the others'
+        return r"""_gk_nv=0; for _gk_nvf in /sys/bus/pci/devices/*/vendor; do
+  _gk_nvv=; { read -r _gk_nvv; } 2>/dev/null <"$_gk_nvf"
+  [ "$_gk_nvv" = 0x10de ] && { _gk_nv=1; break; }
+done"""
+
+    def ready(self) -> str:
+        return '[ -n "${_gk_nv+x}" ]'
+
+
 def _nvidia_gate() -> str:
-    """Shell that exits the fact early (printing nothing) on a host without an NVIDIA PCI
-    device: a CPU node pays one loop of `read`s, no process."""
-    return r"""_gk_nv=0; for _gk_d in /sys/bus/pci/devices/*/vendor; do
-  _gk_v=; { read -r _gk_v; } 2>/dev/null <"$_gk_d"; [ "$_gk_v" = 0x10de ] && { _gk_nv=1; break; }
-done
-if [ $_gk_nv = 1 ]; then
-"""
+    """The start of a kernel fact's command: its body runs only on a host with an NVIDIA
+    PCI device (close it with `fi`)."""
+    return NvidiaPci().ensure() + '\nif [ "$_gk_nv" = 1 ]; then\n'
 
 
 class LockPackages(Fact[LockedPackages]):
@@ -74,9 +89,11 @@ class LockPackages(Fact[LockedPackages]):
     candidate, so a waiting kernel or driver update shows). Nothing on a host without an
     NVIDIA device."""
 
+    def sources(self) -> tuple[Source, ...]:
+        return (NvidiaPci(),)
+
     def command(self) -> str:
-        globs = " ".join(f"'{g}'" for g in KERNEL_GLOBS + DRIVER_GLOBS)
-        return _nvidia_gate() + f"""  _gk_p=$(dpkg-query -W -f='${{binary:Package}} ${{Version}} ${{db:Status-Abbrev}} ${{Status}}\\n' {globs} 2>/dev/null | awk '$3 ~ /^[ih]i/')
+        return _nvidia_gate() + f"""  _gk_p=$(dpkg-query -W -f='${{binary:Package}} ${{Version}} ${{db:Status-Abbrev}} ${{Status}}\\n' {GLOB_ARGS} 2>/dev/null | awk '$3 ~ /^[ih]i/')
   [ -z "$_gk_p" ] || printf '%s\\n' "$_gk_p" | sed 's/^/P /'
   _gk_n=$(printf '%s\\n' "$_gk_p" | awk 'NF {{print $1}}')
   if [ -n "$_gk_n" ]; then
@@ -149,6 +166,9 @@ class GpuKernel(Fact[GpuKernelState]):
     library's (from its file name, as the toolkit reads it: internal/lookup/root/root.go@
     v1.20.0), and the driver the CDI spec was generated for. Nothing without an NVIDIA
     device."""
+
+    def sources(self) -> tuple[Source, ...]:
+        return (NvidiaPci(),)
 
     def command(self) -> str:
         libs = " ".join(f"{d}/libnvidia-ml.so.*.*" for d in LIB_DIRS)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
-from gpuk8s.facts.kernel import DRIVER_GLOBS, KERNEL_GLOBS, NOT_DRIVER, GpuKernel, LockPackages
+from gpuk8s.facts.kernel import GLOB_ARGS, NOT_DRIVER, GpuKernel, LockPackages
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.ops import Op, change, files, noop
 from gpuk8s.roles import HostContext
@@ -55,8 +55,7 @@ def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
 def hold_script(action: str) -> str:
     """``apt-mark hold|unhold`` of every kernel and driver package installed when it runs
     (the node phase may have installed more since the probe), never the toolkit's."""
-    globs = " ".join(f"'{g}'" for g in KERNEL_GLOBS + DRIVER_GLOBS)
-    return (f"n=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{binary:Package}}\\n' {globs}"
+    return (f"n=$(dpkg-query -W -f='${{db:Status-Abbrev}} ${{binary:Package}}\\n' {GLOB_ARGS}"
             " 2>/dev/null"
             f" | awk '$1 ~ /^[ih]i/ {{print $2}}' | grep -Ev '^{NOT_DRIVER.pattern}' || true)\n"
             f'[ -z "$n" ] || apt-mark {action} $n >/dev/null')
