@@ -77,6 +77,14 @@ def check_positive(name: str, value: int) -> VarProblem | None:
     return None
 
 
+def check_count(name: str, value: int) -> VarProblem | None:
+    """A number of things to keep (backups): at least 1."""
+    if value < 1:
+        return VarProblem(name, f"{name} must be at least 1, got {value}",
+                          f"write {name}: 10 (how many to keep)")
+    return None
+
+
 def matching(pattern: str, must_be: str, fix: str, *, or_empty: bool = False) -> Check:
     """The check of a value that must match ``pattern`` as a whole (``or_empty``: or be ""):
     "<name> must be <must_be>, got <value>", fixed by "write <name>: <fix>"."""

@@ -28,7 +28,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": _bundle.bundle,
+    "bundle": _bundle.bundle, "backup": day2.backup,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -103,7 +103,8 @@ HELP = {"inventory": f"inventory file, YAML or INI (default {INVENTORY})",
         "yes": "apply without asking",
         "diff": "show file diffs",
         "drain_timeout": "seconds for kubectl drain",
-        "json": "print JSON instead of a table"}
+        "json": "print JSON instead of a table",
+        "no_backup": "change control planes without taking a backup first (says so)"}
 
 #: --set of the workload commands: a value of the workload, not of the inventory
 WORKLOAD_SET = "key.sub=value, a workload value (repeatable)"
@@ -159,10 +160,11 @@ def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Command]:
 def bootstrap(c: Context, inventory: str = INVENTORY, limit: str | None = None,
               yes: bool = False, check: bool = False, diff: bool = False,
               set: list[str] | None = None, ask_become_pass: bool = False, max_fail: str = "0",
-              quiet: bool = False) -> None:
+              quiet: bool = False, no_backup: bool = False) -> None:
     """Bring every host to a Ready Kubernetes GPU cluster node; a re-run changes nothing."""
     _call("bootstrap", inventory=inventory, limit=limit, yes=yes, check=check, diff=diff,
-          sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail, quiet=quiet)
+          sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail, quiet=quiet,
+          backup=not no_backup)
 
 
 @command(iterable=["set"])
@@ -194,29 +196,33 @@ def facts(c: Context, inventory: str = INVENTORY, limit: str | None = None,
                "full": "purge and reinstall the whole node stack"})
 def reprovision(c: Context, host: str, inventory: str = INVENTORY,
                 reinstall_driver: bool = False, full: bool = False, drain_timeout: int = 300,
-                yes: bool = False) -> None:
+                yes: bool = False, no_backup: bool = False) -> None:
     """Drain, reset and rejoin one worker; only it and the control plane are contacted."""
     _call("reprovision", inventory=inventory, host=host, reinstall_driver=reinstall_driver,
-          full=full, drain_timeout=drain_timeout, yes=yes)
+          full=full, drain_timeout=drain_timeout, yes=yes, backup=not no_backup)
 
 
 @command(help={"host": "the new box (already in the inventory)"})
-def add_node(c: Context, host: str, inventory: str = INVENTORY, yes: bool = False) -> None:
+def add_node(c: Context, host: str, inventory: str = INVENTORY, yes: bool = False,
+             no_backup: bool = False) -> None:
     """Give a new box the full node stack and join it (bootstrap --limit HOST)."""
-    _call("add_node", inventory=inventory, host=host, yes=yes)
+    _call("add_node", inventory=inventory, host=host, yes=yes, backup=not no_backup)
 
 
 @command(help={"host": "the worker to remove"})
 def remove_node(c: Context, host: str, inventory: str = INVENTORY, drain_timeout: int = 300,
-                yes: bool = False) -> None:
+                yes: bool = False, no_backup: bool = False) -> None:
     """Drain, delete and reset a worker; a dead one only loses its Node object."""
-    _call("remove_node", inventory=inventory, host=host, drain_timeout=drain_timeout, yes=yes)
+    _call("remove_node", inventory=inventory, host=host, drain_timeout=drain_timeout, yes=yes,
+          backup=not no_backup)
 
 
 @command(help={"yes": "skip the typed confirmation"})
-def reset(c: Context, inventory: str = INVENTORY, yes: bool = False) -> None:
-    """The whole cluster back to its pre-bootstrap state (asks you to type its name)."""
-    _call("reset", inventory=inventory, yes=yes)
+def reset(c: Context, inventory: str = INVENTORY, yes: bool = False,
+          no_backup: bool = False) -> None:
+    """The whole cluster back to its pre-bootstrap state (asks you to type its name); a
+    backup first."""
+    _call("reset", inventory=inventory, yes=yes, backup=not no_backup)
 
 
 def _table_output(output: str, json: bool) -> dict[str, bool]:
@@ -249,12 +255,21 @@ def gpu_usage(c: Context, inventory: str = INVENTORY, json: bool = False,
          optional=["kernel"])
 def upgrade(c: Context, driver: str | None = None, kubernetes: str | None = None,
             kernel: str | None = None, inventory: str = INVENTORY, limit: str | None = None,
-            serial: int = 1, drain_timeout: int = 300, yes: bool = False) -> None:
+            serial: int = 1, drain_timeout: int = 300, yes: bool = False,
+            no_backup: bool = False) -> None:
     """Upgrade the NVIDIA driver (--driver), Kubernetes (--kubernetes) or GPU nodes' kernel
     (--kernel) node by node: drain, upgrade, verify, uncordon; the control plane first for
     Kubernetes; a kernel's NVIDIA module built and checked before any reboot."""
     _call("upgrade", inventory=inventory, driver=driver, kubernetes=kubernetes, kernel=kernel,
-          limit=limit, serial=serial, drain_timeout=drain_timeout, yes=yes)
+          limit=limit, serial=serial, drain_timeout=drain_timeout, yes=yes,
+          backup=not no_backup)
+
+
+@command(help={"keep": "backups to keep (default: the inventory's backup_keep, 10)"})
+def backup(c: Context, inventory: str = INVENTORY, keep: int = 0) -> None:
+    """Back up the cluster now: an etcd snapshot, the PKI, kubeadm's configuration and
+    admin.conf, checked, into <inventory dir>/artifacts/backups/<cluster>-<UTC time>/."""
+    _call("backup", inventory=inventory, keep=keep or None)
 
 
 @command()
@@ -344,7 +359,8 @@ def report(c: Context, run: str | None = None) -> None:
 
 
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
-                gpu_usage, upgrade, kubeconfig, images, deploy, undeploy, verify, bundle, report)
+                gpu_usage, upgrade, backup, kubeconfig, images, deploy, undeploy, verify, bundle,
+                report)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)

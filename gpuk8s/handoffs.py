@@ -118,7 +118,7 @@ def _direct(text: str, address: str) -> str:
     return yaml.safe_dump(conf, sort_keys=False)
 
 
-def write_private(dest: Path, data: str) -> None:
+def write_private(dest: Path, data: str | bytes) -> None:
     """Write ``data`` to ``dest`` readable by this user only, atomically, never through a
     symlink, in a folder no one else can write to."""
     folder = dest.parent
@@ -134,8 +134,8 @@ def write_private(dest: Path, data: str) -> None:
     tmp = folder / f".{dest.name}.{secrets.token_hex(6)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(data)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -251,7 +251,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
               opener: Opener = DEFAULT_OPENER,
               ask_become_pass: bool = False, max_fail: int | str = 0,
-              quiet: bool = False) -> dict[str, Any]:
+              quiet: bool = False, backup: bool = True) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node: open a
     session and converge it (gpuk8s.api.bootstrap; day2's add-node and reprovision too).
 
@@ -272,6 +272,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
             failed host stops the run at the end of its phase.
         quiet: no plan listing and no progress while applying; problems, failures and the
             final table still print.
+        backup: before the first change to a control plane of a running cluster, take a
+            backup (gpuk8s.day2.backup); False says that none was taken.
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
@@ -285,7 +287,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
                            allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
     with closing(session):
         return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
-                        max_fail=max_fail)
+                        max_fail=max_fail, backup=backup)
 
 
 def become_prompt(ask: bool) -> Callable[[str], str] | None:
@@ -299,8 +301,10 @@ def become_prompt(ask: bool) -> Callable[[str], str] | None:
 
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
              confirm: Callable[[str], bool] | None = None,
-             max_fail: int | str = 0) -> dict[str, Any]:
+             max_fail: int | str = 0, backup: bool = True) -> dict[str, Any]:
     """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
+    from gpuk8s.backups import before_change
+
     started = time.monotonic()
     rep = session.reporter
     budget = fail_budget(max_fail, len(session.scope) + len(session.unreachable))
@@ -332,6 +336,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         dirty: set[str] = set()   # hosts changed since their facts were gathered
         cluster_moved = False     # anything changed since the first control plane's probe
         applied_total = 0
+        backed_up = False        # the backup before the first control-plane change
         for phase in PHASES:
             hosts = phase_hosts(session, phase)
             regather = dirty & set(hosts)
@@ -366,8 +371,14 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
                                          time.monotonic() - phase_began, _ops(work))
                 _tally(session, {h: _ok_result(h, work[h]) for h in work})
                 continue
-            rep.begin_phase(phase.name, [h for h, items in work.items()
-                                         if any(op.changes for rw in items for op in rw.ops)])
+            changing = [h for h, items in work.items()
+                        if any(op.changes for rw in items for op in rw.ops)]
+            cps = [h for h in changing if session.host(h).is_control_plane]
+            if cps and not backed_up:
+                before_change(session, f"the {phase.name} phase changes {', '.join(cps)}",
+                              backup)
+                backed_up = True
+            rep.begin_phase(phase.name, changing)
             results = apply_phase(session, phase, work)
             session.runlog.add_phase(phase.name, results, time.monotonic() - phase_began)
             _tally(session, results)

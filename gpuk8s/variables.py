@@ -17,6 +17,7 @@ from gpuk8s import paths
 from gpuk8s.checks import (
     Rule,
     VarProblem,
+    check_count,
     check_host_list,
     check_positive,
     check_url,
@@ -37,6 +38,7 @@ CLUSTER_RULES: dict[str, Rule] = {
     "apt_https_proxy": Rule(lambda name, value: None if value == "DIRECT" else
                             check_url(name, value, allow_empty=True)),
     "apt_proxy_direct": Rule(check_host_list),
+    "backup_keep": Rule(check_count, cluster_wide=True),
 }
 
 

@@ -15,6 +15,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.backups import before_change
 from gpuk8s.day2.steps import (
     CLEANUP,
     ask_confirmation,
@@ -90,7 +91,7 @@ def quorum_after_removal(session: Session, host: str, members: int) -> None:
 def remove_control_plane(inventory: str | Path, host: str, *, drain_timeout: int = 300,
                          yes: bool = False, reporter: Reporter | None = None,
                          confirm: Callable[[str], bool] | None = None,
-                         opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+                         opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Drain it, `kubeadm reset` on it (kubeadm removes its etcd member), delete its Node. A
     dead one: its etcd member removed through a live etcd, its Node deleted."""
     session = gathered_session(inventory, "control_plane", "remove-node", reporter=reporter,
@@ -118,6 +119,7 @@ def remove_control_plane(inventory: str | Path, host: str, *, drain_timeout: int
             rep.print(f"  + kubeadm reset on {host} (removes its etcd member) and clean up")
         rep.print(f"  + delete node {node}")
         ask_confirmation(f"remove control plane {host}? [y/N] ", yes, confirm)
+        before_change(session, f"removing control plane {host}", backup)
         cluster = session.facts[session.first_cp][Cluster()]
         if not dead:
             if node in cluster.nodes:

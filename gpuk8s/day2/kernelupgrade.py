@@ -12,6 +12,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.backups import before_change
 from gpuk8s.day2.kubernetes import wait_node
 from gpuk8s.day2.steps import (
     ask_confirmation,
@@ -276,7 +277,7 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                    serial: int = 1, drain_timeout: int = 300, yes: bool = False,
                    reporter: Reporter | None = None,
                    confirm: Callable[[str], bool] | None = None,
-                   opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+                   opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Move GPU nodes to kernel ``kernel`` (a release, e.g. 6.8.0-60-generic), or to the one
     their kernel meta-packages wait with (None), ``serial`` nodes at a time. Stops at the
     first node that fails and leaves the rest untouched."""
@@ -318,6 +319,9 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
             rep.print("nothing to upgrade")
             return {"upgraded": [], "remaining": []}
         ask_confirmation(f"upgrade the kernel of {len(todo)} node(s)? [y/N] ", yes, confirm)
+        cps = [h for h in todo if first.host(h).is_control_plane]
+        if cps:
+            before_change(first, f"the kernel upgrade of {', '.join(cps)}", backup)
 
     def one_batch(batch: Sequence[str]) -> Reporter:
         session = gathered_session(inventory, ",".join(batch), "upgrade", reporter=reporter,
@@ -343,7 +347,8 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                     cordoned.append(names[h])
                 for h in moving:
                     reboot_into(session, h, new[h], gpus[h])
-                converge(session, yes=True)   # the lock again, on the new kernel's packages
+                # the lock again, on the new kernel's packages (backed up above)
+                converge(session, yes=True, backup=False)
                 for h in moving:
                     wait_node(session, names[h], gpus[h], 300)
                     uncordon(session, names[h])

@@ -21,6 +21,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.backups import before_change
 from gpuk8s.day2.steps import (
     ask_confirmation,
     chunks,
@@ -127,7 +128,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
                        reporter: Reporter | None = None,
                        confirm: Callable[[str], bool] | None = None,
                        opener: Opener = DEFAULT_OPENER,
-                       verify_timeout: int = 300) -> dict[str, Any]:
+                       verify_timeout: int = 300, backup: bool = True) -> dict[str, Any]:
     """Upgrade the cluster to Kubernetes ``version`` (a patch release of the inventory's
     kubernetes_version): control plane first, then workers ``serial`` at a time."""
     target = parse_target(version)
@@ -173,6 +174,7 @@ def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None
             return {"upgraded": [], "remaining": []}
         ask_confirmation(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes,
                          confirm)
+        before_change(session, f"the upgrade to Kubernetes v{target}", backup)
 
         # the first control plane (upgrade apply), the others one at a time (upgrade node:
         # each restarts its API server while the rest serve the endpoint), then the workers

@@ -8,6 +8,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.backups import before_change
 from gpuk8s.day2.control_planes import remove_control_plane
 from gpuk8s.day2.steps import (
     CLEANUP,
@@ -38,7 +39,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                 full: bool = False, drain_timeout: int = 300, yes: bool = False,
                 sets: Sequence[str] = (), reporter: Reporter | None = None,
                 confirm: Callable[[str], bool] | None = None,
-                opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+                opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Drain, delete, reset and rejoin one worker; only it and the control plane are contacted.
     A control plane (not the first) leaves the cluster and etcd as remove-node does, then joins
     again as add-node does; only the control planes are contacted.
@@ -60,9 +61,11 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
             raise Gpuk8sError("--reinstall-driver and --full are for workers; a control plane "
                               "is reprovisioned by leaving the cluster and joining again")
         removed = remove_control_plane(inventory, host, drain_timeout=drain_timeout, yes=yes,
-                                       reporter=reporter, confirm=confirm, opener=opener)
+                                       reporter=reporter, confirm=confirm, opener=opener,
+                                       backup=backup)
+        # the backup before the removal covers the join too
         result = bootstrap(inventory, limit=host, yes=True, sets=sets, reporter=reporter,
-                               opener=opener)
+                           opener=opener, backup=False)
         return {**result, "removed": removed}
     session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
                                opener=opener)
@@ -100,7 +103,7 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
             run_step(session, host, purge_script(purge, Apt.for_host(session.host(host).vars)),
                      "purge packages", timeout=1800)
         rep.print(f"  {host} reset; bootstrapping it again")
-        result = converge(session, yes=True)
+        result = converge(session, yes=True, backup=backup)
         result["wall_time"] = time.monotonic() - started
         return result
 
@@ -132,13 +135,14 @@ def add_node(inventory: str | Path, host: str, **kwargs: Any) -> dict[str, Any]:
 def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
                 yes: bool = False, reporter: Reporter | None = None,
                 confirm: Callable[[str], bool] | None = None,
-                opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+                opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Drain and delete a worker's Node object, then reset the box. A dead box (unreachable)
     only loses its Node object, with a note. A control plane leaves etcd too (see
     gpuk8s.day2.control_planes), only if etcd keeps its quorum."""
     if check_one_host(inventory, host):
         return remove_control_plane(inventory, host, drain_timeout=drain_timeout, yes=yes,
-                                    reporter=reporter, confirm=confirm, opener=opener)
+                                    reporter=reporter, confirm=confirm, opener=opener,
+                                    backup=backup)
     session = gathered_session(inventory, host, "remove-node", reporter=reporter, opener=opener,
                                allow_unreachable=True)
     with closing(session):
@@ -173,9 +177,9 @@ def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,
 # -- reset ------------------------------------------------------------------------------------
 def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None = None,
           confirm: Callable[[str], bool] | None = None,
-          opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+          opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """The whole cluster back to its pre-bootstrap state (packages and drivers stay), behind
-    a typed confirmation (the control plane's name) or --yes."""
+    a typed confirmation (the control plane's name) or --yes; a backup first (``backup``)."""
     session = open_session(inventory, limit=None, sets=(), command="reset",
                                reporter=reporter, opener=opener, allow_unreachable=True)
     with closing(session):
@@ -188,6 +192,7 @@ def reset(inventory: str | Path, *, yes: bool = False, reporter: Reporter | None
             rep.print(f"  ! {host} unreachable, skipped: {err}", style="magenta")
         ask_confirmation(f"this destroys the cluster; type the control plane's name ({cp}) to "
                          "go on: ", yes, confirm, expected=cp)
+        before_change(session, "the reset", backup)
         cps = [h.name for h in session.inventory.control_planes if h.name in session.scope]
         workers = [h for h in session.scope if h not in cps]
         results = in_parallel(workers, lambda h: run_step(session, h, CLEANUP, "reset"))

@@ -8,6 +8,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.backups import before_change
 from gpuk8s.day2.kernelupgrade import upgrade_kernel
 from gpuk8s.day2.kubernetes import upgrade_kubernetes
 from gpuk8s.day2.steps import (
@@ -31,7 +32,7 @@ def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str
             limit: str | None = None, serial: int = 1, drain_timeout: int = 300,
             yes: bool = False, reporter: Reporter | None = None,
             confirm: Callable[[str], bool] | None = None,
-            opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+            opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Upgrade the NVIDIA driver (``driver``), Kubernetes to a patch release
     (``kubernetes``) or GPU nodes' kernel (``kernel``: a release, or True for the newest the
     nodes' kernel meta-packages offer), ``serial`` nodes at a time; see upgrade_driver,
@@ -43,7 +44,7 @@ def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str
                              "invoke upgrade --driver 580.159.04, or invoke upgrade --kernel")
     kwargs: dict[str, Any] = {"limit": limit, "serial": serial, "drain_timeout": drain_timeout,
                               "yes": yes, "reporter": reporter, "confirm": confirm,
-                              "opener": opener}
+                              "opener": opener, "backup": backup}
     if kubernetes is not None:
         return upgrade_kubernetes(inventory, kubernetes, **kwargs)
     if kernel is not None and kernel is not False:
@@ -56,7 +57,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
                    serial: int = 1, drain_timeout: int = 300, yes: bool = False,
                    reporter: Reporter | None = None,
                    confirm: Callable[[str], bool] | None = None,
-                   opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
+                   opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
     """Move GPU nodes to NVIDIA driver ``driver`` (e.g. 580.159.04), ``serial`` nodes at a time:
     drain, install, reboot if needed, verify (nvidia-smi and allocatable GPUs), uncordon. Stops
     at the first node that fails and leaves the rest untouched."""
@@ -77,6 +78,9 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
             rep.print("nothing to upgrade")
             return {"upgraded": [], "remaining": []}
         ask_confirmation(f"upgrade {len(todo)} node(s)? [y/N] ", yes, confirm)
+        cps = [h for h in todo if first.host(h).is_control_plane]
+        if cps:
+            before_change(first, f"the driver upgrade of {', '.join(cps)}", backup)
 
     def one_batch(batch: Sequence[str]) -> Reporter:
         session = gathered_session(inventory, ",".join(batch), "upgrade", reporter=reporter,
@@ -85,7 +89,7 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
             names = [node_name(session, h) for h in batch]
             for node in names:
                 drain(session, node, drain_timeout)
-            converge(session, yes=True)
+            converge(session, yes=True, backup=False)   # backed up above
             for node in names:
                 uncordon(session, node)
         return session.reporter

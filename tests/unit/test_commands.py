@@ -41,7 +41,7 @@ def test_the_console_script_is_the_invoke_tasks_without_the_lab() -> None:
     assert set(tasks.ns.collections) == {"lab"} and not cli.ns.collections
     assert all(tasks.ns.tasks[name] is task for name, task in cli.ns.tasks.items())
     ours, invokes = contexts(cli.ns), contexts(tasks.ns)
-    assert len(ours) == 18
+    assert len(ours) == 19
     for name, ctx in ours.items():  # built twice: the help survives a second parser
         assert ctx.help_tuples() == invokes[name].help_tuples(), name
         assert [a.name for a in ctx.positional_args] == \
@@ -85,7 +85,7 @@ CALLS = [
       "--max-fail", "25%", "-q", "-y", "--diff"],
      "bootstrap", {"inventory": "inv.yaml", "limit": "gpu-0*", "yes": True, "check": False,
                    "diff": True, "sets": ["a=1", "b=2"], "ask_become_pass": True,
-                   "max_fail": "25%", "quiet": True}),
+                   "max_fail": "25%", "quiet": True, "backup": True}),
     (["plan"], "plan", {"inventory": cli.INVENTORY, "limit": None, "diff": False, "sets": [],
                         "ask_become_pass": False}),
     (["facts", "-i", "x", "--json", "-e", "a=1"], "facts",
@@ -93,9 +93,12 @@ CALLS = [
       "as_json": True}),
     (["reprovision", "--host", "gpu-02", "-i", "x", "--drain-timeout", "60", "--full"],
      "reprovision", {"inventory": "x", "host": "gpu-02", "reinstall_driver": False,
-                     "full": True, "drain_timeout": 60, "yes": False}),
-    (["remove-node", "gpu-02", "-y"], "remove_node",
-     {"inventory": cli.INVENTORY, "host": "gpu-02", "drain_timeout": 300, "yes": True}),
+                     "full": True, "drain_timeout": 60, "yes": False, "backup": True}),
+    (["remove-node", "gpu-02", "-y", "--no-backup"], "remove_node",
+     {"inventory": cli.INVENTORY, "host": "gpu-02", "drain_timeout": 300, "yes": True,
+      "backup": False}),
+    (["backup", "-i", "x", "--keep", "3"], "backup", {"inventory": "x", "keep": 3}),
+    (["backup"], "backup", {"inventory": cli.INVENTORY, "keep": None}),
     (["deploy", "jupyter", "-i", "x", "-f", "v.yaml", "-e", "gpus=2", "--timeout", "30",
       "--render"], "deploy", {"inventory": "x", "name": "jupyter", "values_files": ["v.yaml"],
                               "sets": ["gpus=2"], "timeout": 30, "render_only": True}),
@@ -103,14 +106,14 @@ CALLS = [
      {"inventory": cli.INVENTORY, "limit": "gpu-01", "python": "/p", "nvcc": False}),
     (["upgrade", "--kubernetes", "1.36.2", "--serial", "2", "-y"], "upgrade",
      {"inventory": cli.INVENTORY, "driver": None, "kubernetes": "1.36.2", "kernel": None,
-      "limit": None, "serial": 2, "drain_timeout": 300, "yes": True}),
-    (["upgrade", "--kernel", "-y"], "upgrade",
+      "limit": None, "serial": 2, "drain_timeout": 300, "yes": True, "backup": True}),
+    (["upgrade", "--kernel", "-y", "--no-backup"], "upgrade",
      {"inventory": cli.INVENTORY, "driver": None, "kubernetes": None, "kernel": True,
-      "limit": None, "serial": 1, "drain_timeout": 300, "yes": True}),
+      "limit": None, "serial": 1, "drain_timeout": 300, "yes": True, "backup": False}),
     (["upgrade", "--kernel", "6.8.0-60-generic", "-l", "gpu-01"], "upgrade",
      {"inventory": cli.INVENTORY, "driver": None, "kubernetes": None,
       "kernel": "6.8.0-60-generic", "limit": "gpu-01", "serial": 1, "drain_timeout": 300,
-      "yes": False}),
+      "yes": False, "backup": True}),
     (["gpu-usage", "-o", "wide"], "gpu_usage",
      {"inventory": cli.INVENTORY, "as_json": False, "wide": True}),
     (["images", "-o", "list", "-f", "a", "-f", "b"], "images",

@@ -42,8 +42,9 @@ class TestNodeLifecycleAndTools:
             f"Kubernetes control plane is running at {cluster.server}"
 
     def test_crictl(self, node: Node) -> None:
-        """`crictl ps -a`, the command gpuk8s names when a control plane does not come back;
-        crictl's other commands are not played."""
+        """`crictl ps -a`, the command gpuk8s names when a control plane does not come back,
+        and `ps`/`exec` of the backup's etcd snapshot; crictl's other commands are not
+        played."""
         r = node.run("crictl", "--runtime-endpoint", "unix:///run/containerd/containerd.sock",
                      "ps", "-a")
         # /run/containerd is not where the fake socket lives: crictl fails like the real one
@@ -54,7 +55,15 @@ class TestNodeLifecycleAndTools:
         r = node.run("crictl", "-r", ep, "ps", "-a")
         assert r.returncode == 0, r.stderr
         assert r.stdout.split("\n")[0].split() == ["CONTAINER", "IMAGE", "CREATED", "STATE",
-                                                   "NAME", "ATTEMPT", "POD", "ID", "POD"]
+                                                   "NAME", "ATTEMPT", "POD", "ID", "POD",
+                                                   "NAMESPACE"]
+        # no etcd static pod runs here: the backup's lookup finds none, an exec is refused
+        r = node.run("crictl", "-r", ep, "ps", "--state", "running", "--label",
+                     "io.kubernetes.container.name=etcd", "-q")
+        assert r.returncode == 0 and r.stdout == "", r.stderr
+        r = node.run("crictl", "-r", ep, "exec", "0123abc", "etcdctl", "version")
+        assert r.returncode == 1
+        assert 'execing command in container 0123abc: rpc error: code = NotFound' in r.stderr
         for cmd in ("info", "version", "pods", "images"):
             r = node.run("crictl", "-r", ep, cmd)
             assert r.returncode == 1 and f"No help topic for '{cmd}'" in r.stderr

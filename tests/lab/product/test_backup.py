@@ -1,0 +1,174 @@
+"""invoke backup on a bootstrapped lab, and the backup a control-plane change takes first.
+
+The snapshot is made by the REAL etcdctl against the lab's REAL etcd (through the crictl
+stand-in's exec into the etcd "container": tests/lab/CONTRACT.md), and is checked here with
+the REAL etcdutl of the same etcd release: its `snapshot status` agrees with the manifest, and
+a `snapshot restore` of it, served by a REAL etcd on this machine, holds the ConfigMap made
+before the backup. A backup with one byte changed is refused, naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import ssl
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuk8s import api, backups, day2
+from tests.lab.lab import Lab
+from tests.lab.product.runs import call, derived_inventory, ssh_ok
+from tests.lab.product.test_bootstrap import GATE_VARS
+from tests.lab.product.test_day2 import restore_bootstrapped
+from tests.lab.repos import real_etcd
+
+pytestmark = pytest.mark.lab
+
+KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+PROBE = "gpuk8s-backup-probe"
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: Lab) -> Lab:
+    return restore_bootstrapped(lab)
+
+
+@pytest.fixture(scope="module")
+def inv(cluster: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return derived_inventory(cluster, tmp_path_factory.mktemp("backup"),
+                             feature_gates=GATE_VARS)
+
+
+@pytest.fixture(scope="module")
+def taken(cluster: Lab, inv: Path) -> dict:
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} create configmap {PROBE} --from-literal=made=before")
+    result, out = call(day2.backup, inv)
+    assert "backup: " in out and result["path"] in out, out
+    return result
+
+
+def _etcdutl() -> Path:
+    return real_etcd().parent / "etcdutl"
+
+
+def test_the_backup_is_private_whole_and_names_its_cluster(cluster: Lab, taken: dict) -> None:
+    folder = Path(taken["path"])
+    manifest = taken["manifest"]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["admin.conf", "etcd-snapshot.db", "kubeadm-config.yaml", "manifest.json",
+                     "pki.tar"], names
+    for p in folder.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    for name, want in manifest["files"].items():
+        data = (folder / name).read_bytes()
+        assert len(data) == want["size"] and hashlib.sha256(data).hexdigest() == want["sha256"]
+    assert manifest["source"] == "cp-01" and manifest["kubernetes_version"].startswith("v1.36.")
+    assert [m["name"] for m in manifest["etcd"]["members"]] == ["cp-01"]
+    assert manifest["etcd"]["version"].startswith("3.5.") and manifest["etcd"]["revision"] > 0
+    pem = ssh_ok(cluster, "cp-01", "cat /etc/kubernetes/pki/ca.crt")
+    assert manifest["ca_sha256"] == hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+    # nothing of it stays on the node
+    left = ssh_ok(cluster, "cp-01", "ls -d /var/tmp/gpuk8s-backup.* /var/lib/etcd/gpuk8s-* "
+                  "2>/dev/null; true")
+    assert left.strip() == "", left
+    assert backups.verify(folder)["etcd"] == manifest["etcd"]
+
+
+def test_the_real_etcdutl_reads_and_restores_the_snapshot(taken: dict,
+                                                          tmp_path: Path) -> None:
+    snap = Path(taken["path"]) / "etcd-snapshot.db"
+    status = json.loads(subprocess.run([str(_etcdutl()), "snapshot", "status", str(snap),
+                                        "-w", "json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    etcd = taken["manifest"]["etcd"]
+    assert (status["revision"], status["totalKey"], status["totalSize"]) == \
+        (etcd["revision"], etcd["total_keys"], etcd["db_size"]), status
+    data = tmp_path / "restored"
+    subprocess.run([str(_etcdutl()), "snapshot", "restore", str(snap), "--name", "check",
+                    "--data-dir", str(data), "--initial-cluster", "check=http://127.0.0.1:23880",
+                    "--initial-advertise-peer-urls", "http://127.0.0.1:23880"],
+                   capture_output=True, text=True, check=True)
+    server = subprocess.Popen([str(real_etcd()), "--name", "check", "--data-dir", str(data),
+                               "--listen-client-urls", "http://127.0.0.1:23879",
+                               "--advertise-client-urls", "http://127.0.0.1:23879",
+                               "--listen-peer-urls", "http://127.0.0.1:23880",
+                               "--initial-advertise-peer-urls", "http://127.0.0.1:23880",
+                               "--initial-cluster", "check=http://127.0.0.1:23880"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ctl = [str(real_etcd("etcdctl")), "--endpoints", "http://127.0.0.1:23879"]
+        deadline = time.monotonic() + 30
+        while True:  # the keys under /registry/ (the lab's API server lays them out its way)
+            keys = subprocess.run([*ctl, "get", "--prefix", "/registry/", "--keys-only"],
+                                  capture_output=True, text=True)
+            if keys.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        found = [k for k in keys.stdout.split() if k.endswith(f"configmaps/default/{PROBE}")]
+        assert len(found) == 1, keys
+        got = subprocess.run([*ctl, "get", found[0], "--print-value-only"],
+                             capture_output=True, text=True, check=True)
+        assert json.loads(got.stdout)["data"] == {"made": "before"}, got
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_changed_byte_is_refused_naming_the_file(taken: dict, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(taken["path"], copy)
+    pki = copy / "pki.tar"
+    data = bytearray(pki.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    pki.write_bytes(bytes(data))
+    with pytest.raises(backups.BackupError, match=r"pki\.tar: its SHA-256 is .* the manifest"):
+        backups.verify(copy)
+    # the snapshot changed and the manifest made to match: etcd's own checksum still says no
+    shutil.rmtree(copy)
+    shutil.copytree(taken["path"], copy)
+    snap = copy / "etcd-snapshot.db"
+    data = bytearray(snap.read_bytes())
+    data[5000] ^= 0x01
+    snap.write_bytes(bytes(data))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["etcd-snapshot.db"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(backups.BackupError, match="does not match the one etcd appended"):
+        backups.verify(copy)
+
+
+def test_backup_keep_removes_the_oldest(inv: Path, taken: dict) -> None:
+    before = backups.listed(inv)
+    assert Path(taken["path"]) in before
+    result, out = call(day2.backup, inv, keep=1)
+    after = backups.listed(inv)
+    assert after == [Path(result["path"])], (before, after)
+    assert "removed old backup" in out, out
+
+
+def test_a_control_plane_change_is_backed_up_first(cluster: Lab, inv: Path) -> None:
+    """A feature-gate change restarts the control plane: the backup comes before it, named
+    in the output; --no-backup says that none was taken."""
+    before = len(backups.listed(inv))
+    gates = "feature_gates={InPlacePodVerticalScaling: true}"
+    result, out = call(api.bootstrap, inv, sets=[gates], yes=True)
+    assert result["changed"] > 0, out
+    # after the phase's plan is shown, before any of it is applied
+    assert out.index("backup: ") < out.index("[cp-01] -> control_plane"), out
+    assert len(backups.listed(inv)) == min(before + 1, 10)
+    result, out = call(api.bootstrap, inv, yes=True, backup=False)
+    assert result["changed"] > 0, out
+    assert re.search(r"no backup before the [\w-]+ phase changes cp-01 \(--no-backup\)", out), out
+    assert "backup: " not in out, out
+    # a run with nothing to change takes none
+    count = len(backups.listed(inv))
+    result, out = call(api.bootstrap, inv, yes=True)
+    assert result["changed"] == 0 and len(backups.listed(inv)) == count, out
+    assert os.path.isdir(backups.backups_dir(inv))
