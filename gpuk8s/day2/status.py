@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import textwrap
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 
+from gpuk8s import backups
 from gpuk8s.day2.gpuusage import node_utilisation
 from gpuk8s.day2.kernelstatus import kernel_lines, kernel_row
 from gpuk8s.day2.steps import gathered_session
 from gpuk8s.errors import Gpuk8sError, PreflightError
+from gpuk8s.facts.certs import CertExpiry, CertState, days_left, expiry_warning
 from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
@@ -89,15 +93,88 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
                 **({"preflight": [{"check": c, "problem": m, "fix": f}
                                   for c, m, f in refused[name]]} if name in refused else {}),
                 **_control_plane(facts[ControlPlaneHealth()]),
+                **(_certificates(facts[CertExpiry()]) if host.is_control_plane else {}),
             })
             kernel = kernel_row(facts, bool(host.vars.get("gpu_node_lock", True)))
             if kernel is not None:
                 rows[-1]["kernel"] = kernel
+        backup = newest_backup(session.inventory.path)
+        for r in rows:  # the cluster's newest backup, on the first control plane's row
+            if r["host"] == session.inventory.control_planes[0].name:
+                r["backup"] = backup
         session.runlog.write_report(status=rows)
         _print_status(session.reporter, rows, as_json, wide=wide)
         if not as_json and (line := quorum(rows)):
             session.reporter.print(line, style="green" if "NO QUORUM" not in line else "red")
+        if not as_json:
+            for line, style in certificate_lines(rows):
+                session.reporter.print(line, style=style)
+            line, style = backup_line(backup)
+            session.reporter.print(line, style=style)
         return rows
+
+
+def _certificates(state: CertState) -> dict[str, Any]:
+    """A control plane's certificates: the earliest leaf (what `kubeadm certs renew all`
+    renews, and the kubelet's client certificate) and CA expiry, and the warning."""
+    leaf, ca = state.earliest(), state.earliest(cas=True)
+    if leaf is None:
+        return {}
+    now = dt.datetime.now(dt.UTC)
+    return {"certificates": {
+        "earliest": leaf[1].strftime("%Y-%m-%dT%H:%M:%SZ"), "file": leaf[0],
+        "days_left": days_left(leaf[1], now),
+        "ca_earliest": ca[1].strftime("%Y-%m-%dT%H:%M:%SZ") if ca else None,
+        "warning": expiry_warning(state, now)}}
+
+
+def certificate_lines(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """status's lines about the control planes' certificates: one line for all that are fine,
+    one warning per control plane whose certificates expire within 30 days."""
+    fine = []
+    out: list[tuple[str, str]] = []
+    for r in rows:
+        certs = r.get("certificates")
+        if not certs:
+            continue
+        if certs["warning"]:
+            style = "red" if certs["days_left"] < 7 else "yellow"
+            out += [(line, style) for line in textwrap.wrap(
+                f"warning: {r['host']}: {certs['warning']}", 80, subsequent_indent="  ",
+                break_on_hyphens=False)]
+        else:
+            fine.append(f"{r['host']} until {certs['earliest'][:10]} ({certs['days_left']} d)")
+    if fine:
+        out[:0] = [(line, "green") for line in textwrap.wrap(
+            "certificates: " + ", ".join(fine), 80, subsequent_indent="  ")]
+    return out
+
+
+#: a backup older than this is called old in status
+BACKUP_OLD_DAYS = 7
+
+
+def newest_backup(inventory_path: str | Path) -> dict[str, Any] | None:
+    """The cluster's newest backup on this machine: its folder and age in seconds."""
+    found = backups.newest(inventory_path)
+    if found is None:
+        return None
+    folder, age = found
+    return {"path": str(folder), "age_s": int(age.total_seconds()),
+            "count": len(backups.listed(inventory_path))}
+
+
+def backup_line(backup: dict[str, Any] | None) -> tuple[str, str]:
+    """status's line about backups, and its style."""
+    if backup is None:
+        return "backup: none here yet (invoke backup takes one)", "yellow"
+    age = backup["age_s"]
+    words = (f"{age // 86400} d" if age >= 86400 else f"{age // 3600} h" if age >= 3600
+             else f"{age // 60} min")
+    old = age >= BACKUP_OLD_DAYS * 86400
+    return (f"backup: {Path(backup['path']).name}, {words} old" +
+            (": take one (invoke backup)" if old else f" ({backup['count']} kept)"),
+            "yellow" if old else "green")
 
 
 def _refused(session: Session) -> dict[str, list[tuple[str, str, str]]]:

@@ -3,6 +3,7 @@ kubeconfig for the admin user."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from gpuk8s.checks import (
     parse_network,
 )
 from gpuk8s.facts import Fact
+from gpuk8s.facts.certs import CertExpiry, expiry_warning
 from gpuk8s.facts.kube import ADMIN_CONF, GATED_COMPONENTS, Cluster, FeatureGates, GateState
 from gpuk8s.facts.system import Files, Packages
 from gpuk8s.ops import Op, change, files, noop, q, warn
@@ -106,7 +108,8 @@ def _kubeconfig_files(vars: Mapping[str, Any]) -> Files:
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster(), FeatureGates()]
+    return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster(), FeatureGates(),
+            CertExpiry()]
 
 
 def kubeadm_config(ctx: HostContext) -> bytes:
@@ -196,6 +199,10 @@ rm -rf "$b"
                   "rewritten by kubeadm, restarted by the kubelet)", script, timeout=300)
 
 
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
 def plan(ctx: HostContext) -> list[Op]:
     f = ctx.facts
     states = f[_kubeconfig_files(ctx.vars)]
@@ -244,6 +251,8 @@ def plan(ctx: HostContext) -> list[Op]:
             ops.append(change(op_id, f"+ {path} for {who} (0600)",
                               f"install -D -m 0600 -o {q(who)} -g \"$(id -gn {q(who)})\" "
                               f"{ADMIN_CONF} {q(path)}"))
+    if initialised and (soon := expiry_warning(ctx.facts[CertExpiry()], _now())):
+        ops.append(warn("control_plane | certificates", f"! {soon}"))
     if ctx.var("control_plane_schedulable"):
         node = ctx.facts[Cluster()].nodes.get(ctx.cluster["nodes"][ctx.host]["name"])
         if node is None or any(t.startswith(CP_TAINT + ":") for t in node.taints):

@@ -8,16 +8,18 @@ next control plane starts (the phase runs one host at a time)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
 from gpuk8s.checks import Rule, check_duration
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
+from gpuk8s.facts.certs import CertExpiry, expiry_warning
 from gpuk8s.facts.controlplane import TCP_OPEN, ControlPlaneHealth
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.facts.system import Files
-from gpuk8s.ops import Op, change, noop, q, write_file
+from gpuk8s.ops import Op, change, noop, q, warn, write_file
 from gpuk8s.ops.kube import KUBEADM_PATCHES, KUBEADM_RESET
 from gpuk8s.roles import HostContext
 
@@ -39,13 +41,17 @@ RULES: dict[str, Rule] = {
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     # a control plane's etcd member and API server (for status; nothing on other nodes)
-    return [Files(KUBELET_CONF, *LEFTOVERS), ControlPlaneHealth()]
+    return [Files(KUBELET_CONF, *LEFTOVERS), ControlPlaneHealth(), CertExpiry()]
 
 
 def plan(ctx: HostContext) -> list[Op]:
     states = ctx.facts[Files(KUBELET_CONF, *LEFTOVERS)]
     if states[KUBELET_CONF].exists:
-        return [noop("join | kubeadm join", f"= {KUBELET_CONF} exists: joined")]
+        ops = [noop("join | kubeadm join", f"= {KUBELET_CONF} exists: joined")]
+        soon = expiry_warning(ctx.facts[CertExpiry()], dt.datetime.now(dt.UTC))
+        if soon and any(cp["host"] == ctx.host for cp in ctx.cluster["control_planes"]):
+            ops.append(warn("join | certificates", f"! {soon}"))
+        return ops
     left = [path for path in LEFTOVERS if states[path].exists]
     reset = [f"{KUBEADM_RESET} >/dev/null"] if left else []
     after = f" (after kubeadm reset: an interrupted join left {', '.join(left)})" if left else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuk8s.facts import Fact, HostFacts
+from gpuk8s.facts.certs import CertState
 from gpuk8s.facts.controlplane import ControlPlaneHealthState
 from gpuk8s.facts.kernel import GpuKernelState, LockedPackages
 from gpuk8s.facts.kube import ClusterState, ContainerdState, GateState
@@ -82,6 +83,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return LockedPackages()
     if kind == "GpuKernel":
         return GpuKernelState()
+    if kind == "CertExpiry":
+        return CertState()
     if kind == "Reaches":
         return dict.fromkeys(fact.args, "ok")
     raise AssertionError(f"no scenario value for fact {kind}")

@@ -172,3 +172,32 @@ def test_a_control_plane_change_is_backed_up_first(cluster: Lab, inv: Path) -> N
     result, out = call(api.bootstrap, inv, yes=True)
     assert result["changed"] == 0 and len(backups.listed(inv)) == count, out
     assert os.path.isdir(backups.backups_dir(inv))
+
+
+def test_status_and_plan_warn_of_certificates_near_their_end(cluster: Lab, inv: Path) -> None:
+    """status names each control plane's earliest certificate expiry; one that ends within 30
+    days (front-proxy-client.crt signed again by the real openssl on the node, valid 10 days,
+    as a year-old cluster's would be) is a warning in status and in the plan."""
+    rows, out = call(day2.status, inv)
+    cp = next(r for r in rows if r["host"] == "cp-01")
+    assert cp["certificates"]["days_left"] >= 360 and not cp["certificates"]["warning"], cp
+    assert re.search(r"certificates: cp-01 until \d{4}-\d\d-\d\d \(36\d d\)", out), out
+    pki = "/etc/kubernetes/pki"
+    ssh_ok(cluster, "cp-01", f"""set -e
+cp {pki}/front-proxy-client.crt /root/front-proxy-client.crt.keep
+openssl x509 -x509toreq -in {pki}/front-proxy-client.crt -signkey {pki}/front-proxy-client.key \
+  -out /root/fp.csr 2>/dev/null
+openssl x509 -req -in /root/fp.csr -CA {pki}/front-proxy-ca.crt -CAkey {pki}/front-proxy-ca.key \
+  -set_serial 7 -days 10 -out {pki}/front-proxy-client.crt 2>/dev/null""")
+    try:
+        rows, out = call(day2.status, inv)
+        cp = next(r for r in rows if r["host"] == "cp-01")
+        assert cp["certificates"]["days_left"] == 9, cp
+        assert cp["certificates"]["file"] == f"{pki}/front-proxy-client.crt"
+        assert "warning: cp-01: certificates expire in 9 day(s) (front-proxy-client.crt" in out
+        assert all(len(line) <= 80 for line in out.splitlines() if "certificates" in line)
+        _, out = call(api.plan, inv)
+        assert "! certificates expire in 9 day(s) (front-proxy-client.crt" in out, out
+    finally:
+        ssh_ok(cluster, "cp-01", f"mv /root/front-proxy-client.crt.keep {pki}/"
+               "front-proxy-client.crt; rm -f /root/fp.csr")
