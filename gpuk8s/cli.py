@@ -28,7 +28,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": _bundle.bundle, "backup": day2.backup,
+    "bundle": _bundle.bundle, "backup": day2.backup, "renew_certs": day2.renew_certs,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -272,6 +272,15 @@ def backup(c: Context, inventory: str = INVENTORY, keep: int = 0) -> None:
     _call("backup", inventory=inventory, keep=keep or None)
 
 
+@command(name="renew-certs", help={"host": "one control plane only (default: every one, one "
+                                           "at a time)"})
+def renew_certs(c: Context, inventory: str = INVENTORY, host: str | None = None,
+                yes: bool = False, no_backup: bool = False) -> None:
+    """Renew kubeadm's certificates on the control planes one at a time (kubeadm certs renew
+    all, static pods restarted onto them), then fetch admin.conf again; a backup first."""
+    _call("renew_certs", inventory=inventory, host=host, yes=yes, backup=not no_backup)
+
+
 @command()
 def kubeconfig(c: Context, inventory: str = INVENTORY) -> None:
     """Fetch admin credentials (0600) to <inventory dir>/artifacts/admin.conf."""
@@ -359,8 +368,8 @@ def report(c: Context, run: str | None = None) -> None:
 
 
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
-                gpu_usage, upgrade, backup, kubeconfig, images, deploy, undeploy, verify, bundle,
-                report)
+                gpu_usage, upgrade, backup, renew_certs, kubeconfig, images, deploy, undeploy,
+                verify, bundle, report)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)

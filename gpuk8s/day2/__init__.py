@@ -8,16 +8,18 @@ bootstrap.
 - nodes: reprovision, add_node, remove_node, reset
 - status: status, kubeconfig; gpuusage: gpu_usage (Prometheus, gpu_monitoring)
 - upgrades: upgrade, upgrade_driver; kubernetes: upgrade_kubernetes
+- certs: renew_certs
 - backup: backup, and the backup every control-plane change takes first (before_change)
 """
 
 from __future__ import annotations
 
 from gpuk8s.day2.backup import backup
+from gpuk8s.day2.certs import renew_certs
 from gpuk8s.day2.gpuusage import gpu_usage
 from gpuk8s.day2.nodes import add_node, remove_node, reprovision, reset
 from gpuk8s.day2.status import kubeconfig, status
 from gpuk8s.day2.upgrades import upgrade, upgrade_driver
 
-__all__ = ["add_node", "backup", "gpu_usage", "kubeconfig", "remove_node", "reprovision", "reset",
-           "status", "upgrade", "upgrade_driver"]
+__all__ = ["add_node", "backup", "gpu_usage", "kubeconfig", "remove_node", "renew_certs",
+           "reprovision", "reset", "status", "upgrade", "upgrade_driver"]

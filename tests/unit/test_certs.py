@@ -58,3 +58,21 @@ def test_status_lines_fit_80_columns() -> None:
     assert lines[1][0].startswith("warning: cp-02-with-a-long-name: certificates expire in 9")
     assert all(len(text) <= 80 and style in ("green", "yellow") for text, style in lines)
     assert lines[-1][0].startswith("  ")  # the warning's wrapped tail
+
+
+def test_the_restart_puts_the_manifests_back_whatever_happens() -> None:
+    from gpuk8s.day2.certs import RENEW, restart_script
+
+    script = restart_script()
+    # the trap that moves them back is set before any manifest moves, and cleared only after
+    # they are back
+    assert script.index("trap back EXIT") < script.index('mv "$f" "$d"/')
+    assert script.index("back\ntrap - EXIT") > script.index("did not stop etcd")
+    for pod in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        assert f"/etc/kubernetes/manifests/{pod}.yaml" in script
+    # done means served: both daemons' certificates compared with the renewed files
+    assert 'served "$a:6443")" = "$want_api"' in script
+    assert 'served 127.0.0.1:2379' in script and '"$want_etcd"' in script
+    # admin.conf's copies: only regular files that still equal the old admin.conf
+    assert "-type f" in RENEW and 'cmp -s "$old"' in RENEW
+    assert "Done renewing certificates" in RENEW

@@ -26,7 +26,7 @@ from tests.lab.lab import Lab
 from tests.lab.product.runs import call, derived_inventory, ssh_ok
 from tests.lab.product.test_bootstrap import GATE_VARS
 from tests.lab.product.test_day2 import restore_bootstrapped
-from tests.lab.repos import real_etcd
+from tests.lab.repos import real_etcd, real_kubectl
 
 pytestmark = pytest.mark.lab
 
@@ -187,8 +187,9 @@ def test_status_and_plan_warn_of_certificates_near_their_end(cluster: Lab, inv: 
 cp {pki}/front-proxy-client.crt /root/front-proxy-client.crt.keep
 openssl x509 -x509toreq -in {pki}/front-proxy-client.crt -signkey {pki}/front-proxy-client.key \
   -out /root/fp.csr 2>/dev/null
+printf 'extendedKeyUsage=clientAuth\n' > /root/fp.ext
 openssl x509 -req -in /root/fp.csr -CA {pki}/front-proxy-ca.crt -CAkey {pki}/front-proxy-ca.key \
-  -set_serial 7 -days 10 -out {pki}/front-proxy-client.crt 2>/dev/null""")
+  -set_serial 7 -days 10 -extfile /root/fp.ext -out {pki}/front-proxy-client.crt 2>/dev/null""")
     try:
         rows, out = call(day2.status, inv)
         cp = next(r for r in rows if r["host"] == "cp-01")
@@ -199,5 +200,35 @@ openssl x509 -req -in /root/fp.csr -CA {pki}/front-proxy-ca.crt -CAkey {pki}/fro
         _, out = call(api.plan, inv)
         assert "! certificates expire in 9 day(s) (front-proxy-client.crt" in out, out
     finally:
-        ssh_ok(cluster, "cp-01", f"mv /root/front-proxy-client.crt.keep {pki}/"
-               "front-proxy-client.crt; rm -f /root/fp.csr")
+        ssh_ok(cluster, "cp-01",
+               "rm -f /root/fp.csr /root/fp.ext /root/front-proxy-client.crt.keep")
+
+
+def test_renew_certs_moves_them_a_year_out(cluster: Lab, inv: Path) -> None:
+    """After the test above (front-proxy-client.crt ends in 10 days): renew-certs takes a
+    backup, renews on cp-01 and restarts its static pods onto the new certificates; the
+    cluster answers again, status has nothing to warn of, the fetched admin.conf works."""
+    pki = "/etc/kubernetes/pki"
+    old_api = ssh_ok(cluster, "cp-01", f"openssl x509 -noout -serial -in {pki}/apiserver.crt")
+    started = time.monotonic()
+    result, out = call(day2.renew_certs, inv, yes=True)
+    took = time.monotonic() - started
+    print(f"renew-certs on one control plane: {took:.1f} s")
+    assert result["renewed"] == ["cp-01"], out
+    assert out.index("backup: ") < out.index("[cp-01] kubeadm certs renew all"), out
+    new_api = ssh_ok(cluster, "cp-01", f"openssl x509 -noout -serial -in {pki}/apiserver.crt")
+    assert new_api != old_api
+    # the API server runs with the new certificate (it was restarted onto it)
+    served = ssh_ok(cluster, "cp-01", "echo | openssl s_client -connect 10.88.0.11:6443 "
+                    "2>/dev/null | openssl x509 -noout -serial")
+    assert served == new_api
+    rows, out = call(day2.status, inv)
+    cp = next(r for r in rows if r["host"] == "cp-01")
+    assert cp["certificates"]["days_left"] >= 364 and not cp["certificates"]["warning"], cp
+    assert all(r["state"] == "Ready" for r in rows), rows
+    admin = backups.backups_dir(inv).parent / "admin.conf"
+    got = subprocess.run([str(real_kubectl()), "--kubeconfig", str(admin), "get", "nodes",
+                          "-o", "name"], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and "node/cp-01" in got.stdout, got.stderr
+    # root's kubeconfig on the node followed admin.conf
+    ssh_ok(cluster, "cp-01", "cmp /etc/kubernetes/admin.conf /root/.kube/config")

@@ -89,6 +89,33 @@ class TestControlPlaneEndToEnd:
         assert "[ERROR FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml]" in r.stderr
         assert "[ERROR Port-10250]: Port 10250 is in use" in r.stderr
 
+    def test_certs_renew_all(self, control_plane: tuple[Node, str]) -> None:
+        """`kubeadm certs renew all`: every leaf and kubeconfig client certificate again,
+        new keys, the old subjects and SANs, from the same CAs; admin.conf keeps working."""
+        node, kc = control_plane
+        pki_dir = node.root / "etc/kubernetes/pki"
+        before = {p: p.read_text() for p in [*pki_dir.glob("*.crt"), *pki_dir.glob("etcd/*.crt")]}
+        admin = (node.root / "etc/kubernetes/admin.conf").read_text()
+        r = node.run("kubeadm", "certs", "renew", "all")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert "certificate for serving the Kubernetes API renewed" in lines
+        assert lines[-1].startswith("Done renewing certificates. You must restart the "
+                                    "kube-apiserver")
+        assert sum(line.endswith(" renewed") for line in lines) == 11
+        for path, old in before.items():
+            new = path.read_text()
+            if path.name in ("ca.crt", "front-proxy-ca.crt"):
+                assert new == old, path  # CAs are not renewed
+                continue
+            assert new != old, path
+            assert pki.attributes(new) == pki.attributes(old), path
+        assert (node.root / "etc/kubernetes/admin.conf").read_text() != admin
+        r = node.run("kubectl", "--kubeconfig", kc, "get", "nodes", "-o", "name")
+        assert r.returncode == 0 and "node/cp-01" in r.stdout, r.stderr
+        r = node.run("kubeadm", "certs", "check-expiration")
+        assert r.returncode == 1 and 'unknown command "check-expiration"' in r.stderr
+
     def test_reconfigure_feature_gates_with_init_phases(
             self, control_plane: tuple[Node, str]) -> None:
         """kubeadm's documented reconfiguration: upload-config and control-plane phases on the

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -1167,6 +1168,87 @@ class Kubeadm:
                        f'public keys "{actual}" are pinned')
         return ca_pem, creds.server
 
+    # -------------------------------------------------------------- certs
+    #: what `kubeadm certs renew all` renews, in its order, with the line it prints for each:
+    #: (file under /etc/kubernetes, the CA under pki/, what it is)
+    RENEWED = (
+        ("admin.conf", "ca", "certificate embedded in the kubeconfig file for the admin to use "
+         "and for kubeadm itself"),
+        ("pki/apiserver.crt", "ca", "certificate for serving the Kubernetes API"),
+        ("pki/apiserver-etcd-client.crt", "etcd/ca", "certificate the apiserver uses to access "
+         "etcd"),
+        ("pki/apiserver-kubelet-client.crt", "ca", "certificate for the API server to connect "
+         "to kubelet"),
+        ("controller-manager.conf", "ca", "certificate embedded in the kubeconfig file for the "
+         "controller manager to use"),
+        ("pki/etcd/healthcheck-client.crt", "etcd/ca", "certificate for liveness probes to "
+         "healthcheck etcd"),
+        ("pki/etcd/peer.crt", "etcd/ca", "certificate for etcd nodes to communicate with each "
+         "other"),
+        ("pki/etcd/server.crt", "etcd/ca", "certificate for serving etcd"),
+        ("pki/front-proxy-client.crt", "front-proxy-ca", "certificate for the front proxy "
+         "client"),
+        ("scheduler.conf", "ca", "certificate embedded in the kubeconfig file for the scheduler "
+         "manager to use"),
+        ("super-admin.conf", "ca", "certificate embedded in the kubeconfig file for the "
+         "super-admin"),
+    )
+
+    def cmd_certs(self) -> None:
+        """`kubeadm certs renew all` (gpuk8s/day2/certs.py): every certificate of RENEWED
+        that exists gets a new key and a certificate with the old one's attributes for a
+        year, signed by its CA; a kubeconfig's embedded client certificate and key are
+        replaced; nothing is restarted; a missing file is `MISSING! <what>`. The lines, their
+        order (by name) and the new key per certificate: cmd/kubeadm/app/cmd/certs.go,
+        phases/certs/renewal/manager.go (certToConfig: CN, O, SANs, usages),
+        filerenewer.go (pkiutil.NewCertAndKey) and readwriter.go of Kubernetes (read at the
+        newest stored versions, about v1.33: the v1.36 tag was out of reach; the header's
+        second line as kubeadm v1.34 prints it). kubeadm's other certs subcommands (and
+        renewing one certificate by name) are not played: nothing in gpuk8s runs them."""
+        sub = self.args.args[:2]
+        if sub != ["renew", "all"]:
+            raise Fail(f'unknown command "{" ".join(self.args.args)}" for "kubeadm certs"')
+        out('[renew] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
+            '"kube-system"...')
+        out("[renew] Use 'kubeadm init phase upload-config kubeadm --config your-config-file' "
+            "to re-upload it.")
+        out("")
+        for rel, ca, what in self.RENEWED:
+            path = f"/etc/kubernetes/{rel}"
+            ca_crt, ca_key = f"{PKI}/{ca}.crt", f"{PKI}/{ca}.key"
+            if not os.path.exists(P(path)):
+                out(f"MISSING! {what}")
+                continue
+            if rel.endswith(".crt"):
+                key = path[:-4] + ".key"
+                write(path, pki.renew(read(path) or "", key, ca_crt, ca_key, _key_algo(key)))
+            else:
+                self._renew_kubeconfig(path, ca_crt, ca_key)
+            out(f"{what} renewed")
+        out("")
+        out("Done renewing certificates. You must restart the kube-apiserver, "
+            "kube-controller-manager, kube-scheduler and etcd, so that they can use the new "
+            "certificates.")
+
+    @staticmethod
+    def _renew_kubeconfig(path: str, ca_crt: str, ca_key: str) -> None:
+        cfg = yaml_load_all(read(path) or "")[0]
+        for entry in cfg.get("users") or []:
+            user = entry.get("user") or {}
+            if not user.get("client-certificate-data"):
+                continue
+            old = base64.b64decode(user["client-certificate-data"]).decode()
+            key = f"/etc/kubernetes/tmp/renew-{os.path.basename(path)}.key"
+            try:
+                cert = pki.renew(old, key, ca_crt, ca_key, "RSA-2048")
+                key_pem = read(key) or ""
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(P(key))
+            user["client-certificate-data"] = base64.b64encode(cert.encode()).decode()
+            user["client-key-data"] = base64.b64encode(key_pem.encode()).decode()
+        write(path, yaml_dump(cfg), 0o600)
+
     # -------------------------------------------------------------- token
     def _admin(self) -> Client:
         path = self.args.kubeconfig or "/etc/kubernetes/admin.conf"
@@ -1552,3 +1634,15 @@ def main(argv: list[str], version_raw: str) -> int:
         sys.stderr.write(f"{e}\n{STACK}\n")
         return 1
     return 0
+
+
+def _key_algo(key: str) -> str:
+    """The kubeadm encryptionAlgorithm a key on the node was made with."""
+    text = subprocess.run(["openssl", "pkey", "-in", P(key), "-noout", "-text"],
+                          capture_output=True, text=True).stdout
+    if "NIST CURVE: P-384" in text:
+        return "ECDSA-P384"
+    if "ASN1 OID: prime256v1" in text:
+        return "ECDSA-P256"
+    bits = next((w.strip("(") for w in text.split() if w.strip("(").isdigit()), "2048")
+    return f"RSA-{bits}"

@@ -71,8 +71,9 @@ def sign_csr(csr_pem: str, ca_crt: str, ca_key: str, *, server: bool = False,
     if client:
         usages.append("clientAuth")
     ext = ["[ext]", "basicConstraints=critical,CA:FALSE",
-           "keyUsage=critical,digitalSignature,keyEncipherment",
-           f"extendedKeyUsage={','.join(usages)}"]
+           "keyUsage=critical,digitalSignature,keyEncipherment"]
+    if usages:  # a renewed certificate that had none gets none (kubeadm's certToConfig)
+        ext.append(f"extendedKeyUsage={','.join(usages)}")
     if sans:
         alt = []
         for s in sans:
@@ -141,3 +142,33 @@ def unseal(key_hex: str, blob: bytes) -> bytes:
         return AESGCM(bytes.fromhex(key_hex)).decrypt(blob[:12], blob[12:], None)
     except (InvalidTag, ValueError) as e:
         raise PKIError("cipher: message authentication failed") from e
+
+
+def attributes(cert_pem: str) -> tuple[str, list[str], list[str], bool, bool]:
+    """(CN, organizations, SANs, server, client) of a certificate, as openssl prints them."""
+    subject = _openssl("x509", "-noout", "-subject", "-nameopt", "RFC2253",
+                       data=cert_pem).strip().removeprefix("subject=")
+    cn, orgs = "", []
+    for part in subject.split(","):
+        key, _, value = part.strip().partition("=")
+        if key == "CN":
+            cn = value
+        elif key == "O":
+            orgs.append(value)
+    text = _openssl("x509", "-noout", "-ext", "subjectAltName,extendedKeyUsage",
+                    data=cert_pem)
+    sans = [s.strip().split(":", 1)[1].strip() for line in text.splitlines()
+            for s in line.split(",") if s.strip().startswith(("DNS:", "IP Address:"))]
+    return (cn, orgs, sans, "TLS Web Server Authentication" in text,
+            "TLS Web Client Authentication" in text)
+
+
+def renew(cert_pem: str, key: str, ca_crt: str, ca_key: str, algorithm: str,
+          days: int = 365) -> str:
+    """A new key at ``key`` and a certificate for it with the old one's attributes, signed
+    by the CA: what kubeadm's renewal does (a new key and certificate from the old
+    certificate's config)."""
+    cn, orgs, sans, server, client = attributes(cert_pem)
+    gen_key(key, algorithm)
+    return sign_csr(make_csr(key, cn, orgs), ca_crt, ca_key, server=server, client=client,
+                    sans=sans or None, days=days)
