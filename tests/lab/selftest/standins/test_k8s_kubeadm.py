@@ -84,7 +84,9 @@ class TestKubeadmPreflight:
     @pytest.mark.parametrize(("argv", "message"), [pytest.param(argv, message, id="-".join(argv))
                                                   for argv, message in [
         (("version",), 'unknown command "version" for "kubeadm"'),
-        (("certs", "certificate-key"), 'unknown command "certs" for "kubeadm"'),
+        (("certs", "certificate-key"), 'unknown command "certificate-key" for "kubeadm certs"'),
+        (("certs", "renew", "apiserver"),
+         'unknown command "renew apiserver" for "kubeadm certs"'),
         (("token", "list"), 'unknown command "list" for "kubeadm token"'),
         (("token", "delete", "abcdef"), 'unknown command "delete" for "kubeadm token"'),
         (("token", "generate"), 'unknown command "generate" for "kubeadm token"'),
