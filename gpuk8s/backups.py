@@ -159,7 +159,7 @@ def _download(session: Session, host: str, path: str, size: int) -> bytes:
         except ValueError:
             raise BackupError(f"{host}: {path} came back damaged (not base64)") from None
         if not chunk:
-            break  # shorter than listed: the size check names it
+            break  # shorter than the node said: the size check names it
         data += chunk
     return bytes(data)
 
@@ -252,16 +252,16 @@ def take(session: Session, reason: str, *, keep: int | None = None) -> Taken:
         raise BackupError(f"{host}: the backup's stage folder is unreadable: "
                           f"{untrusted(out.strip()[-300:])}")
     try:
-        listed: dict[str, tuple[int, str]] = {}
+        staged: dict[str, tuple[int, str]] = {}
         for line in parts.get("files", "").splitlines():
             size, sha, name = [*line.split(" ", 2), "", ""][:3]
             if name in FILES and size.isdigit() and re.fullmatch(r"[0-9a-f]{64}", sha):
-                listed[name] = (int(size), sha)
-        missing = [f for f in REQUIRED if f not in listed]
+                staged[name] = (int(size), sha)
+        missing = [f for f in REQUIRED if f not in staged]
         if missing:
             raise BackupError(f"{host}: the backup lacks {', '.join(missing)}")
         got: dict[str, bytes] = {}
-        for name, (length, digest) in listed.items():
+        for name, (length, digest) in staged.items():
             data = _download(session, host, f"{stage}/{name}", length)
             if len(data) != length or hashlib.sha256(data).hexdigest() != digest:
                 raise BackupError(f"{host}: {name} changed on the way ({len(data)} of {length} "
