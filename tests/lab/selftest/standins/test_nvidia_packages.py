@@ -162,6 +162,38 @@ def test_dkms_standin_builds_per_kernel_and_from_the_kernel_hooks(root: Path) ->
     assert not ko.exists() and not (root / "lib/modules/6.1.0-lab2/updates/dkms/nvidia.ko").exists()
 
 
+def test_an_upgrade_between_a_kernels_headers_and_its_image_leaves_no_old_module(
+        root: Path) -> None:
+    """The order unattended-upgrades may take (its steps follow a Python set's order): the
+    new kernel's headers, then the driver upgrade, then the kernel image. The headers' hook
+    builds the old driver for the new kernel; the old package's prerm (dh_dkms: `dkms remove
+    --all` on upgrade) takes it out again; the new postinst builds only for kernels with an
+    image; the image's hook then builds the new driver. The new kernel never keeps the old
+    module (CI of 2ddf3ba saw 580.159.04 on it before the prerm existed)."""
+    (root / "usr/src/linux-headers-6.1.0-lab").mkdir(parents=True)
+    old = install_files(root, "nvidia-kernel-open-dkms", NEW)
+    assert run_script(root, old, "postinst", "configure", "").returncode == 0
+    (root / "usr/src/linux-headers-6.1.0-lab2").mkdir(parents=True)
+    assert run(root, "/etc/kernel/header_postinst.d/dkms", "6.1.0-lab2").returncode == 0
+    ko2 = root / "lib/modules/6.1.0-lab2/updates/dkms/nvidia.ko"
+    assert b"version=580.159.04\0" in ko2.read_bytes()
+
+    res = run_script(root, old, "prerm", "upgrade", "580.173.02-1")
+    assert res.returncode == 0, res.stderr
+    assert not ko2.exists() and not (root / "lib/modules/6.1.0-lab/updates/dkms/nvidia.ko").exists()
+    assert not (root / "var/lib/dkms/nvidia/580.159.04").exists()
+    new = install_files(root, "nvidia-kernel-open-dkms", "580.173.02-1")
+    assert run_script(root, new, "postinst", "configure", "580.159.04-1").returncode == 0
+    assert b"version=580.173.02\0" in \
+        (root / "lib/modules/6.1.0-lab/updates/dkms/nvidia.ko").read_bytes()
+    assert not ko2.exists()          # no image for 6.1.0-lab2 yet
+    (root / "boot").mkdir(exist_ok=True)
+    (root / "boot/vmlinuz-6.1.0-lab2").write_text("image\n")
+    assert run(root, "/etc/kernel/postinst.d/dkms", "6.1.0-lab2",
+               "/boot/vmlinuz-6.1.0-lab2").returncode == 0
+    assert b"version=580.173.02\0" in ko2.read_bytes()
+
+
 def test_a_node_boots_its_newest_kernel_image(root: Path) -> None:
     """gpuk8s-lab-kernel-boot and the uname stand-in: the newest /boot/vmlinuz-* by version
     order is the kernel uname reports after a boot; none: the real uname's answer."""
