@@ -34,7 +34,12 @@ from typing import Any
 
 from gpuk8s import __version__, etcdsnap
 from gpuk8s.errors import Gpuk8sError
-from gpuk8s.facts.controlplane import ETCD_PKI, ControlPlaneHealth, ControlPlaneHealthState
+from gpuk8s.facts.controlplane import (
+    ETCD_CONTAINER,
+    ETCDCTL_IN,
+    ControlPlaneHealth,
+    ControlPlaneHealthState,
+)
 from gpuk8s.facts.kube import ADMIN_CONF
 from gpuk8s.gather import gather
 from gpuk8s.handoffs import write_private
@@ -54,10 +59,10 @@ STAGE = "/var/tmp/gpuk8s-backup."
 #: where etcdctl writes the snapshot: inside the etcd container's own data mount (kubeadm's
 #: etcd.yaml mounts the host's /var/lib/etcd at /var/lib/etcd), moved out at once
 IN_CONTAINER = "/var/lib/etcd/gpuk8s-snapshot.db"
-#: the node's CRI socket, as kubeadm's criSocket names it (roles/control_plane)
-CRICTL = "crictl --runtime-endpoint unix:///var/run/containerd/containerd.sock"
 #: bytes per download round trip (base64 in the output: 43 MiB, under the transport's 64 MiB)
 CHUNK_MIB = 32
+#: bytes per upload script (base64 on the script's stdin)
+UPLOAD_MIB = 16
 
 _STAGE_RE = re.compile(re.escape(STAGE) + r"[A-Za-z0-9]{6,}")
 
@@ -89,15 +94,12 @@ def _size(n: int) -> str:
 def stage_script() -> str:
     """Snapshot, PKI and configuration into a fresh stage folder; prints the folder, each
     file's size and SHA-256, etcd's members and status, and the API server's image."""
-    etcdctl = (f'{CRICTL} exec "$id" etcdctl --endpoints=https://127.0.0.1:2379 '
-               f"--cacert={ETCD_PKI}/ca.crt --cert={ETCD_PKI}/healthcheck-client.crt "
-               f"--key={ETCD_PKI}/healthcheck-client.key")
+    etcdctl = ETCDCTL_IN
     return f"""set -eu
 umask 077
 rm -rf {STAGE}*
 rm -f {IN_CONTAINER} {IN_CONTAINER}.part
-id=$({CRICTL} ps --state running --label io.kubernetes.container.name=etcd \\
-  --label io.kubernetes.pod.namespace=kube-system -q | head -n 1)
+{ETCD_CONTAINER}
 if [ -z "$id" ]; then
   echo "no running etcd container here (crictl ps --label io.kubernetes.container.name=etcd" \\
     "lists none): is this node's etcd up?" >&2
@@ -164,6 +166,34 @@ def _download(session: Session, host: str, path: str, size: int) -> bytes:
     return bytes(data)
 
 
+def upload(session: Session, host: str, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` on the host (0600, root's), UPLOAD_MIB at a time through
+    base64 in the script's stdin (never argv, never logged), then check its SHA-256 there."""
+    step = UPLOAD_MIB * 1024 * 1024
+    name = path.rsplit("/", 1)[-1]
+    for at in range(0, max(len(data), 1), step):
+        encoded = base64.encodebytes(data[at:at + step]).decode()
+        start = f"umask 077; : > {path}; " if at == 0 else ""
+        _secret_run(session, host, f"upload {name}",
+                    f"{start}base64 -d >> {path} <<'GPUK8S_EOF'\n{encoded}GPUK8S_EOF\n",
+                    timeout=600)
+    said = _secret_run(session, host, f"check {name}", f"sha256sum < {path} | cut -c1-64",
+                       timeout=120).strip()
+    if said != hashlib.sha256(data).hexdigest():
+        _secret_run(session, host, f"remove {name}", f"rm -f -- {path}", timeout=60)
+        raise BackupError(f"{host}: {name} arrived changed (SHA-256 {untrusted(said[:64])}); "
+                          "it was removed: run again")
+
+
+def pem_fingerprint(pem: str) -> str:
+    """SHA-256 of a PEM certificate's DER (ca_fingerprint's for one file)."""
+    try:
+        der = ssl.PEM_cert_to_DER_cert(pem[pem.index("-----BEGIN CERTIFICATE-----"):])
+    except ValueError:
+        raise BackupError("not a PEM certificate") from None
+    return hashlib.sha256(der).hexdigest()
+
+
 def ca_fingerprint(pki_tar: bytes) -> str:
     """SHA-256 of the cluster CA's certificate (DER) in a pki.tar: which cluster it is."""
     with tarfile.open(fileobj=io.BytesIO(pki_tar)) as tar:
@@ -172,10 +202,9 @@ def ca_fingerprint(pki_tar: bytes) -> str:
             raise BackupError("pki.tar holds no pki/ca.crt")
         pem = member.read().decode(errors="replace")
     try:
-        der = ssl.PEM_cert_to_DER_cert(pem[pem.index("-----BEGIN CERTIFICATE-----"):])
-    except ValueError:
+        return pem_fingerprint(pem)
+    except BackupError:
         raise BackupError("pki.tar's pki/ca.crt is not a PEM certificate") from None
-    return hashlib.sha256(der).hexdigest()
 
 
 def backups_dir(inventory_path: str | Path) -> Path:

@@ -29,6 +29,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
     "bundle": _bundle.bundle, "backup": day2.backup, "renew_certs": day2.renew_certs,
+    "restore": day2.restore,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -272,6 +273,20 @@ def backup(c: Context, inventory: str = INVENTORY, keep: int = 0) -> None:
     _call("backup", inventory=inventory, keep=keep or None)
 
 
+@command(name="restore", help={"from_": "the backup folder (<inventory dir>/artifacts/backups/"
+                                         "<cluster>-<UTC time>)",
+                               "no_backup": "on a running control plane: no backup of its "
+                                            "present state first"})
+def restore(c: Context, inventory: str = INVENTORY, from_: str = "", yes: bool = False,
+            no_backup: bool = False) -> None:
+    """Restore a backup onto the first control plane: a lost one rebuilt with the backup's PKI
+    (kubeadm init) and etcd from its snapshot; the workers keep their kubelets. Checks first
+    that the backup is whole, of this cluster and not newer than its Kubernetes."""
+    if not from_:
+        raise _usage("--from DIR: which backup folder to restore (invoke backup made it)")
+    _call("restore", inventory=inventory, source=from_, yes=yes, backup=not no_backup)
+
+
 @command(name="renew-certs", help={"host": "one control plane only (default: every one, one "
                                            "at a time)"})
 def renew_certs(c: Context, inventory: str = INVENTORY, host: str | None = None,
@@ -368,8 +383,8 @@ def report(c: Context, run: str | None = None) -> None:
 
 
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
-                gpu_usage, upgrade, backup, renew_certs, kubeconfig, images, deploy, undeploy,
-                verify, bundle, report)
+                gpu_usage, upgrade, backup, restore, renew_certs, kubeconfig, images, deploy,
+                undeploy, verify, bundle, report)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)

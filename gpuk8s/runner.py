@@ -251,7 +251,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
               opener: Opener = DEFAULT_OPENER,
               ask_become_pass: bool = False, max_fail: int | str = 0,
-              quiet: bool = False, backup: bool = True) -> dict[str, Any]:
+              quiet: bool = False, backup: bool = True,
+              through: str | None = None) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node: open a
     session and converge it (gpuk8s.api.bootstrap; day2's add-node and reprovision too).
 
@@ -274,6 +275,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
             final table still print.
         backup: before the first change to a control plane of a running cluster, take a
             backup (gpuk8s.day2.backup); False says that none was taken.
+        through: the last phase to run (restore stops after "control-plane": the cluster's
+            objects come from its snapshot); None runs them all.
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
@@ -287,7 +290,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
                            allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
     with closing(session):
         return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
-                        max_fail=max_fail, backup=backup)
+                        max_fail=max_fail, backup=backup, through=through)
 
 
 def become_prompt(ask: bool) -> Callable[[str], str] | None:
@@ -301,7 +304,8 @@ def become_prompt(ask: bool) -> Callable[[str], str] | None:
 
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
              confirm: Callable[[str], bool] | None = None,
-             max_fail: int | str = 0, backup: bool = True) -> dict[str, Any]:
+             max_fail: int | str = 0, backup: bool = True,
+             through: str | None = None) -> dict[str, Any]:
     """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
     from gpuk8s.backups import before_change
 
@@ -337,7 +341,10 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         cluster_moved = False     # anything changed since the first control plane's probe
         applied_total = 0
         backed_up = False        # the backup before the first control-plane change
-        for phase in PHASES:
+        names = [p.name for p in PHASES]
+        if through is not None and through not in names:
+            raise ValueError(f"no phase {through!r} (phases: {', '.join(names)})")
+        for phase in PHASES[:names.index(through) + 1] if through else PHASES:
             hosts = phase_hosts(session, phase)
             regather = dirty & set(hosts)
             if cluster_moved and session.first_cp in hosts:

@@ -10,6 +10,7 @@ bootstrap.
 - upgrades: upgrade, upgrade_driver; kubernetes: upgrade_kubernetes
 - certs: renew_certs
 - backup: backup, and the backup every control-plane change takes first (before_change)
+- restore: restore (a backup onto the first control plane)
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from gpuk8s.day2.backup import backup
 from gpuk8s.day2.certs import renew_certs
 from gpuk8s.day2.gpuusage import gpu_usage
 from gpuk8s.day2.nodes import add_node, remove_node, reprovision, reset
+from gpuk8s.day2.restore import restore
 from gpuk8s.day2.status import kubeconfig, status
 from gpuk8s.day2.upgrades import upgrade, upgrade_driver
 
 __all__ = ["add_node", "backup", "gpu_usage", "kubeconfig", "remove_node", "renew_certs",
-           "reprovision", "reset", "status", "upgrade", "upgrade_driver"]
+           "reprovision", "reset", "restore", "status", "upgrade", "upgrade_driver"]

@@ -17,7 +17,13 @@ from gpuk8s.day2.kernelstatus import kernel_lines, kernel_row
 from gpuk8s.day2.steps import gathered_session
 from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts.certs import CertExpiry, CertState, days_left, expiry_warning
-from gpuk8s.facts.controlplane import ControlPlaneHealth, ControlPlaneHealthState
+from gpuk8s.facts.controlplane import (
+    LOCAL_SNAPSHOT_RE,
+    LOCAL_SNAPSHOTS,
+    ControlPlaneHealth,
+    ControlPlaneHealthState,
+    LocalSnapshots,
+)
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
@@ -99,9 +105,16 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
             if kernel is not None:
                 rows[-1]["kernel"] = kernel
         backup = newest_backup(session.inventory.path)
-        for r in rows:  # the cluster's newest backup, on the first control plane's row
-            if r["host"] == session.inventory.control_planes[0].name:
+        first = session.inventory.control_planes[0].name
+        local = None
+        for r in rows:  # the cluster's newest backups, on the first control plane's row
+            if r["host"] == first:
                 r["backup"] = backup
+                if first in session.facts:
+                    local = local_snapshots(session.facts[first].get(LocalSnapshots()) or (),
+                                            str(session.host(first).vars.get(
+                                                "etcd_backup_schedule") or ""))
+                    r["local_snapshots"] = local
         session.runlog.write_report(status=rows)
         _print_status(session.reporter, rows, as_json, wide=wide)
         if not as_json and (line := quorum(rows)):
@@ -111,6 +124,9 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
                 session.reporter.print(line, style=style)
             line, style = backup_line(backup)
             session.reporter.print(line, style=style)
+            if local and (local["count"] or local["schedule"]):
+                line, style = local_snapshot_line(first, local)
+                session.reporter.print(line, style=style)
         return rows
 
 
@@ -175,6 +191,29 @@ def backup_line(backup: dict[str, Any] | None) -> tuple[str, str]:
     return (f"backup: {Path(backup['path']).name}, {words} old" +
             (": take one (invoke backup)" if old else f" ({backup['count']} kept)"),
             "yellow" if old else "green")
+
+
+def local_snapshots(names: tuple[str, ...] | list[str], schedule: str) -> dict[str, Any]:
+    """The first control plane's scheduled local etcd snapshots (etcd_backup_schedule): how
+    many, the newest and its age."""
+    newest = names[-1] if names else ""
+    age = None
+    if (m := LOCAL_SNAPSHOT_RE.fullmatch(newest)) is not None:
+        made = dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+        age = int((dt.datetime.now(dt.UTC) - made).total_seconds())
+    return {"count": len(names), "newest": newest, "age_s": age, "schedule": schedule}
+
+
+def local_snapshot_line(host: str, local: dict[str, Any]) -> tuple[str, str]:
+    """status's line about the local snapshots, and its style."""
+    if not local["count"]:
+        return (f"etcd snapshots on {host}: none yet (etcd_backup_schedule "
+                f"{local['schedule']!r})", "yellow")
+    age = local["age_s"] or 0
+    words = (f"{age // 86400} d" if age >= 86400 else f"{age // 3600} h" if age >= 3600
+             else f"{age // 60} min")
+    return (f"etcd snapshots on {host}: {local['count']} in {LOCAL_SNAPSHOTS}, the newest "
+            f"{words} old", "green" if local["schedule"] else "yellow")
 
 
 def _refused(session: Session) -> dict[str, list[tuple[str, str, str]]]:

@@ -6,6 +6,7 @@ printed when the node runs no control plane."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from gpuk8s.facts import Fact
@@ -15,6 +16,19 @@ APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 ETCD_PKI = "/etc/kubernetes/pki/etcd"
 #: ``TCP_OPEN HOST PORT`` exits 0 when HOST:PORT accepts a TCP connection within 3 s
 TCP_OPEN = "timeout 3 bash -c 'exec 3<>/dev/tcp/$0/$1'"
+#: the node's CRI socket, as kubeadm's criSocket names it (roles/control_plane)
+CRICTL = "crictl --runtime-endpoint unix:///var/run/containerd/containerd.sock"
+#: sets $id to the running etcd container of kubeadm's static pod (found by the kubelet's labels)
+ETCD_CONTAINER = (f"id=$({CRICTL} ps --state running --label io.kubernetes.container.name=etcd "
+                  "--label io.kubernetes.pod.namespace=kube-system -q | head -n 1)")
+#: etcdctl of that container ($id): the registry.k8s.io/etcd image carries etcdctl and etcdutl,
+#: so nothing is installed on the node; kubeadm's health-check client certificate
+ETCDCTL_IN = (f'{CRICTL} exec "$id" etcdctl --endpoints=https://127.0.0.1:2379 '
+              f"--cacert={ETCD_PKI}/ca.crt --cert={ETCD_PKI}/healthcheck-client.crt "
+              f"--key={ETCD_PKI}/healthcheck-client.key")
+#: where the first control plane keeps its scheduled local snapshots (etcd_backup_schedule)
+LOCAL_SNAPSHOTS = "/var/lib/gpuk8s/etcd-snapshots"
+LOCAL_SNAPSHOT_RE = re.compile(r"etcd-(\d{8}T\d{6}Z)\.db")
 
 
 @dataclass(frozen=True)
@@ -114,3 +128,14 @@ class Reaches(Fact[dict[str, str]]):
     def parse(self, output: str, exit_code: int) -> dict[str, str]:
         said = [line[2:] for line in output.splitlines() if line.startswith("R ")]
         return {t: (said[i] if i < len(said) else "no answer") for i, t in enumerate(self.args)}
+
+
+class LocalSnapshots(Fact[tuple[str, ...]]):
+    """The scheduled local etcd snapshots on this node (etcd-<UTC time>.db), oldest first."""
+
+    def command(self) -> str:
+        return f"ls -1 {LOCAL_SNAPSHOTS} 2>/dev/null || true"
+
+    def parse(self, output: str, exit_code: int) -> tuple[str, ...]:
+        return tuple(sorted(line.strip() for line in output.splitlines()
+                            if LOCAL_SNAPSHOT_RE.fullmatch(line.strip())))

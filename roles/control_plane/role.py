@@ -11,6 +11,7 @@ from gpuk8s.checks import (
     Rule,
     VarProblem,
     check_cidr,
+    check_count,
     check_dns_domain,
     check_endpoint,
     check_feature_gates,
@@ -32,6 +33,7 @@ from gpuk8s.ops.kube import (
 )
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import unix_user
+from roles.control_plane import snapshots
 
 CONFIG = KUBEADM_CONFIG
 #: written right after `kubeadm init` succeeds: admin.conf alone does not prove it finished
@@ -93,7 +95,11 @@ RULES: dict[str, Rule] = {
     "feature_gates": Rule(check_feature_gates, cluster_wide=True),
     "pod_cidr": Rule(check_cidr, cluster_wide=True),
     "service_cidr": Rule(check_cidr, cluster_wide=True, across=_cidrs_apart),
+    "etcd_backup_schedule": Rule(snapshots.check_schedule, cluster_wide=True),
+    "etcd_backup_local_keep": Rule(check_count, cluster_wide=True),
 }
+
+HANDLERS = {"restart etcd snapshot timer": lambda ctx: snapshots.restart_timer()}
 
 
 def user_kubeconfig(vars: Mapping[str, Any]) -> str:
@@ -109,7 +115,7 @@ def _kubeconfig_files(vars: Mapping[str, Any]) -> Files:
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [_kubeconfig_files(vars), Packages("kubeadm"), Cluster(), FeatureGates(),
-            CertExpiry()]
+            CertExpiry(), *snapshots.facts()]
 
 
 def kubeadm_config(ctx: HostContext) -> bytes:
@@ -253,6 +259,8 @@ def plan(ctx: HostContext) -> list[Op]:
                               f"{ADMIN_CONF} {q(path)}"))
     if initialised and (soon := expiry_warning(ctx.facts[CertExpiry()], _now())):
         ops.append(warn("control_plane | certificates", f"! {soon}"))
+    ops += snapshots.plan(ctx.facts, str(ctx.var("etcd_backup_schedule") or ""),
+                          int(ctx.var("etcd_backup_local_keep")))
     if ctx.var("control_plane_schedulable"):
         node = ctx.facts[Cluster()].nodes.get(ctx.cluster["nodes"][ctx.host]["name"])
         if node is None or any(t.startswith(CP_TAINT + ":") for t in node.taints):

@@ -41,7 +41,7 @@ def test_the_console_script_is_the_invoke_tasks_without_the_lab() -> None:
     assert set(tasks.ns.collections) == {"lab"} and not cli.ns.collections
     assert all(tasks.ns.tasks[name] is task for name, task in cli.ns.tasks.items())
     ours, invokes = contexts(cli.ns), contexts(tasks.ns)
-    assert len(ours) == 20
+    assert len(ours) == 21
     for name, ctx in ours.items():  # built twice: the help survives a second parser
         assert ctx.help_tuples() == invokes[name].help_tuples(), name
         assert [a.name for a in ctx.positional_args] == \
@@ -99,6 +99,8 @@ CALLS = [
       "backup": False}),
     (["backup", "-i", "x", "--keep", "3"], "backup", {"inventory": "x", "keep": 3}),
     (["backup"], "backup", {"inventory": cli.INVENTORY, "keep": None}),
+    (["restore", "-i", "x", "--from", "b/lab-20261129T120000Z", "-y"], "restore",
+     {"inventory": "x", "source": "b/lab-20261129T120000Z", "yes": True, "backup": True}),
     (["renew-certs", "--host", "cp-02", "-y"], "renew_certs",
      {"inventory": cli.INVENTORY, "host": "cp-02", "yes": True, "backup": True}),
     (["deploy", "jupyter", "-i", "x", "-f", "v.yaml", "-e", "gpus=2", "--timeout", "30",

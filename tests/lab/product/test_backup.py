@@ -4,10 +4,13 @@ The snapshot is made by the REAL etcdctl against the lab's REAL etcd (through th
 stand-in's exec into the etcd "container": tests/lab/CONTRACT.md), and is checked here with
 the REAL etcdutl of the same etcd release: its `snapshot status` agrees with the manifest, and
 a `snapshot restore` of it, served by a REAL etcd on this machine, holds the ConfigMap made
-before the backup. A backup with one byte changed is refused, naming the file."""
+before the backup. A backup with one byte changed is refused, naming the file. Then the
+scheduled local snapshots (a REAL systemd timer on cp-01), and last, as it changes the cluster,
+`invoke restore` onto a wiped cp-01."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -17,11 +20,14 @@ import ssl
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gpuk8s import api, backups, day2
+from gpuk8s.day2.restore import RestoreRefused
+from gpuk8s.errors import InventoryError
 from tests.lab.lab import Lab
 from tests.lab.product.runs import call, derived_inventory, ssh_ok
 from tests.lab.product.test_bootstrap import GATE_VARS
@@ -232,3 +238,150 @@ def test_renew_certs_moves_them_a_year_out(cluster: Lab, inv: Path) -> None:
     assert got.returncode == 0 and "node/cp-01" in got.stdout, got.stderr
     # root's kubeconfig on the node followed admin.conf
     ssh_ok(cluster, "cp-01", "cmp /etc/kubernetes/admin.conf /root/.kube/config")
+
+
+SNAPSHOTS = "/var/lib/gpuk8s/etcd-snapshots"
+
+
+def test_scheduled_local_snapshots_on_the_first_control_plane(cluster: Lab, inv: Path) -> None:
+    """etcd_backup_schedule: a REAL systemd timer on cp-01 whose service takes a snapshot with
+    the etcd container's etcdctl; etcd_backup_local_keep of them stay (0600, in a 0700 folder),
+    whole for the REAL etcdutl; status names the newest; a second run changes nothing; a bad
+    schedule is refused before any host is touched; an empty one removes the timer and keeps
+    the snapshots."""
+    sets = ['etcd_backup_schedule="*-*-* 00/12:00:00"', "etcd_backup_local_keep=2"]
+    with pytest.raises(InventoryError, match=r"etcd_backup_schedule .* not a systemd calendar"):
+        call(api.plan, inv, sets=["etcd_backup_schedule=\"daily; reboot\""])
+    result, out = call(api.bootstrap, inv, sets=sets, yes=True)
+    assert result["changed"] > 0, out
+    assert "+ check the schedule '*-*-* 00/12:00:00' (systemd-analyze calendar)" in out, out
+    unit = "gpuk8s-etcd-snapshot"
+    assert ssh_ok(cluster, "cp-01", f"systemctl is-enabled {unit}.timer; "
+                  f"systemctl is-active {unit}.timer").split() == ["enabled", "active"]
+    assert "00/12:00:00" in ssh_ok(cluster, "cp-01", f"systemctl show -p TimersCalendar "
+                                   f"{unit}.timer")
+    for _ in range(3):
+        ssh_ok(cluster, "cp-01", f"systemctl start {unit}.service", timeout=120)
+        time.sleep(1.1)  # one file name per second
+    names = ssh_ok(cluster, "cp-01", f"ls -1 {SNAPSHOTS}").split()
+    assert len(names) == 2 and all(re.fullmatch(r"etcd-\d{8}T\d{6}Z\.db", n) for n in names)
+    assert ssh_ok(cluster, "cp-01", f"stat -c '%a' {SNAPSHOTS} {SNAPSHOTS}/{names[-1]}"
+                  ).split() == ["700", "600"]
+    said = json.loads(ssh_ok(cluster, "cp-01", "/usr/lib/gpuk8s-lab/etcd/etcdutl snapshot "
+                             f"status {SNAPSHOTS}/{names[-1]} -w json"))
+    assert said["revision"] > 0 and said["totalKey"] > 0, said
+    rows, out = call(day2.status, inv)
+    cp = next(r for r in rows if r["host"] == "cp-01")
+    assert cp["local_snapshots"]["count"] == 2 and cp["local_snapshots"]["newest"] == names[-1]
+    assert f"etcd snapshots on cp-01: 2 in {SNAPSHOTS}, the newest 0 min old" in out, out
+    again, out = call(api.bootstrap, inv, sets=sets, yes=True)
+    assert again["changed"] == 0, out
+    # off again: the timer goes, the snapshots stay
+    _, out = call(api.bootstrap, inv, yes=True)
+    assert "- remove the etcd snapshot timer" in out, out
+    ssh_ok(cluster, "cp-01", f"! test -e /etc/systemd/system/{unit}.timer && "
+           f"! test -e /usr/local/sbin/{unit} && test $(ls {SNAPSHOTS} | wc -l) = 2")
+
+def _worker_pods(cluster: Lab) -> dict[str, str]:
+    """uid -> name of the running pods on the workers."""
+    raw = ssh_ok(cluster, "cp-01", f"{KUBECTL} get pods -A -o json")
+    return {p["metadata"]["uid"]: p["metadata"]["name"] for p in json.loads(raw)["items"]
+            if p["spec"].get("nodeName") in WORKERS and p["status"].get("phase") == "Running"}
+
+
+WORKERS = ("gpu-01", "gpu-02", "cpu-01")
+RESTORE_PROBE = "gpuk8s-restore-probe"
+
+
+def test_restore_rebuilds_a_wiped_first_control_plane(cluster: Lab, inv: Path,
+                                                      tmp_path: Path) -> None:
+    """The issue's acceptance, last in this module (it changes the cluster): a ConfigMap, a
+    backup, the ConfigMap deleted, cp-01 wiped (kubeadm reset; its PKI and etcd gone), then
+    restore: the ConfigMap is back, the workers are Ready without a new join (their
+    kubelet.conf untouched) and their pods still run (the same UIDs). Before that, a tampered
+    backup, another cluster's and a newer Kubernetes's are refused with nothing changed."""
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} create configmap {RESTORE_PROBE} "
+           "--from-literal=made=before-restore")
+    result, _ = call(day2.backup, inv)
+    folder = Path(result["path"])
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} delete configmap {RESTORE_PROBE}")
+    joined = {w: ssh_ok(cluster, w, "sha256sum /etc/kubernetes/kubelet.conf") for w in WORKERS}
+    pods = _worker_pods(cluster)
+    assert len(pods) >= 3, pods
+
+    def altered(name: str, change: Callable[[Path], None]) -> Path:
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        change(copy)
+        return copy
+
+    def flip(copy: Path) -> None:
+        data = bytearray((copy / "pki.tar").read_bytes())
+        data[100] ^= 0x01
+        (copy / "pki.tar").write_bytes(bytes(data))
+
+    def edit(key: str, value: str) -> Callable[[Path], None]:
+        def change(copy: Path) -> None:
+            m = json.loads((copy / "manifest.json").read_text())
+            m[key] = value
+            (copy / "manifest.json").write_text(json.dumps(m))
+        return change
+
+    with pytest.raises(backups.BackupError, match=r"pki\.tar: its SHA-256 is"):
+        call(day2.restore, inv, altered("tampered", flip), yes=True)
+    with pytest.raises(RestoreRefused, match=r"another cluster's backup"):
+        call(day2.restore, inv, altered("other", edit("ca_sha256", "0" * 64)), yes=True)
+    with pytest.raises(RestoreRefused, match=r"taken on Kubernetes v1\.99\.0, newer than "
+                       r"the 1\.36 this inventory installs"):
+        call(day2.restore, inv, altered("newer", edit("kubernetes_version", "v1.99.0")),
+             yes=True)
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} -n kube-system get configmap kubeadm-config -o name")
+
+    ssh_ok(cluster, "cp-01", "kubeadm reset -f >/dev/null 2>&1; rm -rf /etc/kubernetes/pki "
+           "/etc/kubernetes/gpuk8s /var/lib/etcd/* /root/.kube/config", timeout=300)
+    ssh_ok(cluster, "cp-01", "! test -e /etc/kubernetes/pki/ca.crt && ! test -e "
+           "/var/lib/etcd/member")
+    started = time.monotonic()
+    result, out = call(day2.restore, inv, folder, yes=True)
+    print(f"restore onto a wiped first control plane: {time.monotonic() - started:.1f} s")
+    assert result["rebuilt"] and result["onto"] == "cp-01", out
+    assert result["nodes_ready"] == {n: True for n in ("cp-01", *WORKERS)}, out
+    assert ssh_ok(cluster, "cp-01", f"{KUBECTL} get configmap {RESTORE_PROBE} -o "
+                  "jsonpath='{.data.made}'") == "before-restore"
+    for w in WORKERS:
+        assert ssh_ok(cluster, w, "sha256sum /etc/kubernetes/kubelet.conf") == joined[w], w
+    # the workers' kubelets talk to the restored API server: each posts a heartbeat after it
+    restored_at = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    beats: dict[str, dt.datetime] = {}
+    for _ in range(30):
+        raw = json.loads(ssh_ok(cluster, "cp-01", f"{KUBECTL} get nodes -o json"))
+        for node in raw["items"]:
+            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+            beats[node["metadata"]["name"]] = dt.datetime.strptime(
+                ready["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+        if all(beats.get(w, restored_at) > restored_at for w in WORKERS):
+            break
+        time.sleep(3)
+    assert all(beats[w] > restored_at for w in WORKERS), (restored_at, beats)
+    after = _worker_pods(cluster)
+    assert set(pods) <= set(after), (pods, after)
+    # the data etcd had before is kept aside, the uploaded snapshot is gone
+    ssh_ok(cluster, "cp-01", f"test -d {result['before']}/wal || test -d {result['before']}/snap")
+    ssh_ok(cluster, "cp-01", "! test -e /var/lib/etcd/gpuk8s-restore.db && "
+           "! test -e /var/lib/etcd/gpuk8s-restored")
+    # bootstrap has nothing left to do
+    again, out = call(api.bootstrap, inv, yes=True)
+    assert again["changed"] == 0, out
+
+    # a running first control plane is rolled back: a backup of the present state first, and
+    # what was made after the backup is gone
+    ssh_ok(cluster, "cp-01", f"{KUBECTL} create configmap gpuk8s-made-later")
+    count = len(backups.listed(inv))
+    result, out = call(day2.restore, inv, folder, yes=True)
+    assert not result["rebuilt"] and all(result["nodes_ready"].values()), out
+    assert "its etcd data is rolled back to the backup" in out, out
+    assert out.index("backup: ") < out.index("[cp-01] etcd restored from the snapshot"), out
+    assert len(backups.listed(inv)) == min(count + 1, 10)
+    ssh_ok(cluster, "cp-01", f"! {KUBECTL} get configmap gpuk8s-made-later")
+    assert ssh_ok(cluster, "cp-01", f"{KUBECTL} get configmap {RESTORE_PROBE} -o "
+                  "jsonpath='{.data.made}'") == "before-restore"

@@ -339,21 +339,31 @@ class Kubeadm:
         out(f'[certs] Using certificateDir folder "{PKI}"')
         ca_crt = f"{PKI}/ca.crt"
         os.makedirs(P(PKI + "/etcd"), exist_ok=True)
-        out('[certs] Generating "ca" certificate and key')
-        pki.gen_ca(ca_crt, f"{PKI}/ca.key", "kubernetes", algorithm=algo)
+        # a CA, leaf or sa key already on disk is used, not made again (a restore puts a
+        # backup's PKI back before init): runCAPhase/runCertPhase of
+        # cmd/kubeadm/app/cmd/phases/init/certs.go and CreateServiceAccountKeyAndPublicKeyFiles
+        # of cmd/kubeadm/app/phases/certs/certs.go (kubeadm v1.36)
+        def ca(base: str, cn: str) -> None:
+            if os.path.exists(P(f"{PKI}/{base}.crt")) and os.path.exists(P(f"{PKI}/{base}.key")):
+                out(f"[certs] Using existing {base} certificate authority")
+            else:
+                out(f'[certs] Generating "{base}" certificate and key')
+                pki.gen_ca(f"{PKI}/{base}.crt", f"{PKI}/{base}.key", cn, algorithm=algo)
+
+        ca("ca", "kubernetes")
 
         def new_ca(leaf: str) -> None:  # each CA just before its first leaf, as kubeadm prints
             if leaf == "front-proxy-client":
-                out('[certs] Generating "front-proxy-ca" certificate and key')
-                pki.gen_ca(f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key",
-                           "front-proxy-ca", algorithm=algo)
+                ca("front-proxy-ca", "front-proxy-ca")
             elif leaf == "etcd/server":
-                out('[certs] Generating "etcd/ca" certificate and key')
-                pki.gen_ca(f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "etcd-ca", algorithm=algo)
+                ca("etcd/ca", "etcd-ca")
 
         self._node_certs(node, adv, endpoint, svc_subnet, cc, algo, new_ca)
-        out('[certs] Generating "sa" key and public key')
-        pki.gen_key(f"{PKI}/sa.key", "RSA-2048")
+        if os.path.exists(P(f"{PKI}/sa.key")):
+            out('[certs] Using the existing "sa" key')
+        else:
+            out('[certs] Generating "sa" key and public key')
+            pki.gen_key(f"{PKI}/sa.key", "RSA-2048")
         ca_pem = read(ca_crt) or ""
 
         # kubeconfigs
@@ -695,23 +705,45 @@ class Kubeadm:
         if cp_host not in sans_ip + sans_dns:
             extra.append(cp_host)
         hook = before or (lambda leaf: None)
-        out('[certs] Generating "apiserver" certificate and key')
-        out(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(sans_dns)}] and "
-            f"IPs [{' '.join(sans_ip)}]")
-        pki.issue(f"{PKI}/apiserver.crt", f"{PKI}/apiserver.key", ca_crt, ca_key, "kube-apiserver",
-                  server=True, client=False, sans=sans_dns + sans_ip + extra + ["127.0.0.1"],
-                  algorithm=algo)
-        out('[certs] Generating "apiserver-kubelet-client" certificate and key')
-        pki.issue(f"{PKI}/apiserver-kubelet-client.crt", f"{PKI}/apiserver-kubelet-client.key",
-                  ca_crt, ca_key, "kube-apiserver-kubelet-client",
-                  orgs=["kubeadm:cluster-admins"], algorithm=algo)
+
+        def fresh(base: str, ca: str) -> bool:
+            """Whether ``base`` must be made: kubeadm keeps a certificate and key on disk that
+            its CA signed ("Using existing ... on disk"), and fails on one it did not."""
+            crt, key = P(f"{PKI}/{base}.crt"), P(f"{PKI}/{base}.key")
+            if not (os.path.exists(crt) and os.path.exists(key)):
+                return True
+            check = subprocess.run(["openssl", "verify", "-CAfile", P(f"{PKI}/{ca}.crt"), crt],
+                                   capture_output=True, text=True)
+            if check.returncode != 0:
+                raise Fail(f"error execution phase certs/{base.replace('/', '-')}: [certs] "
+                           f"certificate {base} not signed by CA certificate {ca}: "
+                           "x509: certificate signed by unknown authority")
+            out(f"[certs] Using existing {base} certificate and key on disk")
+            return False
+
+        if fresh("apiserver", "ca"):
+            out('[certs] Generating "apiserver" certificate and key')
+            out(f"[certs] apiserver serving cert is signed for DNS names [{' '.join(sans_dns)}] "
+                f"and IPs [{' '.join(sans_ip)}]")
+            pki.issue(f"{PKI}/apiserver.crt", f"{PKI}/apiserver.key", ca_crt, ca_key,
+                      "kube-apiserver", server=True, client=False,
+                      sans=sans_dns + sans_ip + extra + ["127.0.0.1"], algorithm=algo)
+        if fresh("apiserver-kubelet-client", "ca"):
+            out('[certs] Generating "apiserver-kubelet-client" certificate and key')
+            pki.issue(f"{PKI}/apiserver-kubelet-client.crt",
+                      f"{PKI}/apiserver-kubelet-client.key", ca_crt, ca_key,
+                      "kube-apiserver-kubelet-client", orgs=["kubeadm:cluster-admins"],
+                      algorithm=algo)
         hook("front-proxy-client")
-        out('[certs] Generating "front-proxy-client" certificate and key')
-        pki.issue(f"{PKI}/front-proxy-client.crt", f"{PKI}/front-proxy-client.key",
-                  f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key", "front-proxy-client",
-                  algorithm=algo)
+        if fresh("front-proxy-client", "front-proxy-ca"):
+            out('[certs] Generating "front-proxy-client" certificate and key')
+            pki.issue(f"{PKI}/front-proxy-client.crt", f"{PKI}/front-proxy-client.key",
+                      f"{PKI}/front-proxy-ca.crt", f"{PKI}/front-proxy-ca.key",
+                      "front-proxy-client", algorithm=algo)
         for leaf, server in (("server", True), ("peer", True), ("healthcheck-client", False)):
             hook(f"etcd/{leaf}")
+            if not fresh(f"etcd/{leaf}", "etcd/ca"):
+                continue
             out(f'[certs] Generating "etcd/{leaf}" certificate and key')
             if server:
                 out(f"[certs] etcd/{leaf} serving cert is signed for DNS names [{node} localhost]"
@@ -720,10 +752,11 @@ class Kubeadm:
                       f"{PKI}/etcd/ca.key", node if server else "kube-etcd-healthcheck-client",
                       server=server, sans=[node, "localhost", adv, "127.0.0.1"] if server
                       else None, algorithm=algo)
-        out('[certs] Generating "apiserver-etcd-client" certificate and key')
-        pki.issue(f"{PKI}/apiserver-etcd-client.crt", f"{PKI}/apiserver-etcd-client.key",
-                  f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "kube-apiserver-etcd-client",
-                  algorithm=algo)
+        if fresh("apiserver-etcd-client", "etcd/ca"):
+            out('[certs] Generating "apiserver-etcd-client" certificate and key')
+            pki.issue(f"{PKI}/apiserver-etcd-client.crt", f"{PKI}/apiserver-etcd-client.key",
+                      f"{PKI}/etcd/ca.crt", f"{PKI}/etcd/ca.key", "kube-apiserver-etcd-client",
+                      algorithm=algo)
 
     def _prepare_control_plane(self, c: Client, node: str, adv: str, port: int,
                                key: str) -> Obj:
