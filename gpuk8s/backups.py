@@ -251,14 +251,16 @@ def cluster_exists(session: Session) -> bool:
                for h in session.inventory.control_planes if not h.absent)
 
 
-def before_change(session: Session, what: str, backup: bool = True) -> Taken | None:
+def before_change(session: Session, what: str, backup: bool | str = True) -> Taken | None:
     """The backup a command takes before it changes a control plane or the cluster's
-    Kubernetes; with ``backup`` False it says that none was taken. Nothing when there is no
-    cluster yet. A backup that fails stops the command before it changes anything."""
+    Kubernetes; with ``backup`` False it says that none was taken (--no-backup), with a string
+    it says that and why. Nothing when there is no cluster yet. A backup that fails stops the
+    command before it changes anything."""
     if not cluster_exists(session):
         return None
-    if not backup:
-        session.reporter.print(f"  ! no backup before {what} (--no-backup)", style="magenta")
+    if backup is not True:
+        why = backup if isinstance(backup, str) and backup else "--no-backup"
+        session.reporter.print(f"  ! no backup before {what} ({why})", style="magenta")
         return None
     try:
         return take(session, f"before {what}")

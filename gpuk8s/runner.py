@@ -251,7 +251,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               reporter: Reporter | None = None, confirm: Callable[[str], bool] | None = None,
               opener: Opener = DEFAULT_OPENER,
               ask_become_pass: bool = False, max_fail: int | str = 0,
-              quiet: bool = False, backup: bool = True,
+              quiet: bool = False, backup: bool | str = True,
               through: str | None = None) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node: open a
     session and converge it (gpuk8s.api.bootstrap; day2's add-node and reprovision too).
@@ -274,7 +274,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
         quiet: no plan listing and no progress while applying; problems, failures and the
             final table still print.
         backup: before the first change to a control plane of a running cluster, take a
-            backup (gpuk8s.day2.backup); False says that none was taken.
+            backup (gpuk8s.day2.backup); False says that none was taken (--no-backup), a
+            string says why (a command that runs bootstrap and took one itself).
         through: the last phase to run (restore stops after "control-plane": the cluster's
             objects come from its snapshot); None runs them all.
 
@@ -304,7 +305,7 @@ def become_prompt(ask: bool) -> Callable[[str], str] | None:
 
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
              confirm: Callable[[str], bool] | None = None,
-             max_fail: int | str = 0, backup: bool = True,
+             max_fail: int | str = 0, backup: bool | str = True,
              through: str | None = None) -> dict[str, Any]:
     """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
     from gpuk8s.backups import before_change

@@ -348,7 +348,8 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                 for h in moving:
                     reboot_into(session, h, new[h], gpus[h])
                 # the lock again, on the new kernel's packages (backed up above)
-                converge(session, yes=True, backup=False)
+                converge(session, yes=True,
+                         backup="taken before the kernel upgrade" if backup else False)
                 for h in moving:
                     wait_node(session, names[h], gpus[h], 300)
                     uncordon(session, names[h])

@@ -65,7 +65,9 @@ def reprovision(inventory: str | Path, host: str, *, reinstall_driver: bool = Fa
                                        backup=backup)
         # the backup before the removal covers the join too
         result = bootstrap(inventory, limit=host, yes=True, sets=sets, reporter=reporter,
-                           opener=opener, backup=False)
+                           opener=opener,
+                           backup="the one before the removal covers the join" if backup
+                           else False)
         return {**result, "removed": removed}
     session = gathered_session(inventory, host, "reprovision", sets=sets, reporter=reporter,
                                opener=opener)

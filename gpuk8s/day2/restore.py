@@ -8,7 +8,11 @@ its first control plane.
   keep their kubelets: the same CA signed their client certificates and the endpoint did not
   move, so they come back Ready without a new join, their pods still running.
 - The first control plane runs: its etcd data is rolled back to the snapshot (a backup of the
-  present state is taken first, unless --no-backup).
+  present state is taken first, unless --no-backup or no member is healthy).
+- Several control planes (etcd's quorum lost, or the first one lost): the others are reset
+  (kubeadm reset), the first is restored as a one-member etcd, and each other is joined again
+  as a new member through bootstrap's control-plane-join phase (invoke add-node). One that is
+  unreachable is left out, with what to do.
 
 The snapshot goes in through the etcdutl of the node's own etcd container (`crictl exec`):
 registry.k8s.io/etcd from 3.6.6 on is etcd's own release image, whose /usr/local/bin holds
@@ -19,9 +23,8 @@ are stopped (their manifests moved out), the member dirs swapped, and the manife
 etcd's previous data stays beside it, in <data dir>/gpuk8s-before-restore.<time>.
 
 Refused before anything changes: a backup whose files do not match their checksums (or whose
-snapshot is not whole), one whose CA is not the CA the nodes trust (another cluster), one
-taken on a newer Kubernetes than the inventory installs, and inventories with more than one
-control plane (restoring a quorum of members is not built: see the README).
+snapshot is not whole), one whose CA is not the CA the nodes trust (another cluster), and one
+taken on a newer Kubernetes than the inventory installs.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from gpuk8s import backups
 from gpuk8s.backups import SNAPSHOT, BackupError, before_change, pem_fingerprint, verify
 from gpuk8s.day2.certs import MANIFESTS, STATIC_PODS, STOP_WAIT
 from gpuk8s.day2.control_planes import WAIT_READY
-from gpuk8s.day2.steps import ask_confirmation, gathered_session, run_step
+from gpuk8s.day2.steps import CLEANUP, ask_confirmation, gathered_session, run_step
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.controlplane import CRICTL, ETCD_CONTAINER, TCP_OPEN, ControlPlaneHealth
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session
+from gpuk8s.sinks import node_arg
 
 PKI = "/etc/kubernetes/pki"
 #: kubeadm's local etcd data dir (etcd.local.dataDir's default), as roles/control_plane has it
@@ -197,13 +201,11 @@ def restore(inventory: str | Path, source: str | Path, *, yes: bool = False,
         rep = session.reporter
         inv = session.inventory
         cps = [h.name for h in inv.control_planes if not h.absent]
-        if len(cps) > 1:
-            raise RestoreRefused(
-                f"this inventory has {len(cps)} control planes ({', '.join(cps)}): restoring "
-                "a multi-member etcd (quorum lost) is not built yet. What works today: "
-                "`invoke remove-node` the others (or mark them absent: true), restore onto "
-                f"{cps[0]}, then `invoke add-node` them back as new members")
         cp = session.first_cp
+        # the other control planes: reset, then joined again as new members of the restored
+        # one-member etcd (an unreachable one is left to the admin)
+        others = [h for h in cps if h != cp and h not in session.unreachable]
+        lost = [h for h in cps if h != cp and h in session.unreachable]
         if cp in session.unreachable:
             raise RestoreRefused(f"{cp} (the first control plane) is unreachable: "
                                  f"{session.unreachable[cp]}")
@@ -229,18 +231,34 @@ def restore(inventory: str | Path, source: str | Path, *, yes: bool = False,
                       "backup; what changed since is lost", style="magenta")
         rep.print(f"  + {cp}: etcd's data replaced by the snapshot (etcdutl snapshot restore),"
                   " etcd and the control plane restarted on it")
+        for h in others:
+            rep.print(f"  + {h}: kubeadm reset, then joined again as a new etcd member and "
+                      "control plane (invoke add-node)")
+        for h in lost:
+            rep.print(f"  ! {h} is unreachable ({session.unreachable[h]}): left out; reset it "
+                      f"by hand (kubeadm reset -f) before `invoke add-node --host {h}`",
+                      style="magenta")
         rep.print("  = the workers keep their kubelets and pods (same CA, same endpoint): no "
                   "new join")
         ask_confirmation(f"restore the cluster from {folder.name} onto {cp}? [y/N] ", yes,
                          confirm)
         if not rebuild:
-            before_change(session, "restoring a backup", backup)
+            healthy = [h for h in cps if h in session.facts and
+                       session.facts[h][ControlPlaneHealth()].etcd_healthy]
+            if healthy:
+                before_change(session, "restoring a backup", backup)
+            else:
+                rep.print("  ! no backup of the present state: no etcd member is healthy "
+                          "(quorum lost)", style="magenta")
         started = time.monotonic()
+        for h in others:  # their members would otherwise call the restored one's peers
+            rep.print(f"  [{h}] kubeadm reset")
+            run_step(session, h, CLEANUP, f"kubeadm reset on {h}", timeout=600)
         if rebuild:
             _put_pki(session, cp, (folder / "pki.tar").read_bytes())
             rep.print(f"  [{cp}] kubeadm init with the backup's PKI")
-            bootstrap(inv.path, limit=cp, yes=True, backup=False, reporter=rep,
-                      opener=opener, through="control-plane")
+            bootstrap(inv.path, limit=cp, yes=True, reporter=rep, opener=opener,
+                      through="control-plane", backup="no cluster yet: restoring one")
         rep.print(f"  [{cp}] etcd restored from the snapshot")
         backups.upload(session, cp, f"{ETCD_DATA}/{UPLOADED}", (folder / SNAPSHOT).read_bytes())
         out = run_step(session, cp, swap_script(ETCD_DATA),
@@ -248,6 +266,15 @@ def restore(inventory: str | Path, source: str | Path, *, yes: bool = False,
         kept = out.rpartition("## before ")[2].strip()
         run_step(session, cp, WAIT_READY, "wait for the API after the restore")
         path = fetch_admin_conf(session)
+        for h in others:
+            # the snapshot still has its Node (Ready then): kubeadm join refuses a name that a
+            # Ready Node holds, so it goes, and the join makes it again
+            name = str(session.cluster["nodes"][h]["name"])
+            run_step(session, cp, f"{KUBECTL} delete node {node_arg(name)} --ignore-not-found",
+                     f"delete node {name}")
+            rep.print(f"  [{h}] join again as a control plane")
+            bootstrap(inv.path, limit=h, yes=True, reporter=rep, opener=opener,
+                      backup="the cluster was just restored from a backup")
         names = [str(session.cluster["nodes"][h]["name"]) if h in session.facts else h
                  for h in inv.hosts if not inv.hosts[h].absent and h not in session.unreachable]
         ready = _nodes_ready(session, cp, names, NODES_READY_WAIT)

@@ -89,7 +89,8 @@ def upgrade_driver(inventory: str | Path, driver: str, *, limit: str | None = No
             names = [node_name(session, h) for h in batch]
             for node in names:
                 drain(session, node, drain_timeout)
-            converge(session, yes=True, backup=False)   # backed up above
+            converge(session, yes=True,
+                     backup="taken before the driver upgrade" if backup else False)
             for node in names:
                 uncordon(session, node)
         return session.reporter

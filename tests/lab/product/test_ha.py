@@ -252,6 +252,39 @@ def test_removing_a_control_plane_below_quorum_is_refused(cluster: Lab, inventor
         healthy_endpoints(cluster, "cp-01").values()))
 
 
+def test_restore_after_two_members_lost_their_data(cluster: Lab, inventory: Path) -> None:
+    """Quorum lost for good: cpu-01 and gpu-02 lose etcd's data (their kubelets stopped, the
+    member dirs removed), so cp-01's member alone refuses writes. `invoke restore` of a backup
+    taken before: cp-01 restored as a one-member etcd, the other two reset and joined again as
+    new members; three started members, writes work, the ConfigMap of before the backup is
+    there and the one made after is not."""
+    ssh_ok(cluster, "cp-01", f"{ADMIN} create configmap ha-restore-probe --from-literal=a=b")
+    taken = day2.backup(inventory, reporter=Reporter(io.StringIO()))
+    ssh_ok(cluster, "cp-01", f"{ADMIN} create configmap ha-made-later --from-literal=a=b")
+    for node in ("cpu-01", "gpu-02"):
+        ssh_ok(cluster, node, "systemctl stop kubelet; systemctl stop etcd-static-pod "
+               "2>/dev/null; rm -rf /var/lib/etcd/member", timeout=120)
+    rc, out, _ = cluster.ssh("cp-01", f"{ADMIN} create configmap ha-no-quorum "
+                             "--from-literal=a=b", timeout=120)
+    assert rc != 0, out
+    report = io.StringIO()
+    t0 = time.monotonic()
+    result = day2.restore(inventory, taken["path"], yes=True, reporter=Reporter(report))
+    took = time.monotonic() - t0
+    text = report.getvalue()
+    print(f"restore of 3 control planes after quorum loss: {took:.1f}s\n{text[-1500:]}")
+    assert not result["rebuilt"] and all(result["nodes_ready"].values()), text
+    assert "no backup of the present state: no etcd member is healthy" in text
+    assert text.index("[cpu-01] kubeadm reset") < text.index("[cp-01] etcd restored")
+    assert text.index("[cp-01] etcd restored") < text.index("[cpu-01] join again")
+    assert "(the cluster was just restored from a backup)" in text, text
+    assert sorted(m["name"] for m in members(cluster, "cp-01")) == sorted(CONTROL_PLANES)
+    wait_for("all 3 members healthy", lambda: healthy_endpoints(cluster, "cp-01") == {
+        f"https://{ADDRESS[n]}:2379": True for n in CONTROL_PLANES})
+    ssh_ok(cluster, "gpu-02", f"{ADMIN} create configmap ha-writes-again --from-literal=a=b")
+    ssh_ok(cluster, "cpu-01", f"{ADMIN} get configmap ha-restore-probe")
+    ssh_ok(cluster, "cpu-01", f"! {ADMIN} get configmap ha-made-later")
+
 #: on the worker, through its own HAProxy: its own Node object with the kubelet's client
 #: certificate (an authenticated read that goes to etcd), every 0.25 s
 POLLER = (f"while :; do t=$(date +%s.%N); if curl -s -o /dev/null --max-time 2 -w '%{{http_code}}' "
