@@ -9,10 +9,11 @@ its first control plane.
   move, so they come back Ready without a new join, their pods still running.
 - The first control plane runs: its etcd data is rolled back to the snapshot (a backup of the
   present state is taken first, unless --no-backup or no member is healthy).
-- Several control planes (etcd's quorum lost, or the first one lost): the others are reset
-  (kubeadm reset), the first is restored as a one-member etcd, and each other is joined again
-  as a new member through bootstrap's control-plane-join phase (invoke add-node). One that is
-  unreachable is left out, with what to do.
+- Several control planes whose etcd lost its quorum for good: the others are reset (kubeadm
+  reset), the first is restored as a one-member etcd, and each other is joined again as a new
+  member through bootstrap's control-plane-join phase (invoke add-node). One that is
+  unreachable is left out, with what to do. A lost first control plane whose peers still hold
+  a healthy quorum is refused (still_serving): that is a replacement, not a restore.
 
 The snapshot goes in through the etcdutl of the node's own etcd container (`crictl exec`):
 registry.k8s.io/etcd from 3.6.6 on is etcd's own release image, whose /usr/local/bin holds
@@ -100,6 +101,20 @@ def refusals(manifest: dict[str, Any], kubernetes_version: str,
     return why
 
 
+def still_serving(first: str, healthy: dict[str, bool | None]) -> str:
+    """Why a lost first control plane must not be rebuilt from a backup while other members
+    still hold etcd's data ("" when none does): the restore would roll the whole cluster back
+    to the backup."""
+    live = sorted(h for h, ok in healthy.items() if ok)
+    if not live:
+        return ""
+    return (f"{first} is lost, but the etcd members of {', '.join(live)} are healthy: they "
+            "hold the cluster's present data, and a restore would roll it back to the backup. "
+            f"Replace {first} without a restore instead: list {live[0]} first under "
+            f"control_plane, then `invoke remove-node {first}` (its dead member leaves etcd) "
+            f"and, once the box is back, `invoke add-node --host {first}`")
+
+
 def swap_script(data_dir: str) -> str:
     """On the first control plane, with the snapshot uploaded to <data dir>/UPLOADED: etcdutl
     (in the running etcd container) makes a one-member data dir from it for this member's
@@ -120,6 +135,12 @@ if [ -z "$name" ] || [ -z "$peer" ] || [ "$dir" != "{data_dir}" ]; then
 fi
 {ETCD_CONTAINER}
 [ -n "$id" ] || {{ echo "no running etcd container to restore with" >&2; rm -f {snap}; exit 3; }}
+if ! {CRICTL} exec "$id" etcdutl version >/dev/null 2>&1; then
+  echo "the etcd container has no etcdutl (registry.k8s.io/etcd carries it from 3.6.6 on;" \
+    "etcdctl 3.6 no longer restores): move etcd's image on, or restore by hand with an" \
+    "etcdutl of the same etcd release" >&2
+  rm -f {snap}; exit 5
+fi
 rm -rf {out}
 log=$(mktemp)
 if ! {CRICTL} exec "$id" etcdutl snapshot restore {snap} --data-dir {out} \\
@@ -216,6 +237,9 @@ def restore(inventory: str | Path, source: str | Path, *, yes: bool = False,
                                  + "\n  - ".join(why))
         health = session.facts[cp][ControlPlaneHealth()]
         rebuild = not health.present
+        if rebuild and (live := still_serving(cp, {
+                h: session.facts[h][ControlPlaneHealth()].etcd_healthy for h in others})):
+            raise RestoreRefused(live)
         etcd = manifest["etcd"]
         rep.phase(f"restore the cluster from {folder.name}")
         rep.print(f"  backup: {folder} ({manifest['created']}, {manifest['reason']}; Kubernetes "

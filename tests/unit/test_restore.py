@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from gpuk8s import cli
-from gpuk8s.day2.restore import refusals, swap_script
+from gpuk8s.day2.restore import refusals, still_serving, swap_script
 
 CA = "ab" * 32
 MANIFEST = {"kubernetes_version": "v1.36.2", "ca_sha256": CA}
@@ -42,6 +42,8 @@ def test_a_backup_without_a_version_and_of_another_cluster_says_both() -> None:
 def test_the_swap_script_parses_and_keeps_the_old_data() -> None:
     script = swap_script("/var/lib/etcd")
     assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    # an etcd image without etcdutl (before 3.6.6) is named before anything changes
+    assert script.index('etcdutl version') < script.index("snapshot restore")
     assert "etcdutl snapshot restore /var/lib/etcd/gpuk8s-restore.db --data-dir " \
         "/var/lib/etcd/gpuk8s-restored" in script
     # the old member is moved aside, never removed; the manifests go back on any exit
@@ -53,3 +55,11 @@ def test_the_swap_script_parses_and_keeps_the_old_data() -> None:
 def test_restore_without_from_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["restore", "-i", "x"]) == 2
     assert "--from DIR" in capsys.readouterr().err
+
+
+def test_a_lost_first_control_plane_is_not_rebuilt_over_live_members() -> None:
+    assert still_serving("cp-01", {}) == ""
+    assert still_serving("cp-01", {"cp-02": False, "cp-03": None}) == ""  # quorum lost
+    why = still_serving("cp-01", {"cp-02": True, "cp-03": False})
+    assert why.startswith("cp-01 is lost, but the etcd members of cp-02 are healthy"), why
+    assert "list cp-02 first under control_plane" in why
