@@ -302,11 +302,14 @@ def test_restore_rebuilds_a_wiped_first_control_plane(cluster: Lab, inv: Path,
     backup, another cluster's and a newer Kubernetes's are refused with nothing changed."""
     ssh_ok(cluster, "cp-01", f"{KUBECTL} create configmap {RESTORE_PROBE} "
            "--from-literal=made=before-restore")
+    before = _worker_pods(cluster)
     result, _ = call(day2.backup, inv)
     folder = Path(result["path"])
     ssh_ok(cluster, "cp-01", f"{KUBECTL} delete configmap {RESTORE_PROBE}")
     joined = {w: ssh_ok(cluster, w, "sha256sum /etc/kubernetes/kubelet.conf") for w in WORKERS}
-    pods = _worker_pods(cluster)
+    # the pods that ran across the backup: a pod made after it is not in the snapshot, and
+    # the kubelet rightly stops it once the restored API no longer knows it (CI of ef32a51)
+    pods = {uid: name for uid, name in _worker_pods(cluster).items() if uid in before}
     assert len(pods) >= 3, pods
 
     def altered(name: str, change: Callable[[Path], None]) -> Path:
