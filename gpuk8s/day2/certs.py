@@ -54,10 +54,21 @@ find /root /home -mindepth 2 -maxdepth 3 -path '*/.kube/config' -type f \\
 """
 
 
+def static_pods_out(tag: str) -> str:
+    """Shell lines that stop the control plane's static pods as kubeadm's docs say: their
+    manifests moved into a fresh folder, and ``back`` (trapped on EXIT) moves them home
+    whatever happens; renew-certs and restore share it."""
+    files = " ".join(f"{MANIFESTS}/{p}.yaml" for p in STATIC_PODS)
+    return f"""mkdir -p /etc/kubernetes/gpuk8s
+d=$(mktemp -d /etc/kubernetes/gpuk8s/manifests-{tag}.XXXXXX)
+back() {{ for f in "$d"/*.yaml; do [ -f "$f" ] && mv "$f" {MANIFESTS}/; done; rmdir "$d"; }}
+trap back EXIT
+for f in {files}; do [ -f "$f" ] && mv "$f" "$d"/; done"""
+
+
 def restart_script() -> str:
     """Move the static pod manifests out, wait until etcd and the API server stop answering,
     move them back (whatever happens), wait until both serve the renewed certificates."""
-    files = " ".join(f"{MANIFESTS}/{p}.yaml" for p in STATIC_PODS)
     etcd_auth = (f"-CAfile {PKI}/etcd/ca.crt -cert {PKI}/etcd/healthcheck-client.crt "
                  f"-key {PKI}/etcd/healthcheck-client.key")
     return f"""set -e
@@ -68,10 +79,7 @@ fp() {{ openssl x509 -noout -fingerprint -sha256 2>/dev/null; }}
 served() {{ echo | timeout 5 openssl s_client -connect "$1" $2 2>/dev/null | fp; }}
 want_api=$(fp < {PKI}/apiserver.crt)
 want_etcd=$(fp < {PKI}/etcd/server.crt)
-d=$(mktemp -d /etc/kubernetes/gpuk8s/manifests-renew.XXXXXX)
-back() {{ for f in "$d"/*.yaml; do [ -f "$f" ] && mv "$f" {MANIFESTS}/; done; rmdir "$d"; }}
-trap back EXIT
-for f in {files}; do [ -f "$f" ] && mv "$f" "$d"/; done
+{static_pods_out("renew")}
 i=0
 while {TCP_OPEN} 127.0.0.1 2379 2>/dev/null || {TCP_OPEN} "$a" 6443 2>/dev/null; do
   i=$((i+1))

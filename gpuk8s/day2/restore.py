@@ -40,7 +40,7 @@ from typing import Any
 
 from gpuk8s import backups
 from gpuk8s.backups import SNAPSHOT, BackupError, before_change, pem_fingerprint, verify
-from gpuk8s.day2.certs import MANIFESTS, STATIC_PODS, STOP_WAIT
+from gpuk8s.day2.certs import MANIFESTS, STOP_WAIT, static_pods_out
 from gpuk8s.day2.control_planes import WAIT_READY
 from gpuk8s.day2.steps import CLEANUP, ask_confirmation, gathered_session, run_step
 from gpuk8s.errors import Gpuk8sError
@@ -123,7 +123,6 @@ def swap_script(data_dir: str) -> str:
     member dirs are swapped, the pods start again (their manifests go back whatever
     happens)."""
     snap, out = f"{data_dir}/{UPLOADED}", f"{data_dir}/{RESTORED}"
-    files = " ".join(f"{MANIFESTS}/{p}.yaml" for p in STATIC_PODS)
     return f"""set -eu
 umask 077
 flag() {{ sed -n "s/^ *- --$1=//p" {ETCD_MANIFEST} | head -n 1 | tr -d '"'; }}
@@ -150,11 +149,7 @@ if ! {CRICTL} exec "$id" etcdutl snapshot restore {snap} --data-dir {out} \\
 fi
 rm -f "$log" {snap}
 [ -d {out}/member ] || {{ echo "etcdutl made no member dir in {out}" >&2; exit 4; }}
-mkdir -p /etc/kubernetes/gpuk8s
-d=$(mktemp -d /etc/kubernetes/gpuk8s/manifests-restore.XXXXXX)
-back() {{ for f in "$d"/*.yaml; do [ -f "$f" ] && mv "$f" {MANIFESTS}/; done; rmdir "$d"; }}
-trap back EXIT
-for f in {files}; do [ -f "$f" ] && mv "$f" "$d"/; done
+{static_pods_out("restore")}
 i=0
 while {TCP_OPEN} 127.0.0.1 2379 2>/dev/null || [ -n "$({CRICTL} ps --state running \\
     --label io.kubernetes.container.name=etcd -q)" ]; do
