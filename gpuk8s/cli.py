@@ -249,7 +249,8 @@ def gpu_usage(c: Context, inventory: str = INVENTORY, json: bool = False,
 
 
 @command(help={"driver": "NVIDIA driver version, e.g. 580.159.04",
-               "kubernetes": "Kubernetes patch release, e.g. 1.36.2",
+               "kubernetes": "Kubernetes release: the next minor (1.37, its newest patch) or a "
+                             "patch release (1.36.2)",
                "kernel": "GPU nodes' kernel: a release (6.8.0-60-generic), or alone for the "
                          "newest their kernel meta-packages offer",
                "serial": "nodes at a time", "yes": "do not ask"},

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import Files, PciDevices, System
+from gpuk8s.gpusharing import sharing_of
 from gpuk8s.inventory.model import Inventory
 from gpuk8s.playbook import package_cache_host
 from gpuk8s.session import Session, role_vars
@@ -66,12 +67,20 @@ def cluster_values(session: Session) -> None:
         facts = session.facts[name]
         gpus = [d for d in facts[PciDevices()] if d.is_gpu]
         host = session.host(name)
+        values = role_vars(host)
+        sharing = dict(values.get("gpu_sharing") or {})
         nodes[name] = {"name": facts[System()].hostname.lower(),
                        "address": host.address, "gpus": len(gpus),
                        # pods run there (a worker, or a control plane without the taint)
                        "schedulable": host.schedulable,
-                       "sharing": dict(role_vars(host).get("gpu_sharing") or {}),
-                       "model": gpus[0].model if gpus else ""}
+                       "sharing": sharing,
+                       "model": gpus[0].model if gpus else "",
+                       # the nvidia.com/gpu its device plugin offers: none on a tainted control
+                       # plane (no device plugin there), with MIG (other resource names) or
+                       # DRA (ResourceSlices); its GPUs times the time-slicing replicas
+                       "allocatable_gpus": 0 if not host.schedulable
+                       or values.get("gpu_allocation") == "dra"
+                       else sharing_of(sharing).offered(len(gpus))}
     session.cluster.update(**inventory_cluster(session.inventory, cp.name),
                            node_name=nodes.get(cp.name, {}).get("name", cp.name), nodes=nodes,
                            package_cache_url=package_cache_url(session.inventory))

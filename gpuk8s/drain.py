@@ -32,6 +32,32 @@ def drain(session: Session, node: str, timeout: int, knob: str = "--drain-timeou
             "or uncordon the node to give up") from None
 
 
+def wait_ready(session: Session, node: str, gpus: int, timeout: int,
+               knob: str = "--drain-timeout") -> None:
+    """After a node's kubelet restarted: the API server answers (it may be restarting too, on
+    a control plane), the node is Ready, and its ``gpus`` GPUs are allocatable again; each
+    within ``timeout`` seconds (the setting ``knob`` gives more)."""
+    ref = node_arg(node, "node/")
+    waits = [f"end=$(( $(date +%s) + {timeout} )); until {KUBECTL} get --raw /readyz "
+             ">/dev/null 2>&1; do [ $(date +%s) -lt $end ] || { echo 'the API server did not "
+             f"come back within {timeout}s'; exit 1; }}; sleep 1; done",
+             f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s"]
+    if gpus:
+        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
+                     f"={gpus} {ref} --timeout={timeout}s")
+    try:
+        run_step(session, session.first_cp, " && ".join(waits), f"verify {node}",
+                 timeout=3 * timeout + 60)
+    except CommandFailed as exc:
+        raise Gpuk8sError(f"{node} did not come back Ready" + (f" with {gpus} GPU(s)" if gpus
+                                                               else "")
+                          + f" within {timeout}s: {exc.stderr_tail.strip()}\n  fix: see "
+                          f"`kubectl describe node {node}` and the kubelet's journal; raise "
+                          f"{knob} if it is only slow; the node stays cordoned") from None
+    session.reporter.print(f"  [{session.first_cp}] {node} Ready"
+                           + (f", {gpus} GPU(s) allocatable" if gpus else ""))
+
+
 def uncordon(session: Session, node: str) -> None:
     """Make ``node`` schedulable again."""
     session.reporter.print(f"  [{session.first_cp}] uncordon {node}")

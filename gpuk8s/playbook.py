@@ -34,6 +34,9 @@ class Phase:
     #: with drain_timeout_var: also stop the GPU DaemonSets' pods on the node (device plugin,
     #: DRA kubelet plugin, DCGM exporter) while the phase changes it, and bring them back after
     pause_gpu_clients: bool = False
+    #: with drain_timeout_var: before a changed node is uncordoned, wait (that timeout) for it
+    #: to be Ready with its GPUs allocatable again (a kubelet restarted on a new release)
+    wait_ready: bool = False
 
 
 PREFLIGHT = "preflight"
@@ -71,8 +74,33 @@ PHASES: tuple[Phase, ...] = (
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable; monitoring"),
 )
 
+#: ``invoke upgrade --kubernetes``: kubeadm's order (the first control plane with `kubeadm
+#: upgrade apply`, the other control planes one at a time, then the workers in batches), each
+#: node drained, its container runtime brought to the new release's needs (the pause image
+#: kubeadm expects for the minor; containerd 2.x from 1.36) and its Kubernetes packages moved
+#: with the same repo and apt ops bootstrap uses, then waited for before it is uncordoned;
+#: last, the control plane role writes its kubeadm config again (kubernetesVersion follows
+#: the installed kubeadm). day2.kubernetes sets the worker batch size.
+def _rolling(name: str, hosts: str, title: str) -> Phase:
+    return Phase(name, hosts, ("container_runtime", "kubernetes_upgrade"), title, serial=1,
+                 drain_timeout_var="upgrade_drain_timeout", wait_ready=True)
+
+
+UPGRADE_PHASES: tuple[Phase, ...] = (
+    _rolling("upgrade-first-control-plane", "first_control_plane",
+             "the first control plane: containerd, kubeadm, `kubeadm upgrade apply`, kubelet"),
+    _rolling("upgrade-control-planes", "other_control_planes",
+             "the other control planes, one at a time: containerd, kubeadm, `kubeadm upgrade "
+             "node`, kubelet"),
+    _rolling("upgrade-workers", "workers",
+             "workers, a batch at a time: containerd, kubeadm, `kubeadm upgrade node`, kubelet"),
+    Phase("upgrade-config", "first_control_plane", ("control_plane",),
+          "control plane: gpuk8s's kubeadm config at the cluster's new release"),
+)
+
 #: every role whose facts a run gathers, in order
-ALL_ROLES: tuple[str, ...] = (PREFLIGHT, *(r for p in PHASES for r in p.roles))
+ALL_ROLES: tuple[str, ...] = tuple(dict.fromkeys(
+    (PREFLIGHT, *(r for p in PHASES + UPGRADE_PHASES for r in p.roles))))
 
 
 def package_cache_host(inventory: Any) -> str | None:

@@ -142,6 +142,8 @@ class RunLog:
         self.phases: list[dict[str, Any]] = []
         #: ops run outside the playbook's phases (day-2 steps, workload applies, hand-offs)
         self.steps: list[dict[str, Any]] = []
+        #: what the command adds to every report.json it writes (upgrade: the target release)
+        self.extra: dict[str, Any] = {}
         #: SSH connections and exec channels per host, per step of the run (see mark())
         self.round_trips: list[dict[str, Any]] = []
         self._counters: Callable[[], Mapping[str, Any]] | None = None
@@ -236,7 +238,7 @@ class RunLog:
             self.started, UTC).isoformat(), "elapsed": round(time.time() - self.started, 3),
             "facts": self.probes, "phases": self.phases, "steps": self.steps,
             "round_trips": self.round_trips,
-            "peak_rss_kb": peak_rss_kb(), **extra}
+            "peak_rss_kb": peak_rss_kb(), **self.extra, **extra}
         path = self.path / "report.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.cluster_values import cluster_values, mark_joined
-from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon
+from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon, wait_ready
 from gpuk8s.errors import (
     ConnectError,
     Gpuk8sError,
@@ -165,6 +165,14 @@ def apply_phase(session: Session, phase: Phase, work: Mapping[str, Sequence[Role
         for host, (node, cordoned_before) in emptied.items():
             if phase.pause_gpu_clients:
                 resume_gpu_clients(session, node)
+            if phase.wait_ready and not results[host].error:
+                try:
+                    wait_ready(session, node,
+                               int(session.cluster["nodes"][host].get("allocatable_gpus", 0)),
+                               int(session.host(host).vars[phase.drain_timeout_var]),
+                               knob=phase.drain_timeout_var)
+                except Gpuk8sError as exc:
+                    results[host].error = exc
             if not results[host].error and not cordoned_before:
                 uncordon(session, node)
         if any(results[h].error for h in batch) and n + 1 < len(batches):
@@ -306,8 +314,9 @@ def become_prompt(ask: bool) -> Callable[[str], str] | None:
 def converge(session: Session, *, check: bool = False, diff: bool = False, yes: bool = True,
              confirm: Callable[[str], bool] | None = None,
              max_fail: int | str = 0, backup: bool | str = True,
-             through: str | None = None) -> dict[str, Any]:
-    """Gather, preflight, then plan/apply every phase on an open session (see bootstrap)."""
+             through: str | None = None, phases: Sequence[Phase] = PHASES) -> dict[str, Any]:
+    """Gather, preflight, then plan/apply every phase on an open session (see bootstrap);
+    ``phases``: another playbook (gpuk8s.playbook.UPGRADE_PHASES)."""
     from gpuk8s.backups import before_change
 
     started = time.monotonic()
@@ -333,7 +342,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
             blocked = exc  # plan anyway: show what a fixed host would get
         planned_total = 0
         if not check and not yes:
-            planned_total = _preview(session, diff)
+            planned_total = _preview(session, diff, phases)
             question = f"apply {planned_total} change(s)? (later phases may add more) [y/N] "
             if planned_total and not confirmed(question, confirm):
                 rep.print("nothing changed")
@@ -342,10 +351,10 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
         cluster_moved = False     # anything changed since the first control plane's probe
         applied_total = 0
         backed_up = False        # the backup before the first control-plane change
-        names = [p.name for p in PHASES]
+        names = [p.name for p in phases]
         if through is not None and through not in names:
             raise ValueError(f"no phase {through!r} (phases: {', '.join(names)})")
-        for phase in PHASES[:names.index(through) + 1] if through else PHASES:
+        for phase in phases[:names.index(through) + 1] if through else phases:
             hosts = phase_hosts(session, phase)
             regather = dirty & set(hosts)
             if cluster_moved and session.first_cp in hosts:
@@ -449,10 +458,10 @@ def _ok_result(host: str, items: Sequence[RoleWork]) -> HostResult:
     return res
 
 
-def _preview(session: Session, diff: bool) -> int:
+def _preview(session: Session, diff: bool, phases: Sequence[Phase] = PHASES) -> int:
     """Print the plan of every phase on current facts; return the number of changes."""
     total = 0
-    for phase in PHASES:
+    for phase in phases:
         work = plan_phase(session, phase, phase_hosts(session, phase))
         ops = _ops(work)
         n = sum(op.changes for v in ops.values() for op in v)

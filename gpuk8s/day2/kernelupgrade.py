@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.backups import before_change
-from gpuk8s.day2.kubernetes import wait_node
 from gpuk8s.day2.steps import (
     ask_confirmation,
     chunks,
@@ -21,7 +20,7 @@ from gpuk8s.day2.steps import (
     node_name,
     run_batches,
 )
-from gpuk8s.drain import drain, uncordon
+from gpuk8s.drain import drain, uncordon, wait_ready
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.executor import HostResult
 from gpuk8s.facts import HostFacts
@@ -351,7 +350,7 @@ def upgrade_kernel(inventory: str | Path, kernel: str | None, *, limit: str | No
                 converge(session, yes=True,
                          backup="taken before the kernel upgrade" if backup else False)
                 for h in moving:
-                    wait_node(session, names[h], gpus[h], 300)
+                    wait_ready(session, names[h], gpus[h], 300)
                     uncordon(session, names[h])
                     cordoned.remove(names[h])
             except Gpuk8sError as exc:

@@ -1,231 +1,192 @@
-"""Kubernetes patch upgrades with kubeadm (``invoke upgrade --kubernetes 1.36.2``).
+"""Kubernetes upgrades with kubeadm (``invoke upgrade --kubernetes 1.37`` or ``1.36.2``).
 
-The order is the one kubeadm documents: the first control plane (kubeadm package, ``kubeadm
-upgrade apply``, drain, kubelet and kubectl packages, kubelet restart, uncordon), the other
-control planes one at a time (``kubeadm upgrade node`` upgrades their static pods), then the
-workers ``serial`` at a time (kubeadm package, ``kubeadm upgrade node``, drain, kubelet and
-kubectl, restart, uncordon). Every node is verified before the next one starts: Ready, its
-kubelet reporting the new version, and on GPU nodes allocatable nvidia.com/gpu back at the GPU
-count. The first node that fails stops the run; it stays cordoned, the rest are untouched.
-
-Only patch releases of the inventory's ``kubernetes_version`` minor: a minor upgrade also moves
-the pkgs.k8s.io repo and is not done here.
+A minor release (the newest patch of it) or a patch release, one minor at a time, as kubeadm
+allows. The checks here come first, before any host changes: the target parses, the inventory
+does not pin another release, kubeadm's skew rules hold (no downgrade, no skipped minor, no
+kubelet left more than three minors behind, no worker before its control plane). The upgrade
+itself is the runner's: gpuk8s.playbook.UPGRADE_PHASES with roles/kubernetes_upgrade, planned
+and confirmed like a bootstrap, a backup before the first control plane changes, each node
+drained, upgraded in kubeadm's order, waited for and uncordoned; the first node that fails
+stops the run and stays cordoned.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuk8s.backups import before_change
-from gpuk8s.day2.steps import (
-    ask_confirmation,
-    chunks,
-    gathered_session,
-    node_name,
-    run_batches,
-    run_step,
-)
-from gpuk8s.drain import drain, uncordon
+from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import Gpuk8sError, InventoryError
-from gpuk8s.facts.kube import Cluster
-from gpuk8s.facts.system import Packages
-from gpuk8s.ops.apt import DEFAULT_APT, RESOLVE_HELPERS, Apt
-from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_CONFIG, KUBEADM_PATCHES, KUBECTL
+from gpuk8s.gather import gather
+from gpuk8s.inventory import load_inventory
+from gpuk8s.inventory.model import Inventory
+from gpuk8s.ops.apt import source_line
+from gpuk8s.ops.kube import KUBE_REPO_KEYRING, KUBECTL, release, release_prefix
+from gpuk8s.playbook import UPGRADE_PHASES
 from gpuk8s.report import Reporter
-from gpuk8s.session import DEFAULT_OPENER, Opener, Session
-from gpuk8s.sinks import node_arg, shell
+from gpuk8s.runner import converge
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, context, open_session, run_step
+from gpuk8s.sinks import shell
 
-#: kubeadm regenerates the static pod manifests on upgrade: this node's patches (the API
-#: server's bind address beside the local load balancer) must be given again, or they are lost
-WITH_PATCHES = f'p=""; if [ -d {KUBEADM_PATCHES} ]; then p="--patches {KUBEADM_PATCHES}"; fi; '
+#: kubeadm's version skew policy: a kubelet may be up to three minors older than the API
+#: server (kubernetes.io/releases/version-skew-policy, since 1.28)
+KUBELET_SKEW = 3
 
 
 def parse_target(version: str) -> str:
-    """'1.36.2' or 'v1.36.2' -> '1.36.2'; anything else is a clear error."""
-    m = re.fullmatch(r"v?(1\.\d+\.\d+)", version.strip())
+    """'1.37', '1.36.2' or with a 'v' -> '1.37' / '1.36.2'; anything else is a clear error."""
+    m = re.fullmatch(r"v?(1\.\d+(?:\.\d+)?)", version.strip())
     if not m:
         raise InventoryError(f"--kubernetes {version!r} is not a Kubernetes release",
-                             fix="give major.minor.patch, e.g. --kubernetes 1.36.2")
+                             fix="give a minor (the newest patch of it) or a patch release, "
+                             "e.g. --kubernetes 1.37 or --kubernetes 1.36.2")
     return m[1]
 
 
 def _minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
+    return ".".join(version.lstrip("v").split(".")[:2])
 
 
-def _patch(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.lstrip("v").split("-")[0].split(".")[:3])
-
-
-def check_inventory(session: Session, target: str) -> None:
-    """The inventory must agree with the target: same minor, no pin on another version."""
-    for name in dict.fromkeys([session.first_cp, *session.scope]):
-        values = session.host(name).vars
-        minor = str(values["kubernetes_version"])
-        if minor != _minor(target):
-            raise InventoryError(
-                f"--kubernetes {target} is not a {minor} release (kubernetes_version of {name}, "
-                f"{values.origin('kubernetes_version')}); gpuk8s upgrades patch releases within "
-                "the inventory's minor (a minor upgrade also moves the pkgs.k8s.io repo, "
-                "which gpuk8s does not do yet)",
-                fix=f"pick a {minor}.x release, e.g. --kubernetes {minor}.{_patch(target)[2]}")
+def check_inventory(inventory: Inventory, target: str, hosts: list[str]) -> None:
+    """No host's inventory pins a package release other than ``target``: the next bootstrap
+    would move it back (the kubernetes role never downgrades a joined node, but says so)."""
+    for name in hosts:
+        values = inventory.hosts[name].vars
         pin = str(values["kubernetes_package_version"])
-        if pin and not pin.startswith(target + "-"):
+        if pin and not pin.startswith(release_prefix(target)):
             raise InventoryError(
                 f"{name}: kubernetes_package_version pins {pin} "
-                f"({values.origin('kubernetes_package_version')}), so the next bootstrap would "
-                f"put the packages back from {target}",
-                fix=f'write kubernetes_package_version: "" (newest {minor} patch) or '
-                f'"{target}-1.1", then run the upgrade')
+                f"({values.origin('kubernetes_package_version')}), so bootstrap would keep "
+                f"asking for it after the upgrade to {target}",
+                fix=f'write kubernetes_package_version: "" (the newest {_minor(target)} patch) '
+                'or the exact package release, then run the upgrade')
 
 
+def check_skew(target: str, server: str, kubelets: Mapping[str, str],
+               in_run: set[str]) -> None:
+    """kubeadm's rules, before anything changes: ``server`` is the API server's gitVersion,
+    ``kubelets`` each node's kubelet version, ``in_run`` the nodes this run upgrades."""
+    want, have = release(target), release(server)
+    if want < have[:len(want)]:
+        raise InventoryError(f"the cluster runs {server}, newer than {target}: kubeadm does "
+                             "not downgrade a control plane",
+                             fix=f"give {_minor(server)} or a later release")
+    if want[1] > have[1] + 1:
+        step = f"{have[0]}.{have[1] + 1}"
+        raise InventoryError(
+            f"the cluster runs {server}; kubeadm upgrades one minor release at a time, so "
+            f"{target} is out of reach in one step",
+            fix=f"run `invoke upgrade --kubernetes {step}` first, then this one")
+    behind = {n: v for n, v in kubelets.items() if n not in in_run
+              and release(v)[:2] < (want[0], want[1] - KUBELET_SKEW)}
+    if behind:
+        listed = ", ".join(f"{n} ({v})" for n, v in sorted(behind.items()))
+        raise InventoryError(
+            f"a kubelet may be at most {KUBELET_SKEW} minors older than the API server; "
+            f"after the upgrade to {target} these nodes, not in this run, would be too old: "
+            f"{listed}", fix="include them in the run (drop --limit) or upgrade them first")
 
-def _resolve_and_install(names: Sequence[str], target: str, apt: Apt = DEFAULT_APT) -> str:
-    """Script: find the newest package version of ``target`` with apt's resolver helper
-    (refreshing the lists once), unhold, install, hold again; say what was installed. apt
-    waits the host's apt_lock_timeout for the dpkg lock."""
-    first = names[0]
-    want = " ".join(f'{n}="$v"' for n in names)
-    resolve = f"v=$(r {first} {shell(target + '-')})"
-    return (
-        f"set -e\n{RESOLVE_HELPERS}{resolve}\n"
-        f'if [ -z "$v" ]; then {{ {apt.update()}; }} >/dev/null; {resolve}; fi\n'
-        f'if [ -z "$v" ]; then echo "no {first} {target} in the configured repos; they offer:"; '
-        f"apt-cache madison {first} | awk '{{print \"  \" $3}}' | head -n 5; exit 3; fi\n"
-        f"apt-mark unhold {' '.join(names)} >/dev/null\n"
-        f"{apt.cmd} --allow-change-held-packages install {want}\n"
-        f"apt-mark hold {' '.join(names)} >/dev/null\n"
-        f'echo "installed {" ".join(names)} $v"\n')
 
-
-def wait_node(session: Session, node: str, gpus: int, timeout: int,
-              kubelet: str | None = None) -> None:
-    """After a node's restart: the API server answers, the node is Ready (with its kubelet at
-    v``kubelet`` when given) and its ``gpus`` GPUs allocatable again."""
+def offered(session: Session, target: str) -> str:
+    """The newest kubeadm release of ``target`` in the target minor's package repo, asked on
+    the first control plane before any node changes: apt reads that repo into a throwaway
+    lists folder (the node's own sources, lists and caches are not touched), with the key
+    bootstrap installed (pkgs.k8s.io signs every minor with the same key). A release the repo
+    does not have is refused here, with what it has."""
     cp = session.first_cp
-    ref = node_arg(node, "node/")
-    # the API server may be restarting (the control plane's kubelet just did): wait for it
-    waits = [f"end=$(( $(date +%s) + {timeout} )); until {KUBECTL} get --raw /readyz "
-             ">/dev/null 2>&1; do [ $(date +%s) -lt $end ] || { echo 'the API server did not "
-             f"come back within {timeout}s'; exit 1; }}; sleep 1; done",
-             f"{KUBECTL} wait --for=condition=Ready {ref} --timeout={timeout}s"]
-    if kubelet:
-        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.nodeInfo.kubeletVersion}}'"
-                     f"=v{kubelet} {ref} --timeout={timeout}s")
-    if gpus:
-        waits.append(f"{KUBECTL} wait --for=jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
-                     f"={gpus} {ref} --timeout={timeout}s")
-    run_step(session, cp, " && ".join(waits), f"verify {node}", timeout=3 * timeout + 60)
+    gather(session, [cp])
+    cluster_values(session)
+    url = str(context(session, cp, "kubernetes").var("kubernetes_repo_url"))
+    apt = ("-o Dir::Etc::SourceList=$d/list -o Dir::Etc::SourceParts=$d/parts "
+           "-o Dir::State::Lists=$d/lists -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache=")
+    line = shell(source_line(url, "/", "", KUBE_REPO_KEYRING))
+    script = (
+        "d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && mkdir -p \"$d/lists/partial\" "
+        f"\"$d/parts\" && printf '%s' {line} > \"$d/list\"\n"
+        f"apt-get {apt} -q update >/dev/null 2>\"$d/err\" || {{ cat \"$d/err\" >&2; exit 2; }}\n"
+        f"apt-cache {apt} madison kubeadm | awk '{{print $3}}'")
+    versions = run_step(session, cp, script, f"kubeadm releases in {url}").split()
+    matching = [v for v in versions if v.startswith(release_prefix(target))]
+    if not matching:
+        raise InventoryError(f"no kubeadm {target} in {url} (asked from {cp}); it offers: "
+                             + (", ".join(versions[:6]) or "nothing"),
+                             fix="pick one of those releases, or check kubernetes_repo_url")
+    return max(matching, key=release)
 
 
 def upgrade_kubernetes(inventory: str | Path, version: str, *, limit: str | None = None,
                        serial: int = 1, drain_timeout: int = 300, yes: bool = False,
                        reporter: Reporter | None = None,
                        confirm: Callable[[str], bool] | None = None,
-                       opener: Opener = DEFAULT_OPENER,
-                       verify_timeout: int = 300, backup: bool = True) -> dict[str, Any]:
-    """Upgrade the cluster to Kubernetes ``version`` (a patch release of the inventory's
-    kubernetes_version): control plane first, then workers ``serial`` at a time."""
+                       opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
+    """Upgrade the cluster to Kubernetes ``version`` (a minor: its newest patch; or a patch
+    release): the control planes first, then the workers ``serial`` at a time."""
     target = parse_target(version)
-    # --limit: only those hosts are contacted, plus the control plane (as for bootstrap)
-    session = gathered_session(inventory, limit, "upgrade", reporter=reporter, opener=opener)
+    if serial < 1:
+        raise InventoryError(f"--serial {serial}: upgrade at least one node at a time",
+                             fix="--serial 1 (the default) or more")
+    inv = load_inventory(inventory)
+    # before the run's --set kubernetes_version: a pin of another minor would fail that first
+    check_inventory(inv, target, list(inv.hosts))
+    minor = _minor(target)
+    sets = [f"kubernetes_version={minor}", f"kubernetes_upgrade_target={target}",
+            f"upgrade_drain_timeout={int(drain_timeout)}"]
+    session = open_session(inventory, limit=limit, sets=sets, command="upgrade",
+                           reporter=reporter, opener=opener)
     with closing(session):
         rep = session.reporter
-        check_inventory(session, target)
         cp = session.first_cp
-        server = json.loads(run_step(session, cp, f"{KUBECTL} version -o json",
-                                     "cluster version"))["serverVersion"]["gitVersion"]
-        if _patch(server) > _patch(target):
-            raise Gpuk8sError(f"the cluster runs {server}, newer than {target}: kubeadm does "
-                              "not downgrade a control plane")
-        wanted = set(session.scope)
-        nodes = session.facts[cp][Cluster()].nodes
-        todo: list[str] = []
-        rep.phase(f"upgrade Kubernetes to v{target}: the control planes, then {serial} "
-                  "worker(s) at a time")
-        for h in dict.fromkeys([cp, *session.scope]):
-            name = session.cluster["nodes"][h]["name"]
-            kube = nodes.get(name)
-            pkgs = session.facts[h][Packages(*KUBE_PACKAGES)]
-            running = kube.kubelet_version if kube else "not joined"
-            behind = (running != f"v{target}"
-                      or any(not pkgs.get(p) or not pkgs[p].version.startswith(target + "-")
-                             for p in KUBE_PACKAGES)
-                      or (h == cp and server != f"v{target}"))
-            if kube is None:
-                behind = False  # not in the cluster: bootstrap joins it at the new version
-            if behind and h in wanted:
-                todo.append(h)
-            mark = "+" if h in todo else ("-" if behind else "=")
-            role = "control plane" if session.host(h).is_control_plane else "worker"
-            extra = "" if h in todo or not behind else " (left out by --limit)"
-            rep.print(f"  {mark} {h} ({role}): {running} -> v{target}{extra}")
-        if cp not in todo and server != f"v{target}":
+        out = run_step(session, cp, f"{KUBECTL} version -o json && echo '## nodes' && "
+                       f"{KUBECTL} get nodes -o json", "cluster version")
+        version_text, _, nodes_text = out.partition("## nodes")
+        server = json.loads(version_text)["serverVersion"]["gitVersion"]
+        nodes = json.loads(nodes_text)["items"]
+        kubelets = {n["metadata"]["name"]: n["status"]["nodeInfo"]["kubeletVersion"]
+                    for n in nodes}
+        # nodes are matched to hosts by address (kubeadm registers them with node-ip)
+        addresses = {session.host(h).address for h in session.scope}
+        in_run = {n["metadata"]["name"] for n in nodes
+                  if any(a.get("address") in addresses
+                         for a in n.get("status", {}).get("addresses") or [])}
+        check_skew(target, server, kubelets, in_run)
+        behind = release(server)[:len(release(target))] < release(target)
+        if behind and cp not in session.scope:
             raise Gpuk8sError(f"the control plane {cp} runs {server}; it must be upgraded "
                               "before any worker (a kubelet may not be newer than the API "
                               f"server): run without --limit, or with --limit {cp}")
-        if not todo:
+        newest = offered(session, target)
+        rep.phase(f"upgrade Kubernetes from {server} to {target}"
+                  + ("" if target.count(".") == 2 else f" (its newest patch: {newest})")
+                  + f": the control planes one at a time, then {serial} worker(s) at a time")
+        phases = tuple(replace(p, serial=serial) if p.hosts == "workers" else p
+                       for p in UPGRADE_PHASES)
+        session.runlog.extra.update(kubernetes=target, kubernetes_before=server)
+        result = converge(session, yes=yes, confirm=confirm, backup=backup, phases=phases)
+        if result.get("aborted"):
+            return {"upgraded": [], "remaining": [], "aborted": True}
+        others = [h for h in session.scope if h != cp]
+        order = [cp, *[h for h in others if session.host(h).is_control_plane],
+                 *[h for h in others if not session.host(h).is_control_plane]]
+        done = [h for h in dict.fromkeys(order) if session.totals.get(h, {}).get("changed")]
+        if not done:
             rep.print("nothing to upgrade")
-            return {"upgraded": [], "remaining": []}
-        ask_confirmation(f"upgrade {len(todo)} node(s) to Kubernetes v{target}? [y/N] ", yes,
-                         confirm)
-        before_change(session, f"the upgrade to Kubernetes v{target}", backup)
-
-        # the first control plane (upgrade apply), the others one at a time (upgrade node:
-        # each restarts its API server while the rest serve the endpoint), then the workers
-        others = [h for h in todo if h != cp and session.host(h).is_control_plane]
-        batches = ([[cp]] if cp in todo else []) + [[h] for h in others] + chunks(
-            [h for h in todo if h != cp and h not in others], serial)
-
-        def one_batch(batch: Sequence[str]) -> Reporter:
-            _upgrade_batch(session, batch, target, cp, drain_timeout, verify_timeout)
-            return rep
-
-        done = run_batches(todo, batches, one_batch, to=f"v{target}",
-                           left="may be cordoned: inspect, then `kubectl uncordon`")
-        session.runlog.write_report(upgraded=done, kubernetes=target)
-        return {"upgraded": done, "remaining": []}
+        line = _inventory_line(inv, minor)
+        if line:
+            rep.print(line, style="yellow")
+        return {"upgraded": done, "remaining": [], "inventory_change": line}
 
 
-def _upgrade_batch(session: Session, batch: Sequence[str], target: str, cp: str,
-                   drain_timeout: int, verify_timeout: int) -> None:
-    rep = session.reporter
-    names = {h: node_name(session, h) for h in batch}
-    for h in batch:
-        rep.print(f"  [{h}] kubeadm {target}")
-        apt = Apt.for_host(session.host(h).vars)
-        run_step(session, h, _resolve_and_install(["kubeadm"], target, apt),
-                 f"{h}: kubeadm {target}", timeout=1800)
-        if h == cp:
-            rep.print(f"  [{h}] kubeadm upgrade apply v{target}")
-            run_step(session, h, f"{WITH_PATCHES}kubeadm upgrade apply v{target} --yes $p",
-                     f"kubeadm upgrade apply v{target}", timeout=900)
-            # keep gpuk8s's copy of the kubeadm config in step with the cluster
-            cfg = KUBEADM_CONFIG
-            run_step(session, h, f"if [ -f {cfg} ]; then sed -i 's/^kubernetesVersion: .*/"
-                     f"kubernetesVersion: \"v{target}\"/' {cfg}; fi", "kubeadm config version")
-        else:
-            rep.print(f"  [{h}] kubeadm upgrade node")
-            run_step(session, h, f"{WITH_PATCHES}kubeadm upgrade node $p",
-                     "kubeadm upgrade node", timeout=900)
-    for h in batch:
-        drain(session, names[h], drain_timeout)
-    for h in batch:
-        rep.print(f"  [{h}] kubelet, kubectl {target}; restart kubelet")
-        run_step(session, h, _resolve_and_install(["kubelet", "kubectl"], target,
-                                                  Apt.for_host(session.host(h).vars))
-                 + "systemctl daemon-reload\nsystemctl restart kubelet\n",
-                 f"{h}: kubelet {target}", timeout=1800)
-    for h in batch:
-        node = session.cluster["nodes"][h]
-        # a tainted control plane's GPUs are not offered (no device plugin there)
-        gpus = int(node["gpus"] or 0) if node.get("schedulable", True) else 0
-        wait_node(session, names[h], gpus, verify_timeout, kubelet=target)
-        uncordon(session, names[h])
-        rep.print(f"  [{h}] Ready at v{target}" + (f", {gpus} GPU(s) allocatable" if gpus
-                                                    else ""))
+def _inventory_line(inv: Inventory, minor: str) -> str:
+    """The one line to change when the inventory still names another minor ("": none)."""
+    values = inv.control_planes[0].vars
+    if str(values["kubernetes_version"]) == minor:
+        return ""
+    return (f'now write kubernetes_version: "{minor}" in '
+            f"{values.origin('kubernetes_version')} (it says {values['kubernetes_version']}): "
+            "until then, bootstrap and plan warn on every node and change none of its "
+            "Kubernetes packages")

@@ -46,7 +46,7 @@ from gpuk8s.day2.steps import CLEANUP, ask_confirmation, gathered_session, run_s
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.controlplane import CRICTL, ETCD_CONTAINER, TCP_OPEN, ControlPlaneHealth
 from gpuk8s.handoffs import fetch_admin_conf
-from gpuk8s.ops.kube import KUBECTL
+from gpuk8s.ops.kube import KUBECTL, release
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session
 from gpuk8s.sinks import node_arg
@@ -66,22 +66,14 @@ class RestoreRefused(BackupError):
     """A backup that does not belong on this cluster, or a cluster this restore cannot do."""
 
 
-def _version(text: str) -> tuple[int, ...]:
-    parts = text.strip().lstrip("v").split("-")[0].split(".")
-    try:
-        return tuple(int(p) for p in parts if p != "")
-    except ValueError:
-        return ()
-
-
 def refusals(manifest: dict[str, Any], kubernetes_version: str,
              cas: dict[str, str]) -> list[str]:
     """Why this backup must not be restored here ([] when it may): its Kubernetes against the
     inventory's ``kubernetes_version`` (to its precision: "1.36" or "1.36.2"), and its CA
     against the fingerprint of the CA each reached node trusts (``cas``: host -> SHA-256)."""
     why = []
-    theirs = _version(str(manifest.get("kubernetes_version", "")))
-    ours = _version(kubernetes_version)
+    theirs = release(str(manifest.get("kubernetes_version", "")))
+    ours = release(kubernetes_version)
     if not theirs:
         why.append("the backup names no Kubernetes version (its manifest's "
                    "kubernetes_version is empty): gpuk8s cannot tell whether this cluster "

@@ -1,4 +1,5 @@
-"""invoke upgrade: the NVIDIA driver here, Kubernetes patch releases in day2.kubernetes."""
+"""invoke upgrade: the NVIDIA driver here, Kubernetes releases in day2.kubernetes, kernels in
+day2.kernelupgrade."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def upgrade(inventory: str | Path, *, driver: str | None = None, kubernetes: str
             yes: bool = False, reporter: Reporter | None = None,
             confirm: Callable[[str], bool] | None = None,
             opener: Opener = DEFAULT_OPENER, backup: bool = True) -> dict[str, Any]:
-    """Upgrade the NVIDIA driver (``driver``), Kubernetes to a patch release
+    """Upgrade the NVIDIA driver (``driver``), Kubernetes to the next minor or a patch release
     (``kubernetes``) or GPU nodes' kernel (``kernel``: a release, or True for the newest the
     nodes' kernel meta-packages offer), ``serial`` nodes at a time; see upgrade_driver,
     upgrade_kubernetes and upgrade_kernel."""

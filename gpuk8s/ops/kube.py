@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,22 @@ from gpuk8s.sinks import node_arg
 KUBECTL = f"kubectl --kubeconfig {ADMIN_CONF}"
 #: the Kubernetes packages gpuk8s installs and holds (the Packages fact's key: keep the order)
 KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
+#: the pkgs.k8s.io source and its key, as roles/kubernetes writes them
+KUBE_REPO_LIST = "/etc/apt/sources.list.d/kubernetes.list"
+KUBE_REPO_KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """(major, minor[, patch]) of a Kubernetes version, package version or prefix: "v1.36.2",
+    "1.36.2-1.1" -> (1, 36, 2); "1.37", "1.37." -> (1, 37); () when it is none of them."""
+    m = re.match(r"v?(\d+(?:\.\d+){0,2})", version.strip())
+    return tuple(int(x) for x in m[1].split(".")) if m else ()
+
+
+def release_prefix(release: str) -> str:
+    """The package version prefix of a Kubernetes release: "1.37" -> "1.37." (any patch),
+    "1.36.2" -> "1.36.2-" (that patch, any package revision)."""
+    return f"{release}-" if release.count(".") == 2 else f"{release}."
 #: gpuk8s's kubeadm InitConfiguration/ClusterConfiguration on the control plane
 KUBEADM_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
 #: kubeadm's patches folder (patches.directory): per-node changes to the static Pod manifests

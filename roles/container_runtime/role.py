@@ -24,7 +24,7 @@ from gpuk8s.facts.system import Files, FileState, OsRelease, Packages, Services
 from gpuk8s.ops import Op, change, files, noop, q, warn
 from gpuk8s.ops import registry as reg
 from gpuk8s.ops.apt import packages, repo
-from gpuk8s.ops.kube import KUBEADM_IMAGES
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_IMAGES, release
 from gpuk8s.ops.services import restart_containerd
 from gpuk8s.roles import ContainerRuntimeExports, HostContext
 
@@ -71,16 +71,32 @@ def _mirror_files(vars: Mapping[str, Any]) -> Files:
 
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
-    return [OsRelease(), Containerd(), Packages(*PACKAGES),
+    return [OsRelease(), Containerd(), Packages(*PACKAGES), Packages(*KUBE_PACKAGES),
             Files(LIST, "+" + KEYRING, "+" + CONFIG), Services("containerd", "docker"),
             ManagedRegistryHosts(), _mirror_files(vars)]
 
 
-def sandbox_image(vars: Mapping[str, Any]) -> str:
+def sandbox_image(vars: Mapping[str, Any], minor: str | None = None) -> str:
+    """containerd_sandbox_image, or the pause image kubeadm expects for ``minor`` (default
+    kubernetes_version): kubeadm warns when containerd's differs."""
     image = vars["containerd_sandbox_image"]
-    # the pause image kubeadm expects for the minor (it warns when containerd's differs)
-    pause = KUBEADM_IMAGES.get(str(vars["kubernetes_version"]), KUBEADM_IMAGES["1.36"])[1]
+    minor = minor or str(vars["kubernetes_version"])
+    pause = KUBEADM_IMAGES.get(minor, KUBEADM_IMAGES["1.36"])[1]
     return image or f"registry.k8s.io/pause:{pause}"
+
+
+def _kubeadm_minor(ctx: HostContext) -> str:
+    """The Kubernetes minor whose kubeadm this node runs or is about to run: the inventory's,
+    but on a joined node its installed kubeadm's (bootstrap never moves a joined node's
+    release: roles/kubernetes), except in `invoke upgrade --kubernetes`, which sets
+    kubernetes_version to the minor it moves the node to."""
+    kubeadm = ctx.facts[Packages(*KUBE_PACKAGES)].get("kubeadm")
+    if kubeadm and ctx.cluster.get("joined", {}).get(ctx.host) \
+            and not ctx.var("kubernetes_upgrade_target"):
+        have = release(kubeadm.version)
+        if len(have) >= 2:
+            return f"{have[0]}.{have[1]}"
+    return str(ctx.var("kubernetes_version"))
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -98,7 +114,8 @@ def plan(ctx: HostContext) -> list[Op]:
         wanted |= {"docker-ce": "", "docker-ce-cli": ""}
     ops.append(packages(f[Packages(*PACKAGES)], "container_runtime | packages", wanted,
                         hold=True, apt=ctx.apt))
-    config = ctx.template("config.toml.j2", sandbox_image=sandbox_image(ctx.vars),
+    config = ctx.template("config.toml.j2",
+                          sandbox_image=sandbox_image(ctx.vars, _kubeadm_minor(ctx)),
                           certs_d=CERTS_D)
     # nvidia-ctk re-marshals config.toml every time it writes its drop-in (go-toml v1: no
     # comments, sorted keys, every table a header; pkg/config/engine/containerd/

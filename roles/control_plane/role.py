@@ -140,8 +140,10 @@ def cert_sans(cluster: Mapping[str, Any]) -> list[str]:
 
 
 def _without_gates(text: bytes | None) -> list[Any] | None:
-    """The kubeadm config's documents with every feature gate taken out (None: not YAML):
-    two configs equal this way differ in their gates only."""
+    """The kubeadm config's documents with every feature gate and the Kubernetes release taken
+    out (None: not YAML): two configs equal this way differ in what gpuk8s moves on a running
+    cluster only (the gates here, the release with `invoke upgrade --kubernetes`, whose last
+    phase writes this config again at the installed kubeadm's release)."""
     import yaml
 
     try:
@@ -152,6 +154,7 @@ def _without_gates(text: bytes | None) -> list[Any] | None:
         if not isinstance(doc, dict):
             return None
         doc.pop("featureGates", None)
+        doc.pop("kubernetesVersion", None)
         for section in ("apiServer", "controllerManager", "scheduler"):
             part = doc.get(section)
             if not isinstance(part, dict):

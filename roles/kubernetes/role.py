@@ -1,4 +1,8 @@
-"""kubernetes: the pkgs.k8s.io repo of the pinned minor; kubeadm, kubelet, kubectl held."""
+"""kubernetes: the pkgs.k8s.io repo of the pinned minor; kubeadm, kubelet, kubectl held.
+
+A node that has joined a cluster keeps its release here: moving it is `invoke upgrade
+--kubernetes` (roles/kubernetes_upgrade, kubeadm's order), never a package swap under a
+running kubelet, and never a downgrade."""
 
 from __future__ import annotations
 
@@ -18,13 +22,13 @@ from gpuk8s.checks import (
 )
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages, Services
-from gpuk8s.ops import Op, change, noop
+from gpuk8s.ops import Op, change, noop, warn
 from gpuk8s.ops.apt import packages, repo
-from gpuk8s.ops.kube import KUBE_PACKAGES
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBE_REPO_KEYRING, KUBE_REPO_LIST, release
 from gpuk8s.roles import HostContext
 
-LIST = "/etc/apt/sources.list.d/kubernetes.list"
-KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
+LIST = KUBE_REPO_LIST
+KEYRING = KUBE_REPO_KEYRING
 PACKAGES = KUBE_PACKAGES
 
 
@@ -60,18 +64,46 @@ def version_prefix(vars: Mapping[str, Any]) -> str:
     return str(vars["kubernetes_package_version"]) or f"{vars['kubernetes_version']}."
 
 
-def plan(ctx: HostContext) -> list[Op]:
-    f = ctx.facts
-    states = f[Files(LIST, "+" + KEYRING)]
-    ops = [repo(states[LIST], states[KEYRING], "kubernetes | pkgs.k8s.io repo",
-                name="kubernetes", url=ctx.var("kubernetes_repo_url"),
-                suite="/", components="",
+def repo_op(ctx: HostContext) -> Op:
+    """The pkgs.k8s.io repo of ``kubernetes_version`` (one repo per minor), its key checked."""
+    states = ctx.facts[Files(LIST, "+" + KEYRING)]
+    return repo(states[LIST], states[KEYRING], "kubernetes | pkgs.k8s.io repo",
+                name="kubernetes", url=ctx.var("kubernetes_repo_url"), suite="/", components="",
                 key_url=ctx.var("kubernetes_repo_key_url"),
                 fingerprint=ctx.var("kubernetes_repo_key_fingerprint"),
-                fingerprint_var="kubernetes_repo_key_fingerprint", apt=ctx.apt)]
+                fingerprint_var="kubernetes_repo_key_fingerprint", apt=ctx.apt)
+
+
+def _held_back(ctx: HostContext, prefix: str) -> Op | None:
+    """On a joined node whose kubeadm is not the inventory's release: a warning saying how to
+    move it (or the inventory), instead of packages swapped under the running cluster."""
+    kubeadm = ctx.facts[Packages(*PACKAGES)].get("kubeadm")
+    if not ctx.cluster.get("joined", {}).get(ctx.host) or kubeadm is None \
+            or kubeadm.version.startswith(prefix):
+        return None
+    have, want = release(kubeadm.version), release(prefix)
+    minor = f"{have[0]}.{have[1]}"
+    if have[:len(want)] > want:
+        return warn("kubernetes | release", f"! kubeadm {kubeadm.version} runs this joined "
+                    f"node, newer than the inventory's {prefix.rstrip('.-')}: gpuk8s never "
+                    f"downgrades a cluster; write kubernetes_version: \"{minor}\""
+                    + (' and kubernetes_package_version: ""'
+                       if ctx.var("kubernetes_package_version") else ""))
+    target = ".".join(map(str, want)) if len(want) == 3 else f"{want[0]}.{want[1]}"
+    return warn("kubernetes | release", f"! this joined node runs kubeadm {kubeadm.version}; "
+                f"the inventory asks for {prefix.rstrip('.-')}: a cluster moves with kubeadm's "
+                f"upgrade, not a package swap: run `invoke upgrade --kubernetes {target}`")
+
+
+def plan(ctx: HostContext) -> list[Op]:
+    f = ctx.facts
     prefix = version_prefix(ctx.vars)
-    ops.append(packages(f[Packages(*PACKAGES)], "kubernetes | packages",
-                        dict.fromkeys(PACKAGES, prefix), hold=True, apt=ctx.apt))
+    held = _held_back(ctx, prefix)
+    if held is not None:
+        ops = [held]
+    else:
+        ops = [repo_op(ctx), packages(f[Packages(*PACKAGES)], "kubernetes | packages",
+                                      dict.fromkeys(PACKAGES, prefix), hold=True, apt=ctx.apt)]
     kubelet = f[Services("kubelet")]["kubelet"]
     if kubelet.enabled != "enabled":
         ops.append(change("kubernetes | kubelet enabled", "+ enable kubelet (it waits for "

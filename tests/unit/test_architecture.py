@@ -182,7 +182,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "backups": LEAVES | {"etcdsnap", "gather", "handoffs", "session", "report", "facts",
                          "ops"},
     # the cluster values roles read (HostContext.cluster), from the inventory and the facts
-    "cluster_values": LEAVES | {"session", "inventory", "playbook", "facts"},
+    "cluster_values": LEAVES | {"session", "inventory", "playbook", "facts", "gpusharing"},
     "runner": LEAVES | {"backups", "gather", "drain", "handoffs", "cluster_values", "session",
                         "report", "playbook", "roles", "ops", "facts", "executor"},
     # commands and their helpers

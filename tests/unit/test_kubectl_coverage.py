@@ -18,14 +18,15 @@ EXERCISED = {
     "get": ["test_bootstrap.py::test_bootstrap_as_sudo_user_with_password",
             "test_workloads.py::test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy"],
     "wait": ["test_bootstrap.py::test_bootstrap_as_sudo_user_with_password",
-             "test_k8s_upgrade.py::test_upgrade_control_plane_first_then_one_worker_at_a_time"],
+             "test_k8s_upgrade.py::test_next_minor_control_plane_first_then_one_worker_at_a_time"],
     "label": ["test_bootstrap.py::test_bootstrap_as_sudo_user_with_password"],
     "taint": ["test_real_kubectl.py::test_gpuk8s_untaints_the_control_plane_with_the_real_kubectl"],
     "drain": ["test_day2.py::test_reprovision_touches_only_the_target_and_the_control_plane"],
     "uncordon": ["test_day2.py::test_reprovision_touches_only_the_target_and_the_control_plane"],
     "delete": ["test_day2.py::test_remove_live_node",
                "test_workloads.py::test_undeploy_removes_everything"],
-    "version": ["test_k8s_upgrade.py::test_upgrade_control_plane_first_then_one_worker_at_a_time"],
+    "version": [
+        "test_k8s_upgrade.py::test_next_minor_control_plane_first_then_one_worker_at_a_time"],
     "api-resources": ["test_workloads.py::test_undeploy_removes_everything"],
     "rollout": ["test_monitoring.py::test_gpu_monitoring_scrapes_every_lab_gpu"],
     "logs": ["test_workloads.py::"

@@ -10,9 +10,9 @@ Nodes are powered off as a box losing power would be (no clean leave), then on a
 Quorum lost for good (two members' data removed) is brought back with `invoke restore`, and
 `renew-certs` rolls the three control planes with the API answering through HAProxy.
 
-The tests run in order on one bootstrap (at Kubernetes 1.36.1, upgraded to 1.36.2 last) from the
-"fresh" snapshot; every node is powered on again before the module ends (the next module
-restores its own snapshot).
+The tests run in order on one bootstrap (at Kubernetes 1.35, upgraded to the next minor, 1.36.2,
+last) from the "fresh" snapshot; every node is powered on again before the module ends (the
+next module restores its own snapshot).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.lab
 CONTROL_PLANES = ("cp-01", "cpu-01", "gpu-02")
 WORKER = "gpu-01"
 ADDRESS = {n: node_ip(i) for i, n in enumerate(("cp-01", "gpu-01", "gpu-02", "cpu-01"), 1)}
-OLD, NEW = "1.36.1", "1.36.2"
+OLD, NEW = "1.35", "1.36.2"
 ADMIN = "kubectl --kubeconfig /etc/kubernetes/admin.conf --request-timeout=10s"
 ETCDCTL = ("/usr/lib/gpuk8s-lab/etcd/etcdctl --endpoints https://127.0.0.1:2379 "
            "--cacert /etc/kubernetes/pki/etcd/ca.crt "
@@ -58,7 +58,7 @@ def inventory(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Path:
     hosts = {**groups["control_plane"]["hosts"], **groups["workers"]["hosts"]}
     groups["control_plane"]["hosts"] = {h: hosts[h] for h in CONTROL_PLANES}
     groups["workers"]["hosts"] = {WORKER: hosts[WORKER]}
-    inv["all"]["vars"]["kubernetes_package_version"] = f"{OLD}-1.1"  # upgraded at the end
+    inv["all"]["vars"]["kubernetes_version"] = OLD  # upgraded to the next minor at the end
     path = tmp_path_factory.mktemp("ha") / "inventory.yaml"
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
     return path
@@ -337,15 +337,17 @@ def test_renew_certs_rolls_the_control_planes_with_the_api_answering(cluster: La
 
 def test_upgrade_moves_every_control_plane_with_the_api_answering_throughout(
         cluster: Lab, inventory: Path) -> None:
+    # the admin names the next minor in the inventory first, then upgrades to it
     data = yaml.safe_load(inventory.read_text())
-    data["all"]["vars"]["kubernetes_package_version"] = ""
-    unpinned = inventory.with_name("unpinned.yaml")
-    unpinned.write_text(yaml.safe_dump(data, sort_keys=False))
+    data["all"]["vars"]["kubernetes_version"] = "1.36"
+    at_136 = inventory.with_name("at-136.yaml")
+    at_136.write_text(yaml.safe_dump(data, sort_keys=False))
     t0 = time.monotonic()
     result, reads, fails, worst = _poll_gaps(
-        cluster, lambda: day2.upgrade(unpinned, kubernetes=NEW, yes=True))
+        cluster, lambda: day2.upgrade(at_136, kubernetes="1.36", yes=True))
     took = time.monotonic() - t0
-    assert result["upgraded"][:3] == list(CONTROL_PLANES), result  # control planes first
+    assert result["upgraded"] == [*CONTROL_PLANES, WORKER], result  # control planes first
+    assert result["inventory_change"] == ""
     assert reads > 40, reads
     print(f"upgrade of 4 nodes: {took:.1f}s; {reads} API reads from {WORKER}, "
           f"{fails} failed, longest gap between answers {worst:.2f}s")
