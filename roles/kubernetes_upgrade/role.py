@@ -21,11 +21,14 @@ from gpuk8s.facts import Fact
 from gpuk8s.facts.system import Files, Packages
 from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages
-from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_PATCHES, release_prefix
+from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_PATCHES, KUBECTL, release_prefix
 from gpuk8s.roles import HostContext
 from roles.kubernetes.role import KEYRING, LIST, repo_op
 
 HEALTHZ = "http://127.0.0.1:10248/healthz"
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+#: seconds the control planes get to be Ready before `kubeadm upgrade apply`
+READY_WAIT = 180
 
 #: kubeadm writes the static pod manifests again on upgrade: this node's patches (the API
 #: server's bind address beside the local load balancer) are given again, or they are lost
@@ -76,13 +79,18 @@ def plan(ctx: HostContext) -> list[Op]:
         return [noop(op_id, f"= kubeadm, kubelet, kubectl {installed['kubeadm'].version}")]
     first = ctx.cluster["nodes"][ctx.host]["name"] == ctx.cluster["node_name"]
     if first:
-        # the release kubeadm was installed at, e.g. v1.37.2 for a target of 1.37
+        # kubeadm's preflight refuses while a control plane is NotReady, which this one is for
+        # a while when the container_runtime role just restarted containerd (a new pause
+        # image): wait for them first. Then the release kubeadm was installed at, e.g.
+        # v1.37.2 for a target of 1.37.
         upgrade = change(
             "kubernetes_upgrade | kubeadm upgrade apply",
             f"+ kubeadm upgrade apply to the installed kubeadm's {target} release (the "
             "cluster's static pods, kubeadm-config, kube-proxy, CoreDNS)",
-            WITH_PATCHES + "v=v$(dpkg-query -W -f '${Version}' kubeadm | cut -d- -f1)\n"
-            'kubeadm upgrade apply "$v" --yes $p', timeout=900)
+            f"{KUBECTL} wait --for=condition=Ready nodes -l {CONTROL_PLANE_LABEL} "
+            f"--timeout={READY_WAIT}s >/dev/null\n"
+            + WITH_PATCHES + "v=v$(dpkg-query -W -f '${Version}' kubeadm | cut -d- -f1)\n"
+            'kubeadm upgrade apply "$v" --yes $p', timeout=900 + READY_WAIT)
     else:
         upgrade = change("kubernetes_upgrade | kubeadm upgrade node",
                          "+ kubeadm upgrade node (this node's kubelet config; a control "

@@ -143,6 +143,10 @@ def test_the_first_control_plane_runs_upgrade_apply_between_kubeadm_and_kubelet(
     script = "\n".join(apply.commands)
     assert 'kubeadm upgrade apply "$v" --yes $p' in script and "--patches" in script
     assert "dpkg-query -W -f '${Version}' kubeadm" in script
+    # a containerd restart just before leaves the node NotReady a while: kubeadm's preflight
+    # (ControlPlaneNodesReady) would refuse, so the control planes are waited for first
+    assert script.index("wait --for=condition=Ready nodes -l node-role.kubernetes.io/"
+                        "control-plane") < script.index("kubeadm upgrade apply")
     assert kubelet.reason == "+ install kubelet=1.37.*, kubectl=1.37.*"
     assert kubelet.notify == ("restart kubelet",)
     assert any("apt-mark hold" in c for c in kubelet.commands)

@@ -13,6 +13,7 @@ one bootstrap from the "fresh" snapshot.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,26 @@ def at(lab: Lab, release: str) -> None:
         assert {"kubeadm", "kubelet", "kubectl"} <= set(held), (node, held)
 
 
+#: on cp-01 while an upgrade runs: the cordoned nodes every 0.25 s ("t name name ...")
+POLLER = (f"while :; do c=$({KUBECTL} get nodes -o jsonpath='{{range .items[*]}}"
+          "{.metadata.name}={.spec.unschedulable} {end}' 2>/dev/null) && "
+          "echo \"$(date +%s.%N) $c\"; sleep 0.25; done")
+
+
+def cordoned_while(lab: Lab, run: Any) -> tuple[Any, list[set[str]]]:
+    """``run()``'s result and, for each poll that got an answer, the set of cordoned nodes."""
+    ssh_ok(lab, "cp-01", f"nohup sh -c {shlex.quote(POLLER)} >/tmp/cordon.log 2>&1 & "
+           "echo $! >/tmp/cordon.pid")
+    try:
+        result = run()
+    finally:
+        ssh_ok(lab, "cp-01", "kill $(cat /tmp/cordon.pid)")
+    polls = [{w.split("=")[0] for w in line.split()[1:] if w.endswith("=true")}
+             for line in ssh_ok(lab, "cp-01", "cat /tmp/cordon.log").splitlines()
+             if line[:1].isdigit()]
+    return result, polls
+
+
 def test_cluster_starts_at_1_35(at_old: Lab) -> None:
     at(at_old, OLD)
 
@@ -133,8 +154,13 @@ def test_workers_cannot_go_first(at_old: Lab, at_135: Path) -> None:
 
 def test_next_minor_control_plane_first_then_one_worker_at_a_time(
         at_old: Lab, at_135: Path) -> None:
-    result, text = call(day2.upgrade, at_135, kubernetes=MINOR, serial=1, yes=True)
+    (result, text), polls = cordoned_while(at_old, lambda: call(
+        day2.upgrade, at_135, kubernetes=MINOR, serial=1, yes=True))
     assert result["upgraded"] == ["cp-01", "gpu-01", "cpu-01"]
+    # each node was seen cordoned, and never two workers at once (--serial 1)
+    print(f"{len(polls)} polls of the nodes during the upgrade")
+    assert len(polls) > 20 and {"cp-01", "gpu-01", "cpu-01"} <= set().union(*polls), polls
+    assert max(len(p - {"cp-01"}) for p in polls) == 1, polls
     order = [text.index(s) for s in (
         "== upgrade-first-control-plane", "backup: ", "drain cp-01",
         "-> kubernetes_upgrade | kubeadm upgrade apply", "cp-01 Ready", "== upgrade-workers",
@@ -171,13 +197,19 @@ def test_a_stale_inventory_plans_no_downgrade_and_says_what_to_write(
     out = plan.stdout
     assert "plan: 0 change(s)" in out, out[-3000:]
     assert "never downgrades a cluster" in out and 'write kubernetes_version: "1.36"' in out
+    # a second run of the same upgrade changes nothing, and says the line again
+    result, text = call(day2.upgrade, at_135, kubernetes=MINOR, yes=True)
+    assert result["upgraded"] == [] and "nothing to upgrade" in text
+    assert result["inventory_change"].startswith('now write kubernetes_version: "1.36"')
     at(at_old, MINOR)
 
 
 def test_a_patch_release_with_both_workers_in_one_batch(at_old: Lab, at_135: Path) -> None:
     at_136 = variant(at_135, "at-136", kubernetes_version="1.36")
-    result, text = call(day2.upgrade, at_136, kubernetes=PATCH, serial=2, yes=True)
+    (result, text), polls = cordoned_while(at_old, lambda: call(
+        day2.upgrade, at_136, kubernetes=PATCH, serial=2, yes=True))
     assert result["upgraded"] == ["cp-01", "gpu-01", "cpu-01"]
+    assert {"gpu-01", "cpu-01"} in polls, polls  # both workers out at once
     assert result["inventory_change"] == ""
     workers = text[text.index("== upgrade-workers"):]
     # one batch: both drained before either is waited for
