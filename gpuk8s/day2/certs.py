@@ -43,6 +43,8 @@ RENEW = f"""set -e
 old=$(mktemp)
 trap 'rm -f "$old"' EXIT
 cp {ADMIN_CONF} "$old"
+# kubeadm reads the cluster's kubeadm-config ConfigMap: its certificateValidityPeriod is the
+# inventory's certificate_validity_period (the control_plane role uploads its config)
 if ! out=$(kubeadm certs renew all 2>&1); then echo "$out" >&2; exit 1; fi
 echo "$out"
 case "$out" in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpuk8s.checks import (
@@ -15,6 +16,7 @@ from gpuk8s.checks import (
     check_dns_domain,
     check_endpoint,
     check_feature_gates,
+    matching,
     parse_network,
 )
 from gpuk8s.facts import Fact
@@ -97,9 +99,21 @@ RULES: dict[str, Rule] = {
     "service_cidr": Rule(check_cidr, cluster_wide=True, across=_cidrs_apart),
     "etcd_backup_schedule": Rule(snapshots.check_schedule, cluster_wide=True),
     "etcd_backup_local_keep": Rule(check_count, cluster_wide=True),
+    "certificate_validity_period": Rule(matching(
+        r"(\d+h)?(\d+m)?(\d+s)?", 'a duration in hours like "8760h" (kubeadm\'s '
+        "certificateValidityPeriod)", '"8760h" (a year), or "" for kubeadm\'s default',
+        or_empty=True), cluster_wide=True),
 }
 
-HANDLERS = {"restart etcd snapshot timer": lambda ctx: snapshots.restart_timer()}
+def upload_config(ctx: HostContext) -> Op:
+    """The cluster's kubeadm-config ConfigMap from gpuk8s's kubeadm config: what `kubeadm
+    certs renew` (certificateValidityPeriod), `upgrade` and joins read."""
+    return change("control_plane | upload kubeadm config", "+ kubeadm-config ConfigMap from "
+                  f"{CONFIG}", f"kubeadm init phase upload-config kubeadm --config {CONFIG}")
+
+
+HANDLERS = {"restart etcd snapshot timer": lambda ctx: snapshots.restart_timer(),
+            "upload kubeadm config": upload_config}
 
 
 def user_kubeconfig(vars: Mapping[str, Any]) -> str:
@@ -140,10 +154,11 @@ def cert_sans(cluster: Mapping[str, Any]) -> list[str]:
 
 
 def _without_gates(text: bytes | None) -> list[Any] | None:
-    """The kubeadm config's documents with every feature gate and the Kubernetes release taken
-    out (None: not YAML): two configs equal this way differ in what gpuk8s moves on a running
-    cluster only (the gates here, the release with `invoke upgrade --kubernetes`, whose last
-    phase writes this config again at the installed kubeadm's release)."""
+    """The kubeadm config's documents with every feature gate, the Kubernetes release and the
+    certificates' validity taken out (None: not YAML): two configs equal this way differ in
+    what gpuk8s moves on a running cluster only (the gates here; the release with `invoke
+    upgrade --kubernetes`, whose last phase writes this config again at the installed
+    kubeadm's release; the validity, read by `invoke renew-certs`)."""
     import yaml
 
     try:
@@ -155,6 +170,7 @@ def _without_gates(text: bytes | None) -> list[Any] | None:
             return None
         doc.pop("featureGates", None)
         doc.pop("kubernetesVersion", None)
+        doc.pop("certificateValidityPeriod", None)  # read when certificates are made
         for section in ("apiServer", "controllerManager", "scheduler"):
             part = doc.get(section)
             if not isinstance(part, dict):
@@ -227,6 +243,10 @@ def plan(ctx: HostContext) -> list[Op]:
                         "cluster is already initialised: kubeadm init does not run twice. "
                         "Apply control-plane changes with `kubeadm upgrade apply` or `invoke "
                         "reset` + bootstrap."))
+    elif initialised and states[CONFIG].exists and config_op.changes:
+        # the release (after `upgrade --kubernetes`) or the certificates' validity: the file
+        # and the cluster's copy of it; gates are applied (and uploaded) below
+        ops.append(replace(config_op, notify=("upload kubeadm config",)))
     else:
         ops.append(config_op)
     if initialised and states[MARKER].exists:

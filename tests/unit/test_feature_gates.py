@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuk8s.errors import CommandFailed, FactError
+from gpuk8s.errors import CommandFailed, FactError, InventoryError
 from gpuk8s.executor import HostResult, RoleWork
 from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kube import FeatureGates, GateState
@@ -79,12 +79,14 @@ def test_fact_command_reads_real_files(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ the control plane
 def cp_context(gates_now: dict[str, bool], config_gates: dict[str, bool],
-               want: dict[str, bool], **config_vars: Any) -> HostContext:
+               want: dict[str, bool], inventory: dict[str, Any] | None = None,
+               **config_vars: Any) -> HostContext:
     """An initialised first control plane whose static pods run ``gates_now`` and whose kubeadm
-    config file was rendered with ``config_gates`` (and ``config_vars``)."""
+    config file was rendered with ``config_gates`` (and ``config_vars``); the inventory asks
+    for ``want`` (and ``inventory``'s other values)."""
     from roles.control_plane import role as cp
 
-    vars = default_vars(feature_gates=want)
+    vars = default_vars(feature_gates=want, **(inventory or {}))
     base = fresh_facts("ubuntu2404", 0, "cp", vars)
     values = dict(base.items())
     values[FeatureGates()] = GateState({c: dict(gates_now) for c in (
@@ -322,3 +324,34 @@ def test_removing_every_gate_waits_for_a_flagless_api_server(tmp_path: Path, pod
                    f"echo '{pod}'"})
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode == rc, proc.stderr
+
+
+# ------------------------------------------------------------------ the certificates' validity
+def test_a_new_certificate_validity_rewrites_and_uploads_the_config_only() -> None:
+    """certificate_validity_period changed on a running cluster: gpuk8s's kubeadm config is
+    written again and uploaded to kube-system/kubeadm-config (what `kubeadm certs renew`
+    reads), nothing else moves; the gates stay as they are."""
+    from roles.control_plane import role as cp
+
+    ctx = cp_context(NEW, NEW, NEW, inventory={"certificate_validity_period": "240h"},
+                     certificate_validity_period="")
+    ops = ops_by_id(ctx)
+    config = ops["control_plane | kubeadm config"]
+    assert config.changes and not config.warning
+    assert '+certificateValidityPeriod: "240h"' in (config.diff or "")
+    assert config.notify == ("upload kubeadm config",)
+    upload = cp.upload_config(ctx)
+    assert upload.commands == (f"kubeadm init phase upload-config kubeadm --config {cp.CONFIG}",)
+    assert not ops["control_plane | feature gates"].changes
+    # unset, the field is not written: kubeadm's default (a year)
+    assert b"certificateValidityPeriod" not in cp.kubeadm_config(cp_context(NEW, NEW, NEW))
+
+
+@pytest.mark.parametrize("bad", ["a year", "10d", "240", "-1h"])
+def test_a_validity_that_is_not_a_duration_in_hours_is_refused(bad: str) -> None:
+    from gpuk8s.inventory import load_inventory
+
+    lab = Path(__file__).resolve().parents[2] / "inventories" / "lab.yaml"
+    with pytest.raises(InventoryError, match="certificate_validity_period must be a duration"):
+        load_inventory(lab, overrides=[f"certificate_validity_period={bad}"])
+    load_inventory(lab, overrides=["certificate_validity_period=17520h"])

@@ -180,41 +180,51 @@ def test_a_control_plane_change_is_backed_up_first(cluster: Lab, inv: Path) -> N
     assert os.path.isdir(backups.backups_dir(inv))
 
 
+SHORT = ["certificate_validity_period=240h"]
+CLUSTER_CONFIG = (f"{KUBECTL} -n kube-system get configmap kubeadm-config "
+                  "-o jsonpath='{.data.ClusterConfiguration}'")
+
+
 def test_status_and_plan_warn_of_certificates_near_their_end(cluster: Lab, inv: Path) -> None:
-    """status names each control plane's earliest certificate expiry; one that ends within 30
-    days (front-proxy-client.crt signed again by the real openssl on the node, valid 10 days,
-    as a year-old cluster's would be) is a warning in status and in the plan."""
+    """status names each control plane's earliest certificate expiry. With
+    certificate_validity_period 240h (kubeadm's certificateValidityPeriod), bootstrap rewrites
+    and uploads gpuk8s's kubeadm config and changes nothing else; renew-certs then has kubeadm
+    make certificates that end in 10 days, as a year-old cluster's would: a warning in status
+    and in the plan."""
     rows, out = call(day2.status, inv)
     cp = next(r for r in rows if r["host"] == "cp-01")
     assert cp["certificates"]["days_left"] >= 360 and not cp["certificates"]["warning"], cp
     assert re.search(r"certificates: cp-01 until \d{4}-\d\d-\d\d \(36\d d\)", out), out
-    pki = "/etc/kubernetes/pki"
-    ssh_ok(cluster, "cp-01", f"""set -e
-cp {pki}/front-proxy-client.crt /root/front-proxy-client.crt.keep
-openssl x509 -x509toreq -in {pki}/front-proxy-client.crt -signkey {pki}/front-proxy-client.key \
-  -out /root/fp.csr 2>/dev/null
-printf 'extendedKeyUsage=clientAuth\n' > /root/fp.ext
-openssl x509 -req -in /root/fp.csr -CA {pki}/front-proxy-ca.crt -CAkey {pki}/front-proxy-ca.key \
-  -set_serial 7 -days 10 -extfile /root/fp.ext -out {pki}/front-proxy-client.crt 2>/dev/null""")
-    try:
-        rows, out = call(day2.status, inv)
-        cp = next(r for r in rows if r["host"] == "cp-01")
-        assert cp["certificates"]["days_left"] == 9, cp
-        assert cp["certificates"]["file"] == f"{pki}/front-proxy-client.crt"
-        assert "warning: cp-01: certificates expire in 9 day(s) (front-proxy-client.crt" in out
-        assert all(len(line) <= 80 for line in out.splitlines() if "certificates" in line)
-        _, out = call(api.plan, inv)
-        assert "! certificates expire in 9 day(s) (front-proxy-client.crt" in out, out
-    finally:
-        ssh_ok(cluster, "cp-01",
-               "rm -f /root/fp.csr /root/fp.ext /root/front-proxy-client.crt.keep")
+    result, out = call(api.bootstrap, inv, sets=SHORT, yes=True)
+    changed = {h: t["changed"] for h, t in result["totals"].items() if t["changed"]}
+    assert changed == {"cp-01": 2}, out  # the config, and its upload
+    assert "+ update /etc/kubernetes/gpuk8s/kubeadm-config.yaml" in out
+    assert 'certificateValidityPeriod: 240h' in ssh_ok(cluster, "cp-01", CLUSTER_CONFIG)
+    result, out = call(day2.renew_certs, inv, yes=True)
+    assert result["renewed"] == ["cp-01"], out
+    rows, out = call(day2.status, inv)
+    cp = next(r for r in rows if r["host"] == "cp-01")
+    assert cp["certificates"]["days_left"] == 9, cp
+    assert cp["certificates"]["file"].startswith("/etc/kubernetes/"), cp
+    assert "warning: cp-01: certificates expire in 9 day(s) (" in out, out
+    assert all(len(line) <= 80 for line in out.splitlines() if "certificates" in line)
+    ends = ssh_ok(cluster, "cp-01", "openssl x509 -noout -enddate -in "
+                  "/etc/kubernetes/pki/apiserver.crt").strip().removeprefix("notAfter=")
+    left = dt.datetime.strptime(ends, "%b %d %H:%M:%S %Y %Z") - \
+        dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    assert dt.timedelta(days=9) < left <= dt.timedelta(days=10), ends
+    _, out = call(api.plan, inv, sets=SHORT)
+    assert "! certificates expire in 9 day(s) (" in out, out
 
 
 def test_renew_certs_moves_them_a_year_out(cluster: Lab, inv: Path) -> None:
-    """After the test above (front-proxy-client.crt ends in 10 days): renew-certs takes a
-    backup, renews on cp-01 and restarts its static pods onto the new certificates; the
-    cluster answers again, status has nothing to warn of, the fetched admin.conf works."""
+    """After the test above (certificates ending in 10 days): the inventory's default validity
+    back (bootstrap uploads it), renew-certs takes a backup, renews on cp-01 and restarts its
+    static pods onto the new certificates; the cluster answers again, status has nothing to
+    warn of, the fetched admin.conf works."""
     pki = "/etc/kubernetes/pki"
+    call(api.bootstrap, inv, yes=True)
+    assert "certificateValidityPeriod: 240h" not in ssh_ok(cluster, "cp-01", CLUSTER_CONFIG)
     old_api = ssh_ok(cluster, "cp-01", f"openssl x509 -noout -serial -in {pki}/apiserver.crt")
     started = time.monotonic()
     result, out = call(day2.renew_certs, inv, yes=True)

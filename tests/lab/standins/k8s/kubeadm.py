@@ -8,6 +8,7 @@ import argparse
 import base64
 import contextlib
 import hmac
+import math
 import os
 import re
 import shutil
@@ -297,6 +298,7 @@ class Kubeadm:
             return
         cfg = self.load_config()
         ic, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
+        _leaf_validity(cc)
         kc = kubelet_defaults(cfg.get("KubeletConfiguration"))
         nr = ic.get("nodeRegistration") or {}
         cri = nr.get("criSocket") or nodeinfo.CRI_SOCKET
@@ -444,6 +446,7 @@ class Kubeadm:
         chosen = names if sub == "all" else (sub,)
         cfg = self.load_config()
         ic, cc = cfg.get("InitConfiguration", {}), dict(cfg.get("ClusterConfiguration", {}))
+        _leaf_validity(cc)
         k8s_version = self._check_k8s_version(cc)
         if phase == "control-plane":
             lae = ic.get("localAPIEndpoint") or {}
@@ -1091,6 +1094,7 @@ class Kubeadm:
         cc: Obj = {}
         if as_cp:
             cc = self._prepare_control_plane(c, node, adv, port, cert_key)
+            _leaf_validity(cc)
         try:
             existing = c.get(f"/api/v1/nodes/{node}")
             ready = next((x["status"] for x in existing.get("status", {}).get("conditions") or []
@@ -1241,10 +1245,16 @@ class Kubeadm:
         sub = self.args.args[:2]
         if sub != ["renew", "all"]:
             raise Fail(f'unknown command "{" ".join(self.args.args)}" for "kubeadm certs"')
-        out('[renew] Reading configuration from the "kubeadm-config" ConfigMap in namespace '
-            '"kube-system"...')
-        out("[renew] Use 'kubeadm init phase upload-config kubeadm --config your-config-file' "
-            "to re-upload it.")
+        if self.args.config:  # the file's ClusterConfiguration, as for init
+            cc = self.load_config().get("ClusterConfiguration", {})
+        else:
+            out('[renew] Reading configuration from the "kubeadm-config" ConfigMap in '
+                'namespace "kube-system"...')
+            out("[renew] Use 'kubeadm init phase upload-config kubeadm --config "
+                "your-config-file' to re-upload it.")
+            cm = self._admin().get("/api/v1/namespaces/kube-system/configmaps/kubeadm-config")
+            cc = (yaml_load_all(cm["data"]["ClusterConfiguration"]) or [{}])[0]
+        _leaf_validity(cc)
         out("")
         for rel, ca, what in self.RENEWED:
             path = f"/etc/kubernetes/{rel}"
@@ -1667,6 +1677,18 @@ def main(argv: list[str], version_raw: str) -> int:
         sys.stderr.write(f"{e}\n{STACK}\n")
         return 1
     return 0
+
+
+def _leaf_validity(cc: Obj) -> None:
+    """Leaf certificates live certificateValidityPeriod (ClusterConfiguration v1beta4, kubeadm
+    1.31 on; default 8760h, a year), rounded up to whole days for openssl's -days."""
+    period = cc.get("certificateValidityPeriod")
+    if period:
+        try:
+            seconds = parse_duration(str(period))
+        except ValueError as e:
+            raise Fail(f'certificateValidityPeriod: invalid duration "{period}"') from e
+        pki.LEAF_DAYS = max(1, math.ceil(seconds / 86400))
 
 
 def _key_algo(key: str) -> str:

@@ -59,12 +59,19 @@ def _subject(cn: str, orgs: list[str] | tuple[str, ...] = ()) -> str:
     return "".join(f"/O={o}" for o in orgs) + f"/CN={cn}"
 
 
+#: how long a leaf certificate lives, in days: kubeadm's certificateValidityPeriod
+#: (ClusterConfiguration v1beta4, default 8760h: one year); kubeadm sets it from its config
+LEAF_DAYS = 365
+
+
 def make_csr(key: str, cn: str, orgs: list[str] | tuple[str, ...] = ()) -> str:
     return _openssl("req", "-new", "-key", P(key), "-subj", _subject(cn, orgs))
 
 
 def sign_csr(csr_pem: str, ca_crt: str, ca_key: str, *, server: bool = False,
-             client: bool = True, sans: list[str] | None = None, days: int = 365) -> str:
+             client: bool = True, sans: list[str] | None = None, days: int | None = None
+             ) -> str:
+    days = days or LEAF_DAYS
     usages = []
     if server:
         usages.append("serverAuth")
@@ -164,7 +171,7 @@ def attributes(cert_pem: str) -> tuple[str, list[str], list[str], bool, bool]:
 
 
 def renew(cert_pem: str, key: str, ca_crt: str, ca_key: str, algorithm: str,
-          days: int = 365) -> str:
+          days: int | None = None) -> str:
     """A new key at ``key`` and a certificate for it with the old one's attributes, signed
     by the CA: what kubeadm's renewal does (a new key and certificate from the old
     certificate's config)."""
