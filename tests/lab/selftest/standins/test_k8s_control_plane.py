@@ -4,6 +4,7 @@ policy, the pod network, GPUs, reset, and the kubelet's refusals."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -115,6 +116,30 @@ class TestControlPlaneEndToEnd:
         assert r.returncode == 0 and "node/cp-01" in r.stdout, r.stderr
         r = node.run("kubeadm", "certs", "check-expiration")
         assert r.returncode == 1 and 'unknown command "check-expiration"' in r.stderr
+
+    def test_certs_renew_with_a_config_takes_its_validity(
+            self, control_plane: tuple[Node, str]) -> None:
+        """`kubeadm certs renew all --config F`: F's certificateValidityPeriod (v1beta4), not
+        the ConfigMap's, and none of the ConfigMap lines; without one, a year."""
+        node, _ = control_plane
+        config = node.root / "_renew.yaml"
+        config.write_text("apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n"
+                          "certificateValidityPeriod: 240h\n")
+        api = node.root / "etc/kubernetes/pki/apiserver.crt"
+
+        def days_left() -> float:
+            end = subprocess.run(["openssl", "x509", "-noout", "-enddate"], input=api.read_text(),
+                                 capture_output=True, text=True, check=True).stdout
+            when = dt.datetime.strptime(end.strip().removeprefix("notAfter="),
+                                        "%b %d %H:%M:%S %Y %Z").replace(tzinfo=dt.UTC)
+            return (when - dt.datetime.now(dt.UTC)).total_seconds() / 86400
+
+        r = node.run("kubeadm", "certs", "renew", "all", "--config", str(config))
+        assert r.returncode == 0, r.stderr
+        assert "kubeadm-config" not in r.stdout and 9.9 < days_left() <= 10
+        r = node.run("kubeadm", "certs", "renew", "all")
+        assert r.returncode == 0 and 'from the "kubeadm-config" ConfigMap' in r.stdout
+        assert 364.9 < days_left() <= 365
 
     def test_reconfigure_feature_gates_with_init_phases(
             self, control_plane: tuple[Node, str]) -> None:
