@@ -110,6 +110,11 @@ def cri_plugin() -> tuple[bool, str]:
     """The cri row of the REAL `ctr plugins ls` (io.containerd.grpc.v1 cri ... ok), asked
     again when containerd restarts (plugins load when it starts)."""
     result: tuple[bool, str] = memo("plugins", _daemon_key(), _cri_plugin)
+    if not result[0]:
+        # a containerd just started may not have its CRI plugin up yet: ask again next time
+        # (the real kubelet asks the runtime's status on every sync); remembering the failure
+        # for the daemon's lifetime left a node NotReady for good (CI of e7832df)
+        _MEMO.pop("plugins", None)
     return result
 
 
