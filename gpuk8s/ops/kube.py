@@ -26,19 +26,6 @@ KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
 #: the pkgs.k8s.io source and its key, as roles/kubernetes writes them
 KUBE_REPO_LIST = "/etc/apt/sources.list.d/kubernetes.list"
 KUBE_REPO_KEYRING = "/etc/apt/keyrings/kubernetes-apt-keyring.gpg"
-
-
-def release(version: str) -> tuple[int, ...]:
-    """(major, minor[, patch]) of a Kubernetes version, package version or prefix: "v1.36.2",
-    "1.36.2-1.1" -> (1, 36, 2); "1.37", "1.37." -> (1, 37); () when it is none of them."""
-    m = re.match(r"v?(\d+(?:\.\d+){0,2})", version.strip())
-    return tuple(int(x) for x in m[1].split(".")) if m else ()
-
-
-def release_prefix(release: str) -> str:
-    """The package version prefix of a Kubernetes release: "1.37" -> "1.37." (any patch),
-    "1.36.2" -> "1.36.2-" (that patch, any package revision)."""
-    return f"{release}-" if release.count(".") == 2 else f"{release}."
 #: gpuk8s's kubeadm InitConfiguration/ClusterConfiguration on the control plane
 KUBEADM_CONFIG = "/etc/kubernetes/gpuk8s/kubeadm-config.yaml"
 #: kubeadm's patches folder (patches.directory): per-node changes to the static Pod manifests
@@ -64,6 +51,19 @@ _MANAGED_KINDS = {kind.lower() for kind in (*MANAGED_RESOURCES, *DRA_RESOURCES)}
 
 #: the label on every object gpuk8s applies (cluster add-ons and workloads alike)
 MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """(major, minor[, patch]) of a Kubernetes version, package version or prefix: "v1.36.2",
+    "1.36.2-1.1" -> (1, 36, 2); "1.37", "1.37." -> (1, 37); () when it is none of them."""
+    m = re.match(r"v?(\d+(?:\.\d+){0,2})", version.strip())
+    return tuple(int(x) for x in m[1].split(".")) if m else ()
+
+
+def release_prefix(target: str) -> str:
+    """The package version prefix of a Kubernetes release: "1.37" -> "1.37." (any patch),
+    "1.36.2" -> "1.36.2-" (that patch, any package revision)."""
+    return f"{target}-" if target.count(".") == 2 else f"{target}."
 
 
 def label(doc: dict[str, Any], labels: Mapping[str, str],

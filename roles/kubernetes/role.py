@@ -89,10 +89,10 @@ def _held_back(ctx: HostContext, prefix: str) -> Op | None:
                     f"downgrades a cluster; write kubernetes_version: \"{minor}\""
                     + (' and kubernetes_package_version: ""'
                        if ctx.var("kubernetes_package_version") else ""))
-    target = ".".join(map(str, want)) if len(want) == 3 else f"{want[0]}.{want[1]}"
     return warn("kubernetes | release", f"! this joined node runs kubeadm {kubeadm.version}; "
                 f"the inventory asks for {prefix.rstrip('.-')}: a cluster moves with kubeadm's "
-                f"upgrade, not a package swap: run `invoke upgrade --kubernetes {target}`")
+                "upgrade, not a package swap: run `invoke upgrade --kubernetes "
+                f"{'.'.join(map(str, want))}`")
 
 
 def plan(ctx: HostContext) -> list[Op]:

@@ -23,9 +23,9 @@ from gpuk8s.ops import Op, change, noop
 from gpuk8s.ops.apt import packages
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBEADM_PATCHES, KUBECTL, release_prefix
 from gpuk8s.roles import HostContext
+from roles.kubelet.role import HEALTHZ
 from roles.kubernetes.role import KEYRING, LIST, repo_op
 
-HEALTHZ = "http://127.0.0.1:10248/healthz"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 #: seconds the control planes get to be Ready before `kubeadm upgrade apply`
 READY_WAIT = 180
