@@ -16,6 +16,7 @@ from gpuk8s import __version__, api, day2, gpucheck
 from gpuk8s import bundle as _bundle
 from gpuk8s import images as _images
 from gpuk8s import workloads as _workloads
+from gpuk8s.accept import command as _accept
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 from gpuk8s.report import untrusted
 
@@ -29,7 +30,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
     "bundle": _bundle.bundle, "backup": day2.backup, "renew_certs": day2.renew_certs,
-    "restore": day2.restore,
+    "restore": day2.restore, "accept": _accept.accept, "release": _accept.release,
 }
 # workloads on the cluster (gpuk8s/workloads/)
 COMMANDS.update({"deploy": _workloads.deploy, "undeploy": _workloads.undeploy,
@@ -383,9 +384,27 @@ def report(c: Context, run: str | None = None) -> None:
     _call("report", run=run)
 
 
+@command(help={"host": "one GPU node (default: every GPU node of the inventory)",
+               "quick": "the short benchmark (under a minute a node)",
+               "json": "every figure, reference and verdict as JSON",
+               "no_quarantine": "report only: cordon and taint nothing"})
+def accept(c: Context, inventory: str = INVENTORY, host: str | None = None, quick: bool = False,
+           json: bool = False, no_quarantine: bool = False) -> None:
+    """Prove each GPU node's health and speed against its model's references; quarantine
+    (cordon, taint gpuk8s.io/gpu-unhealthy) a node that fails, at most 25% of them a run."""
+    _call("accept", inventory=inventory, host=host, quick=quick, as_json=json,
+          quarantine=not no_quarantine)
+
+
+@command(help={"host": "the quarantined GPU node", "quick": "accept with the short benchmark"})
+def release(c: Context, host: str, inventory: str = INVENTORY, quick: bool = False) -> None:
+    """Lift a node's GPU quarantine after it passes accept again."""
+    _call("release", inventory=inventory, host=host, quick=quick)
+
+
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 gpu_usage, upgrade, backup, restore, renew_certs, kubeconfig, images, deploy,
-                undeploy, verify, bundle, report)
+                undeploy, verify, bundle, report, accept, release)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)
