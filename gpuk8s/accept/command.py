@@ -17,14 +17,15 @@ from typing import Any
 
 from gpuk8s.accept.judge import judge
 from gpuk8s.accept.node import parse, script
-from gpuk8s.day2.steps import gathered_session
+from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
-from gpuk8s.facts.kube import Cluster, NodeStatus
+from gpuk8s.facts.kube import GPU_UNHEALTHY_REASON, Cluster, NodeStatus
 from gpuk8s.facts.system import PciDevices
+from gpuk8s.gather import gather
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.parallel import in_parallel
 from gpuk8s.report import Cell, Column, Reporter
-from gpuk8s.session import DEFAULT_OPENER, Opener, Session, run_step
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_step
 from gpuk8s.sinks import node_arg, shell
 
 TAINT = "gpuk8s.io/gpu-unhealthy"
@@ -32,7 +33,7 @@ TAINT = "gpuk8s.io/gpu-unhealthy"
 #: the annotations: the whole reason, when, and whether accept cordoned the node (release
 #: uncordons only a node accept cordoned)
 LABEL = TAINT
-REASON = "gpuk8s.io/gpu-unhealthy-reason"
+REASON = GPU_UNHEALTHY_REASON
 SINCE = "gpuk8s.io/gpu-unhealthy-since"
 CORDONED = "gpuk8s.io/cordoned-by"
 #: one run quarantines at most this share of the cluster's GPU nodes (and at least one)
@@ -76,6 +77,16 @@ def release_script(node: str, uncordon: bool) -> str:
         f"{shell(f'{CORDONED}-')} --overwrite",
         *([f"{KUBECTL} uncordon {n}"] if uncordon else []),
     ]) + "\n"
+
+
+def _session(inventory: str | Path, host: str | None, command: str,
+             reporter: Reporter | None, opener: Opener) -> Session:
+    """A session on ``host`` (None: every host) and the first control plane, facts gathered."""
+    session = open_session(inventory, limit=host, sets=(), command=command, reporter=reporter,
+                           opener=opener)
+    gather(session, list(session.transports))
+    cluster_values(session)
+    return session
 
 
 def _gpu_hosts(session: Session, host: str | None) -> list[str]:
@@ -194,7 +205,7 @@ def accept(inventory: str | Path, *, host: str | None = None, quick: bool = Fals
            opener: Opener = DEFAULT_OPENER) -> dict[str, dict[str, Any]]:
     """Accept every GPU node (or ``host``): health, then the benchmark; quarantine the ones
     that fail (within the cap). Returns each host's result."""
-    session = gathered_session(inventory, host, "accept", reporter=reporter, opener=opener)
+    session = _session(inventory, host, "accept", reporter, opener)
     with closing(session):
         hosts = _gpu_hosts(session, host)
         if not hosts:
@@ -215,7 +226,7 @@ def release(inventory: str | Path, *, host: str, quick: bool = False,
             reporter: Reporter | None = None,
             opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Lift ``host``'s quarantine after it passes accept again (a warning passes)."""
-    session = gathered_session(inventory, host, "release", reporter=reporter, opener=opener)
+    session = _session(inventory, host, "release", reporter, opener)
     with closing(session):
         rep = session.reporter
         _gpu_hosts(session, host)

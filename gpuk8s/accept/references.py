@@ -60,10 +60,10 @@ REFERENCES: dict[str, dict[str, Ref]] = {
                                    "passes at 431 @16 GiB)"),
     },
     "NVIDIA H100 80GB HBM3": {  # the SXM part
-        "matmul_bf16": Ref(680.0, "not measured here: the H200's sustained figure (same chip, "
+        "matmul_bf16": Ref(670.0, "not measured here: the H200's sustained figure (same chip, "
                                   f"same 700 W limit); {_MAMF} gives 794.5 in bursts"),
-        "matmul_fp16": Ref(650.0, "not measured here: as the H200 (same chip, same 700 W)"),
-        "matmul_tf32": Ref(360.0, "not measured here: as the H200 (same chip, same 700 W)"),
+        "matmul_fp16": Ref(640.0, "not measured here: as the H200 (same chip, same 700 W)"),
+        "matmul_tf32": Ref(355.0, "not measured here: as the H200 (same chip, same 700 W)"),
         "membw": Ref(2900.0, "not measured here: datasheet 3350 GB/s x 0.875, the H200's "
                              "measured share of its datasheet figure"),
         "h2d": Ref(55.0, "nvbandwidth#6: about 57 GB/s per GPU on PCIe Gen5 (Azure passes at "

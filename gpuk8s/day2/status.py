@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from gpuk8s import backups
+from gpuk8s.accept.command import LABEL, TAINT, quarantined
 from gpuk8s.day2.gpuusage import node_utilisation
 from gpuk8s.day2.kernelstatus import kernel_lines, kernel_row
 from gpuk8s.day2.steps import gathered_session
@@ -87,6 +88,9 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
             rows.append({
                 **row, "node": node["name"], "state": state,
                 "cordoned": bool(kube and kube.unschedulable),
+                **({"gpu_quarantine": {
+                    "reason": kube.labels.get(LABEL, ""), "detail": kube.gpu_unhealthy}}
+                   if kube is not None and quarantined(kube) else {}),
                 "kubelet": pkgs["kubelet"].version.split("-")[0] if "kubelet" in pkgs else "",
                 "containerd": facts[Containerd()].version,
                 "driver": nv.loaded_version if nv.exit_code == 0 else
@@ -292,7 +296,8 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
     cells: list[list[Cell]] = []
     for r in rows:
         alloc = r.get("allocatable_gpu")
-        state = r["state"] + (" (cordoned)" if r.get("cordoned") else "")
+        state = r["state"] + (" (GPU quarantine)" if r.get("gpu_quarantine") else
+                               " (cordoned)" if r.get("cordoned") else "")
         cells.append([r["host"], r["role"], state, _dash(r.get("gpus")),
                       _dash(alloc), _plan(r), _dash(r.get("gpu_model")), _util(r),
                       _dash(r.get("driver")), _dash(r.get("cuda")), _dash(r.get("kubelet")),
@@ -301,6 +306,13 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
     for r in rows:  # each GPU node's kernel and driver, and what needs the admin
         for text, style in kernel_lines(r["host"], r["kernel"]) if r.get("kernel") else ():
             rep.console.print(rep.cell(text, style), soft_wrap=True)
+    for r in rows:  # GPU nodes `invoke accept` quarantined, and why
+        if q := r.get("gpu_quarantine"):
+            rep.console.print(Text.assemble(
+                rep.cell(r["host"], "bold"), f" is quarantined ({TAINT}=",
+                rep.cell(q["reason"]), "): ", rep.cell(q["detail"] or "no reason recorded"),
+                f"; after fixing it: invoke release --host {r['host']}", style="red"),
+                soft_wrap=True)
     for r in rows:  # why a host is refused: the checks and their problems, short
         if r.get("preflight"):
             rep.console.print(Text.assemble(rep.cell(r["host"], "bold"), " is refused by "

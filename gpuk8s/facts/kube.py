@@ -88,6 +88,8 @@ class NodeStatus:
     ready_message: str = ""
     #: allocatable NVIDIA resources (nvidia.com/gpu, nvidia.com/mig-3g.40gb, ...) -> count
     nvidia: dict[str, int] = field(default_factory=dict)
+    #: why `invoke accept` quarantined the node (its annotation), "" when it did not
+    gpu_unhealthy: str = ""
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,10 @@ DRA_RESOURCES = {"DeviceClass": "deviceclasses",
                  "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
+#: the annotation `invoke accept` writes on a node it quarantines: the failed checks
+GPU_UNHEALTHY_REASON = "gpuk8s.io/gpu-unhealthy-reason"
+
+
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
     nodes = {}
     for item in data.get("items", []):
@@ -133,7 +139,8 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
             tuple(f"{t['key']}:{t.get('effect', '')}" for t in spec.get("taints", [])),
             ready.get("message", ""),
             {k: int(v) for k, v in status.get("allocatable", {}).items()
-             if k.startswith("nvidia.com/") and str(v).isdigit()})
+             if k.startswith("nvidia.com/") and str(v).isdigit()},
+            str(meta.get("annotations", {}).get(GPU_UNHEALTHY_REASON, "")))
     return nodes
 
 

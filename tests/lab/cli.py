@@ -67,6 +67,54 @@ def ssh(node: str, cmd: Sequence[str] = (), user: str = "root") -> int:
     return 127  # not reached
 
 
+#: what `lab.gpu-fault` runs on the node ($1 GPU index or "", $2 kind or "clear"): the fault
+#: file the stand-ins read (labgpu.FAULT_DIR), and for an Xid the driver's line in the node's
+#: lab kernel log (the dmesg stand-in's), as NVRM prints Xid 119 (a GSP timeout; NVIDIA's Xid
+#: catalog: reset the GPU)
+GPU_FAULT = r"""set -e
+d=/var/lib/gpuk8s-lab/gpu-faults
+bus=""
+if [ -n "$1" ]; then
+  bus=$(for dev in /sys/bus/pci/devices/*; do
+    [ "$(cat "$dev/vendor")" = 0x10de ] || continue
+    case $(cat "$dev/class") in 0x0300*|0x0302*) basename "$dev";; esac
+  done | sort | sed -n "$(($1 + 1))p")
+  [ -n "$bus" ] || { echo "the node has no GPU $1" >&2; exit 2; }
+fi
+if [ "$2" = clear ]; then
+  if [ -n "$bus" ]; then rm -f "$d/$bus"; else rm -rf "$d"; fi
+  rm -f /run/gpuk8s-lab/kmsg
+  exit 0
+fi
+mkdir -p "$d" /run/gpuk8s-lab
+echo "$2" > "$d/$bus"
+if [ "$2" = xid ]; then
+  up=$(awk '{printf "%12.6f", $1}' /proc/uptime)
+  m="Timeout after 6s of waiting for RPC response from GPU$1 GSP!"
+  m="$m Expected function 76 (GSP_RM_CONTROL) (0x2080014b 0x5)."
+  printf '[%s] NVRM: Xid (PCI:%s): 119, pid=4242, name=python3, %s\n' "$up" "${bus%.*}" "$m" \
+    >> /run/gpuk8s-lab/kmsg
+fi
+"""
+FAULT_KINDS = ("slow", "pcie", "ecc", "xid", "missing")
+
+
+def gpu_fault(node: str, gpu: int | None, kind: str | None, clear: bool = False) -> int:
+    """Inject a GPU fault on a lab node (the stand-ins report it), or clear it."""
+    if clear == (kind is not None):
+        print("give --kind KIND or --clear", file=sys.stderr)
+        return 2
+    if kind is not None and (kind not in FAULT_KINDS or gpu is None):
+        print(f"--kind is one of {', '.join(FAULT_KINDS)}, with --gpu N", file=sys.stderr)
+        return 2
+    cmd = shlex.join(["sh", "-c", GPU_FAULT, "gpu-fault", "" if gpu is None else str(gpu),
+                      "clear" if clear else str(kind)])
+    rc, out, err = Lab().ssh(node, cmd, timeout=30)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return rc
+
+
 def snapshot(name: str) -> int:
     Lab().snapshot(name)
     return 0
@@ -112,6 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("node")
     s.add_argument("--user", "-u", default="root")
     s.add_argument("command", nargs=argparse.REMAINDER)
+    s = sub.add_parser("gpu-fault", help="inject a GPU fault on NODE (or --clear)")
+    s.add_argument("node")
+    s.add_argument("--gpu", type=int)
+    s.add_argument("--kind", choices=FAULT_KINDS)
+    s.add_argument("--clear", action="store_true")
     s = sub.add_parser("snapshot", help="poweroff, copy overlay upper dirs, boot again")
     s.add_argument("name")
     s = sub.add_parser("restore", help="put a snapshot back and boot it")
@@ -134,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.cmd == "ssh":
             cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
             return ssh(a.node, cmd, a.user)
+        if a.cmd == "gpu-fault":
+            return gpu_fault(a.node, a.gpu, a.kind, a.clear)
         if a.cmd == "snapshot":
             return snapshot(a.name)
         if a.cmd == "restore":

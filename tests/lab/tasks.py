@@ -60,6 +60,15 @@ def ssh(c, node, user="root"):
     _done(_cli().ssh(node, _remainder(), user))
 
 
+@task(name="gpu-fault",
+      help={"node": "lab node, e.g. gpu-01", "gpu": "the GPU's index (nvidia-smi's, no fault)",
+            "kind": "slow | pcie | ecc | xid | missing", "clear": "clear the node's faults "
+            "(with --gpu: that GPU's), as a reset and reboot would"})
+def gpu_fault(c, node, gpu=None, kind=None, clear=False):
+    """Make a lab GPU faulty: nvidia-smi, the kernel log and the benchmark stand-ins report it."""
+    _done(_cli().gpu_fault(node, None if gpu is None else int(gpu), kind, clear))
+
+
 @task(help={"name": "snapshot name"})
 def snapshot(c, name):
     """Power the nodes off, copy their overlay upper dirs to <state>/snapshots/NAME, boot."""
@@ -98,4 +107,5 @@ def images(c, only=None):
     _done(_cli().images(only or None))
 
 
-lab = Collection("lab", up, down, status, ssh, snapshot, restore, inventory, repos, images)
+lab = Collection("lab", up, down, status, ssh, gpu_fault, snapshot, restore, inventory, repos,
+                 images)

@@ -190,12 +190,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "htmlreport": LEAVES | {"report"},
     "gpucheck_script": LEAVES,
     "api": ENGINE | {"htmlreport"},
-    "day2": ENGINE,
+    # GPU acceptance: add-node (day2) runs it, so it stays below day2
+    "accept": ENGINE,
+    "day2": ENGINE | {"accept"},
     "workloads": ENGINE,
     "images": ENGINE | {"workloads"},
     "bundle": ENGINE | {"bundlefiles"},
     "gpucheck": ENGINE | {"gpucheck_script"},
-    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck"},
+    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck", "accept"},
     # scripts that run on a node (torch_probe.py...): nothing of gpuk8s
     "data": frozenset(),
 }

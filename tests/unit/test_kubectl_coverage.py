@@ -29,6 +29,8 @@ EXERCISED = {
         "test_k8s_upgrade.py::test_next_minor_control_plane_first_then_one_worker_at_a_time"],
     "api-resources": ["test_workloads.py::test_undeploy_removes_everything"],
     "rollout": ["test_monitoring.py::test_gpu_monitoring_scrapes_every_lab_gpu"],
+    "cordon": ["test_accept.py::test_a_fault_on_one_gpu_quarantines_that_node_until_release"],
+    "annotate": ["test_accept.py::test_a_fault_on_one_gpu_quarantines_that_node_until_release"],
     "logs": ["test_workloads.py::"
              "test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy"],
 }

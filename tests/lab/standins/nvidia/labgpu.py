@@ -120,6 +120,23 @@ def _uuid(bus: str) -> tuple[str, str]:
     return uuid, serial
 
 
+#: Lab-only fault injection (`invoke lab.gpu-fault`): one file per faulty GPU, named by its PCI
+#: address (0000:00:07.0), holding the fault: slow | pcie | ecc | xid | missing. A "missing" GPU
+#: is gone from nvidia-smi and CUDA as a GPU that fell off the bus is, though the PCI device
+#: stays; the others change what nvidia-smi and the benchmark stand-in report for it.
+FAULT_DIR = "/var/lib/gpuk8s-lab/gpu-faults"
+FAULT_KINDS = ("slow", "pcie", "ecc", "xid", "missing")
+
+
+def fault(sysfs_name: str) -> str:
+    kind = read(f"{FAULT_DIR}/{sysfs_name}") or ""
+    return kind if kind in FAULT_KINDS else ""
+
+
+#: PCIe generation each model's link trains to (the H200's: 5, tests/fixtures/real/h200-accept)
+LINK_GEN = {0x2330: 5, 0x2335: 5, 0x20B2: 4, 0x26B9: 4}
+
+
 #: Lab-only hook: the GPUs a container was given (comma-separated UUIDs), set by the kubelet
 #: stand-in for pods that got nvidia.com/gpu. It plays the NVIDIA Container Toolkit injecting only
 #: the allocated devices: nvidia-smi in such a container sees just those, numbered from 0. MIG
@@ -133,6 +150,8 @@ def gpus() -> list[GPU]:
     wanted = None if visible is None else {u for u in visible.split(",") if u}
     for name, device, cls, sub, numa in _pci_entries():
         if (cls >> 8) not in (0x0300, 0x0302):
+            continue
+        if fault(name) == "missing":
             continue
         model = MODELS.get(device, UNKNOWN_MODEL)
         uuid, serial = _uuid(name)
