@@ -40,7 +40,7 @@ LOG_TAIL = 40
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-")
 #: report.json keys shown in their own section; the others go under "other fields"
 SHOWN = {"command", "started", "elapsed", "wall_time", "phases", "steps", "cluster",
-         "failed_hosts", "error"}
+         "failed_hosts", "error", "accept"}
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;background:#fff}
@@ -327,6 +327,39 @@ def _cluster(report: dict[str, Any]) -> str:
             f'<th>roles</th><th>version</th><th>GPUs</th></tr>{rows}</table>')
 
 
+def _figure(c: dict[str, Any]) -> str:
+    if "value" not in c:
+        return ""
+    return f"{esc(c['value'])} {esc(c.get('unit', ''))}"
+
+
+def _accept(report: dict[str, Any]) -> str:
+    """`invoke accept`'s verdicts: per node, every check with its figure, the reference it was
+    held to and that reference's source."""
+    results = _items(report.get("accept"))
+    if not results:
+        return ""
+    parts = ["<h2>GPU acceptance</h2>"]
+    for host, r in results:
+        rows = []
+        for where, checks in [("node", _dicts(r.get("node_checks")))] + [
+                (f"GPU {g.get('index', '?')}", _dicts(g.get("checks")))
+                for g in _dicts(r.get("gpus"))]:
+            rows += [f"<tr><td>{esc(where)}</td><td>{esc(c.get('check', ''))}</td>"
+                     f"<td class=\"s-{esc(c.get('verdict', ''))}\">{esc(c.get('verdict', ''))}"
+                     f"</td><td>{_figure(c)}</td><td>{esc(c.get('reference', ''))}</td>"
+                     f"<td>{esc(c.get('source', ''))}</td><td>{esc(c.get('detail', ''))}</td>"
+                     "</tr>" for c in checks]
+        reasons = ", ".join(map(str, r.get("reasons") or []))
+        parts.append(
+            f"<h3>{esc(host)}: {esc(r.get('verdict', '?'))}"
+            f"{' (' + esc(reasons) + ')' if reasons else ''}</h3>"
+            f"<p>{esc(r.get('action', ''))}</p><table class=\"cluster\"><tr><th>where</th>"
+            "<th>check</th><th>verdict</th><th>figure</th><th>reference</th><th>source</th>"
+            f"<th>detail</th></tr>{''.join(rows)}</table>")
+    return "".join(parts)
+
+
 def load(run_dir: Path) -> dict[str, Any]:
     """report.json of a run folder, or a RunFolderError that says what is wrong and the fix."""
     if not run_dir.is_dir():
@@ -396,7 +429,7 @@ def render(run_dir: Path) -> str:
            if any(i.op.get("status") == "planned" for i in items) else "")
         + (_by_host(items, "warning", "Warnings", "")
            if any(i.op.get("status") == "warning" for i in items) else "")
-        + _failures(report, items, failed, logs) + _cluster(report) + extra
+        + _failures(report, items, failed, logs) + _accept(report) + _cluster(report) + extra
         + "</body></html>\n")
 
 

@@ -46,9 +46,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("package-cache", "package_cache", ("package_cache",),
           "apt cache: apt-cacher-ng on the cache host, used by every node"),
     Phase("node", "all", ("base", "container_runtime", "kubernetes", "apiserver_lb",
-                          "nvidia_driver", "cuda", "nvidia_container_toolkit"),
+                          "nvidia_driver", "cuda", "nvidia_container_toolkit", "gpu_health"),
           "node stack: base, containerd, kubeadm/kubelet/kubectl, API endpoint, NVIDIA driver, "
-          "CUDA, toolkit"),
+          "CUDA, toolkit, GPU health watch"),
     # after the node phase installed the kernel headers and the driver: hold them together
     Phase("gpu-lock", "all", ("gpu_node_lock",),
           "GPU nodes: the running kernel and the NVIDIA driver held together, "

@@ -260,7 +260,7 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
               opener: Opener = DEFAULT_OPENER,
               ask_become_pass: bool = False, max_fail: int | str = 0,
               quiet: bool = False, backup: bool | str = True,
-              through: str | None = None) -> dict[str, Any]:
+              through: str | None = None, join_cordoned: bool = False) -> dict[str, Any]:
     """Bring every host in the inventory (or ``limit``) to a Ready GPU cluster node: open a
     session and converge it (gpuk8s.api.bootstrap; day2's add-node and reprovision too).
 
@@ -286,6 +286,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
             string says why (a command that runs bootstrap and took one itself).
         through: the last phase to run (restore stops after "control-plane": the cluster's
             objects come from its snapshot); None runs them all.
+        join_cordoned: a GPU worker that joins in this run cordons itself at once, for
+            add-node's accept (accept_on_add).
 
     Returns:
         A summary dict: changes planned/applied per host, wall time, run folder.
@@ -298,6 +300,8 @@ def bootstrap(inventory: str | Path, *, limit: str | None = None, check: bool = 
                            password_prompt=become_prompt(ask_become_pass),
                            allow_unreachable=str(max_fail).strip() not in ("0", "0%"))
     with closing(session):
+        if join_cordoned:
+            session.cluster["join_cordoned"] = True
         return converge(session, check=check, diff=diff, yes=yes, confirm=confirm,
                         max_fail=max_fail, backup=backup, through=through)
 

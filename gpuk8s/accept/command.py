@@ -19,7 +19,14 @@ from gpuk8s.accept.judge import judge
 from gpuk8s.accept.node import parse, script
 from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
-from gpuk8s.facts.kube import GPU_UNHEALTHY_REASON, Cluster, NodeStatus
+from gpuk8s.facts.kube import (
+    ACCEPT_PENDING,
+    CORDONED_BY,
+    GPU_UNHEALTHY_REASON,
+    GPU_UNHEALTHY_SINCE,
+    Cluster,
+    NodeStatus,
+)
 from gpuk8s.facts.system import PciDevices
 from gpuk8s.gather import gather
 from gpuk8s.ops.kube import KUBECTL
@@ -34,8 +41,8 @@ TAINT = "gpuk8s.io/gpu-unhealthy"
 #: uncordons only a node accept cordoned)
 LABEL = TAINT
 REASON = GPU_UNHEALTHY_REASON
-SINCE = "gpuk8s.io/gpu-unhealthy-since"
-CORDONED = "gpuk8s.io/cordoned-by"
+SINCE = GPU_UNHEALTHY_SINCE
+CORDONED = CORDONED_BY
 #: one run quarantines at most this share of the cluster's GPU nodes (and at least one)
 CAP_SHARE = 0.25
 #: seconds the node script may take
@@ -47,7 +54,10 @@ def cap(gpu_nodes: int) -> int:
 
 
 def quarantined(node: NodeStatus | None) -> bool:
-    return node is not None and any(t.startswith(f"{TAINT}:") for t in node.taints)
+    """Tainted by accept, or labelled by gpu_health_watch (which cannot taint: its kubelet
+    credentials may cordon and label their node, not taint it)."""
+    return node is not None and (any(t.startswith(f"{TAINT}:") for t in node.taints)
+                                 or LABEL in node.labels)
 
 
 def quarantine_script(node: str, code: str, text: str, cordon: bool) -> str:
@@ -65,6 +75,13 @@ def quarantine_script(node: str, code: str, text: str, cordon: bool) -> str:
         + (f" {shell(f'{CORDONED}=gpuk8s-accept')}" if cordon else "") + " --overwrite",
     ]
     return "\n".join(lines) + "\n"
+
+
+def admit_script(node: str) -> str:
+    """A node add-node joined cordoned passed accept: uncordon it, drop the annotations."""
+    n = node_arg(node)
+    return (f"set -e\n{KUBECTL} annotate node {n} {shell(f'{ACCEPT_PENDING}-')} "
+            f"{shell(f'{CORDONED}-')} --overwrite\n{KUBECTL} uncordon {n}\n")
 
 
 def release_script(node: str, uncordon: bool) -> str:
@@ -142,9 +159,15 @@ def apply_verdicts(session: Session, results: dict[str, dict[str, Any]], *,
     for h, res in results.items():
         node = nodes.get(names[h])
         res["node"] = names[h]
+        pending = node is not None and node.accept_pending and not quarantined(node)
         if res["verdict"] != "fail":
-            res["action"] = ("still quarantined: it passes now, `invoke release --host "
-                             f"{h}` lifts it") if quarantined(node) else "none"
+            if pending and quarantine:
+                run_step(session, session.first_cp, admit_script(names[h]),
+                         f"admit {names[h]}")
+                res["action"] = "admitted: accepted after add-node, uncordoned"
+            else:
+                res["action"] = ("still quarantined: it passes now, `invoke release --host "
+                                 f"{h}` lifts it") if quarantined(node) else "none"
             continue
         code = res["reasons"][0] if res["reasons"] else "benchmark"
         if node is None:
@@ -157,10 +180,12 @@ def apply_verdicts(session: Session, results: dict[str, dict[str, Any]], *,
                              "when this many nodes fail at once, look for a shared cause")
         else:
             again = quarantined(node)
-            run_step(session, session.first_cp,
-                     quarantine_script(names[h], code, res["reason_text"],
-                                       cordon=not node.unschedulable),
-                     f"quarantine {names[h]} ({code})")
+            script = quarantine_script(names[h], code, res["reason_text"],
+                                       cordon=not node.unschedulable)
+            if pending:  # joined cordoned by add-node: now quarantined, release admits it
+                script += f"{KUBECTL} annotate node {node_arg(names[h])} " \
+                          f"{shell(f'{ACCEPT_PENDING}-')} --overwrite\n"
+            run_step(session, session.first_cp, script, f"quarantine {names[h]} ({code})")
             if not again:
                 taken += 1
             res["action"] = ("quarantine updated" if again else "quarantined") + \
@@ -220,6 +245,26 @@ def accept(inventory: str | Path, *, host: str | None = None, quick: bool = Fals
         else:
             print_results(rep, results)
         return results
+
+
+def accept_added(inventory: str | Path, host: str, *, reporter: Reporter | None = None,
+                 opener: Opener = DEFAULT_OPENER) -> dict[str, Any] | None:
+    """After add-node: accept --quick on ``host`` if it joined cordoned for it (a GPU worker
+    with accept_on_add), then admit or quarantine it. None when there was nothing to accept."""
+    session = _session(inventory, host, "add-node-accept", reporter, opener)
+    with closing(session):
+        if host not in _gpu_hosts(session, None):
+            return None
+        name = str(session.cluster["nodes"][host]["name"])
+        node = _nodes(session).get(name)
+        if node is None or not node.accept_pending or quarantined(node):
+            return None
+        session.reporter.phase(f"accept --quick: {host} joined cordoned (accept_on_add)")
+        results = measure(session, [host], quick=True)
+        apply_verdicts(session, results)
+        session.runlog.write_report(accept=results, quick=True)
+        print_results(session.reporter, results)
+        return results[host]
 
 
 def release(inventory: str | Path, *, host: str, quick: bool = False,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from gpuk8s.facts.xid import parse_xid
+
 #: nvidia-smi --query-gpu fields read once before the benchmark (names as nvidia-smi 580 knows
 #: them: tests/fixtures/real/h200-accept/health.csv)
 HEALTH_FIELDS = (
@@ -118,9 +120,6 @@ _PATTERNS = {
     "nccl_missing": re.compile(r"NCCL unavailable (.{0,200})"),
     "nccl_version": re.compile(r"NCCL version=(\d{1,9})"),
     "error": re.compile(r"ERROR (.{1,300})"),
-    "xid": re.compile(r"\[\s*(\d{1,9}\.\d{1,9})\]\s.{0,80}?NVRM: Xid \((?:PCI:)?"
-                      r"([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): "
-                      r"(\d{1,4}),\s?(.{0,200})"),
 }
 
 
@@ -230,9 +229,9 @@ def parse(output: str) -> NodeReading:
                 r.errors.append(f"nvidia-smi: {line[:200]}")
             continue
         if section == "XID":
-            if m := _PATTERNS["xid"].search(line):
-                r.xids.append({"uptime_s": float(m.group(1)), "bus": bus_key(m.group(2) + ".0"),
-                               "xid": int(m.group(3)), "text": m.group(4).strip()[:200]})
+            if (x := parse_xid(line)) is not None:
+                r.xids.append({"uptime_s": x.uptime_s, "bus": f"{x.bus}.0", "xid": x.xid,
+                               "text": x.text})
             continue
         if section == "SAMPLES":
             _sample(line, r.samples)

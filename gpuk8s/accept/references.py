@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuk8s.facts.xid import FATAL_XIDS
+
+__all__ = ["FATAL_XIDS"]
+
 #: the verdict bands, as fractions of the reference (or of the node's best GPU)
 FAIL_BELOW = 0.90
 WARN_BELOW = 0.95
@@ -116,19 +120,6 @@ REFERENCES: dict[str, dict[str, Ref]] = {
         "h2d": Ref(24.0, "PCIe Gen4 x16 as the A100's (Azure passes those at 24)"),
         "d2h": Ref(24.0, "PCIe Gen4 x16 as the A100's"),
     },
-}
-
-#: Xid events NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)
-#: marks, for the H100 and A100, with the immediate action RESET_GPU or RESTART_BM (reboot), and
-#: those whose workflow ends in a reset (48: double-bit ECC, 74: NVLink, 154: recovery action
-#: changed). A GPU that logged one takes no more work until it is reset and accepted again.
-FATAL_XIDS: dict[int, str] = {
-    46: "GPU stopped responding", 48: "double-bit ECC error", 62: "PMU halt",
-    64: "row remapping failed", 74: "NVLink error", 79: "GPU has fallen off the bus",
-    95: "uncontained ECC error", 109: "context switch timeout", 110: "security fault",
-    119: "GSP RPC timeout", 120: "GSP error", 136: "link training failed",
-    140: "unrecovered ECC error", 143: "GPU init error", 154: "recovery action changed",
-    156: "resource retirement event", 158: "GPU fatal timeout",
 }
 
 #: nvidia-smi's clocks_event_reasons.active bits that mean a fault, not a policy (nvml.h's

@@ -48,6 +48,27 @@ static double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
+// Median milliseconds of `runs` calls of `copy` on stream `st`, each between two events; the
+// first three warm up and are left out.
+template <typename F> static double median_ms(cudaStream_t st, int runs, F copy) {
+  cudaEvent_t s, e;
+  cudaEventCreate(&s);
+  cudaEventCreate(&e);
+  std::vector<double> ms;
+  for (int i = 0; i < runs; i++) {
+    cudaEventRecord(s, st);
+    copy();
+    cudaEventRecord(e, st);
+    cudaEventSynchronize(e);
+    float t = 0;
+    cudaEventElapsedTime(&t, s, e);
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(s);
+  cudaEventDestroy(e);
+  return median(ms);
+}
+
 // Fill with values in [-1, 1) from a hash of the index: random-looking data draws the power a
 // real workload draws (a matrix of zeros runs faster than any real one).
 template <typename T> __global__ void fill(T *p, size_t n, unsigned seed) {
@@ -187,21 +208,11 @@ static bool membw(int dev) {
   CK(cudaMalloc(&in, bytes));
   CK(cudaMalloc(&out, bytes));
   CK(cudaMemset(in, 1, bytes));
-  std::vector<double> ms;
-  cudaEvent_t s, e;
-  cudaEventCreate(&s); cudaEventCreate(&e);
-  for (int i = 0; i < (quick ? 13 : 33); i++) {
-    cudaEventRecord(s);
+  double ms = median_ms(0, quick ? 13 : 33, [&]() {
     cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e);
-    cudaEventSynchronize(e);
-    float t = 0;
-    cudaEventElapsedTime(&t, s, e);
-    if (i >= 3) ms.push_back(t);  // the first three warm up
-  }
+  });
   CK(cudaGetLastError());
-  printf("MEMBW %d %.1f\n", dev, 2.0 * bytes / (median(ms) * 1e-3) / 1e9);
-  cudaEventDestroy(s); cudaEventDestroy(e);
+  printf("MEMBW %d %.1f\n", dev, 2.0 * bytes / (ms * 1e-3) / 1e9);
   cudaFree(in); cudaFree(out);
   return true;
 }
@@ -215,24 +226,14 @@ static bool host_copies(int dev) {
   memset(host, 1, bytes);
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t s, e;
-  cudaEventCreate(&s); cudaEventCreate(&e);
   for (int dir = 0; dir < 2; dir++) {
-    std::vector<double> ms;
-    for (int i = 0; i < (quick ? 8 : 23); i++) {
-      cudaEventRecord(s, st);
+    double ms = median_ms(st, quick ? 8 : 23, [&]() {
       if (dir == 0) cudaMemcpyAsync(gpu, host, bytes, cudaMemcpyHostToDevice, st);
       else cudaMemcpyAsync(host, gpu, bytes, cudaMemcpyDeviceToHost, st);
-      cudaEventRecord(e, st);
-      cudaEventSynchronize(e);
-      float t = 0;
-      cudaEventElapsedTime(&t, s, e);
-      if (i >= 3) ms.push_back(t);
-    }
+    });
     CK(cudaGetLastError());
-    printf("%s %d %.1f\n", dir == 0 ? "H2D" : "D2H", dev, bytes / (median(ms) * 1e-3) / 1e9);
+    printf("%s %d %.1f\n", dir == 0 ? "H2D" : "D2H", dev, bytes / (ms * 1e-3) / 1e9);
   }
-  cudaEventDestroy(s); cudaEventDestroy(e);
   cudaStreamDestroy(st);
   cudaFreeHost(host); cudaFree(gpu);
   return true;
@@ -255,22 +256,11 @@ static bool peer(int src, int dst) {
   CK(cudaMalloc(&b, bytes));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t s, e;
-  cudaEventCreate(&s); cudaEventCreate(&e);
-  std::vector<double> ms;
-  for (int i = 0; i < (quick ? 6 : 13); i++) {
-    cudaEventRecord(s, st);
+  double ms = median_ms(st, quick ? 6 : 13, [&]() {
     cudaMemcpyPeerAsync(b, dst, a, src, bytes, st);
-    cudaEventRecord(e, st);
-    cudaEventSynchronize(e);
-    float t = 0;
-    cudaEventElapsedTime(&t, s, e);
-    if (i >= 3) ms.push_back(t);
-  }
+  });
   CK(cudaGetLastError());
-  printf("P2P %d %d %.1f %s\n", src, dst, bytes / (median(ms) * 1e-3) / 1e9,
-         can ? "peer" : "staged");
-  cudaEventDestroy(s); cudaEventDestroy(e);
+  printf("P2P %d %d %.1f %s\n", src, dst, bytes / (ms * 1e-3) / 1e9, can ? "peer" : "staged");
   cudaStreamDestroy(st);
   cudaFree(b);
   if (can) cudaDeviceDisablePeerAccess(src);

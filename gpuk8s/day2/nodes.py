@@ -8,6 +8,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from gpuk8s.accept.command import accept_added
 from gpuk8s.backups import before_change
 from gpuk8s.day2.control_planes import remove_control_plane
 from gpuk8s.day2.steps import (
@@ -129,9 +130,17 @@ def _driver_names(session: Session, host: str) -> list[str]:
 # -- add / remove -----------------------------------------------------------------------------
 def add_node(inventory: str | Path, host: str, **kwargs: Any) -> dict[str, Any]:
     """Give a new box the full node stack (GPU roles included) and join it; the other
-    workers are not contacted. Same as ``bootstrap --limit HOST``."""
+    workers are not contacted. Same as ``bootstrap --limit HOST``, except that a GPU worker
+    joins cordoned and takes work only once ``accept --quick`` passes on it (accept_on_add:
+    true, the default); a failing one stays cordoned and is quarantined."""
     check_one_host(inventory, host)
-    return bootstrap(inventory, limit=host, **kwargs)
+    result = bootstrap(inventory, limit=host, join_cordoned=True, **kwargs)
+    if not kwargs.get("check"):
+        accepted = accept_added(inventory, host, reporter=kwargs.get("reporter"),
+                                opener=kwargs.get("opener", DEFAULT_OPENER))
+        if accepted is not None:
+            result["accept"] = {k: accepted[k] for k in ("verdict", "reasons", "action")}
+    return result
 
 
 def remove_node(inventory: str | Path, host: str, *, drain_timeout: int = 300,

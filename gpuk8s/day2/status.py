@@ -28,6 +28,7 @@ from gpuk8s.facts.controlplane import (
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
+from gpuk8s.facts.xid import XidEvents
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES
@@ -91,6 +92,12 @@ def status(inventory: str | Path, *, as_json: bool = False, wide: bool = False,
                 **({"gpu_quarantine": {
                     "reason": kube.labels.get(LABEL, ""), "detail": kube.gpu_unhealthy}}
                    if kube is not None and quarantined(kube) else {}),
+                **({"xids": [{"xid": e.xid, "bus": e.bus, "uptime_s": e.uptime_s,
+                              "fatal": e.fatal, "text": e.text}
+                             for e in facts.get(XidEvents()) or ()]} if gpus else {}),
+                **({"unhealthy_gpus": kube.gpu_capacity - kube.gpu_allocatable}
+                   if kube and kube.gpu_capacity is not None and kube.gpu_allocatable
+                   is not None and kube.gpu_capacity > kube.gpu_allocatable else {}),
                 "kubelet": pkgs["kubelet"].version.split("-")[0] if "kubelet" in pkgs else "",
                 "containerd": facts[Containerd()].version,
                 "driver": nv.loaded_version if nv.exit_code == 0 else
@@ -306,6 +313,20 @@ def _print_status(rep: Reporter, rows: list[dict[str, Any]], as_json: bool, *,
     for r in rows:  # each GPU node's kernel and driver, and what needs the admin
         for text, style in kernel_lines(r["host"], r["kernel"]) if r.get("kernel") else ():
             rep.console.print(rep.cell(text, style), soft_wrap=True)
+    for r in rows:  # what the GPUs' driver and the device plugin say went wrong
+        fatal = [x for x in r.get("xids", []) if x["fatal"]]
+        if r.get("xids"):
+            last = r["xids"][-1]
+            rep.console.print(Text.assemble(
+                rep.cell(r["host"], "bold"), f": {len(r['xids'])} Xid event(s) since boot "
+                f"({len(fatal)} needing a GPU reset or a reboot); last: Xid {last['xid']} on ",
+                rep.cell(last["bus"]), f" at {last['uptime_s']:.0f} s",
+                style="red" if fatal else "yellow"), soft_wrap=True)
+        if r.get("unhealthy_gpus"):
+            rep.console.print(Text.assemble(
+                rep.cell(r["host"], "bold"), f": the device plugin reports "
+                f"{r['unhealthy_gpus']} GPU(s) unhealthy (capacity above allocatable)"),
+                style="red", soft_wrap=True)
     for r in rows:  # GPU nodes `invoke accept` quarantined, and why
         if q := r.get("gpu_quarantine"):
             rep.console.print(Text.assemble(

@@ -90,6 +90,11 @@ class NodeStatus:
     nvidia: dict[str, int] = field(default_factory=dict)
     #: why `invoke accept` quarantined the node (its annotation), "" when it did not
     gpu_unhealthy: str = ""
+    #: joined cordoned by add-node, waiting for `accept --quick` to pass (accept_on_add)
+    accept_pending: bool = False
+    #: capacity nvidia.com/gpu: above the allocatable count, the device plugin found GPUs
+    #: unhealthy (its health checks take them out of allocatable)
+    gpu_capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,12 @@ DRA_RESOURCES = {"DeviceClass": "deviceclasses",
 
 #: the annotation `invoke accept` writes on a node it quarantines: the failed checks
 GPU_UNHEALTHY_REASON = "gpuk8s.io/gpu-unhealthy-reason"
+GPU_UNHEALTHY_SINCE = "gpuk8s.io/gpu-unhealthy-since"
+#: the annotation a GPU worker add-node joined cordoned carries until accept admits it
+ACCEPT_PENDING = "gpuk8s.io/accept-pending"
+#: the annotation that says gpuk8s cordoned the node for accept (release and admission uncordon
+#: only such a node)
+CORDONED_BY = "gpuk8s.io/cordoned-by"
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
@@ -140,8 +151,14 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
             ready.get("message", ""),
             {k: int(v) for k, v in status.get("allocatable", {}).items()
              if k.startswith("nvidia.com/") and str(v).isdigit()},
-            str(meta.get("annotations", {}).get(GPU_UNHEALTHY_REASON, "")))
+            str(meta.get("annotations", {}).get(GPU_UNHEALTHY_REASON, "")),
+            meta.get("annotations", {}).get(ACCEPT_PENDING) == "true",
+            _count(status.get("capacity", {}).get("nvidia.com/gpu")))
     return nodes
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if str(value).isdigit() else None
 
 
 #: seconds the cluster read may take before it counts as "the API does not answer"

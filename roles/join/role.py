@@ -17,11 +17,12 @@ from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
 from gpuk8s.facts.certs import CertExpiry, expiry_warning
 from gpuk8s.facts.controlplane import TCP_OPEN, ControlPlaneHealth
-from gpuk8s.facts.kube import ADMIN_CONF
+from gpuk8s.facts.kube import ACCEPT_PENDING, ADMIN_CONF, CORDONED_BY
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, q, warn, write_file
 from gpuk8s.ops.kube import KUBEADM_PATCHES, KUBEADM_RESET
 from gpuk8s.roles import HostContext
+from gpuk8s.sinks import node_arg
 
 KUBELET_CONF = "/etc/kubernetes/kubelet.conf"
 ROOT_KUBECONFIG = "/root/.kube/config"
@@ -76,13 +77,37 @@ def plan(ctx: HostContext) -> list[Op]:
     kind = "kubeadm join --control-plane" if as_control_plane else "kubeadm join"
     steps = [*reset, write_file(JOIN_CONFIG, config, "0600"),
              f"rc=0; kubeadm join --config {JOIN_CONFIG} || rc=$?; rm -f {JOIN_CONFIG}; "
-             "exit $rc"]
+             '[ "$rc" -eq 0 ] || exit "$rc"']
+    cordon = not as_control_plane and bool(node.get("gpus")) and \
+        bool(ctx.cluster.get("join_cordoned")) and bool(ctx.var("accept_on_add"))
+    if cordon:
+        steps.append(cordon_self(node["name"]))
+        after += " then cordoned until accept --quick passes (accept_on_add)"
     if as_control_plane:
         steps.insert(len(reset), _ports_of(ctx.cluster["control_planes"][0]["address"]))
         steps += [_wait_ready(node["address"]),
                   f"install -D -m 0600 {ADMIN_CONF} {ROOT_KUBECONFIG}"]
     return [change("join | kubeadm join", f"+ {kind} {join['endpoint']}{after}", *steps,
                    secret=True, timeout=900 if as_control_plane else 600)]
+
+
+#: seconds a new node's kubelet may take to register its Node object after kubeadm join
+REGISTER_WAIT = 60
+
+
+def cordon_self(name: str) -> str:
+    """The node cordons itself with its own kubelet credentials (the Node authorizer lets a
+    kubelet patch its own Node, and NodeRestriction lets it change spec.unschedulable and
+    annotations, not taints: plugin/pkg/admission/noderestriction/admission.go, admitNode) as
+    soon as its Node object exists, before the CNI makes it Ready; the annotations say add-node
+    did it and that accept has yet to pass."""
+    kubectl = f"kubectl --kubeconfig {KUBELET_CONF}"
+    n = node_arg(name)
+    return (f"i=0; until {kubectl} cordon {n} >/dev/null 2>&1; do i=$((i+1)); "
+            f"[ $i -lt {REGISTER_WAIT} ] || {{ echo \"the node did not register in "
+            f"{REGISTER_WAIT}s, so it could not be cordoned for accept\" >&2; exit 1; }}; "
+            f"sleep 1; done; {kubectl} annotate node {n} {ACCEPT_PENDING}=true "
+            f"{CORDONED_BY}=gpuk8s-accept --overwrite")
 
 
 #: what a joining control plane must reach on the first one: etcd's client and peer ports and

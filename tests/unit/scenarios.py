@@ -85,6 +85,8 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return GpuKernelState()
     if kind == "CertExpiry":
         return CertState()
+    if kind == "XidEvents":
+        return ()
     if kind == "LocalSnapshots":
         return ()
     if kind == "Reaches":

@@ -220,3 +220,20 @@ def test_an_external_endpoint_must_resolve_on_every_node() -> None:
         {}))[0])
     hostile = Reaches("a;rm -rf /:6443").command()
     assert "h='a;rm -rf /'" in hostile  # one shell word
+
+
+def test_a_gpu_worker_add_node_joins_cordons_itself_for_accept() -> None:
+    values = cluster()
+    values["nodes"]["w1"]["gpus"] = 2
+    [op] = plan("join", "w1", {**values, "join_cordoned": True})
+    assert op.reason.endswith("then cordoned until accept --quick passes (accept_on_add)")
+    script = "\n".join(op.commands)
+    # its own kubelet credentials: a kubelet may cordon and annotate its Node, never taint it
+    assert "kubectl --kubeconfig /etc/kubernetes/kubelet.conf cordon w1" in script
+    assert "gpuk8s.io/accept-pending=true gpuk8s.io/cordoned-by=gpuk8s-accept" in script
+    assert script.index("kubeadm join --config") < script.index("cordon w1")
+    # bootstrap (no join_cordoned), a CPU worker, or accept_on_add: false join as before
+    values_plain = cluster()
+    values_plain["nodes"]["w1"]["gpus"] = 2
+    for host, v in (("w1", values_plain), ("w1", {**cluster(), "join_cordoned": True})):
+        assert "cordon" not in "\n".join(plan("join", host, v)[0].commands)

@@ -301,3 +301,20 @@ def test_a_symlinked_log_or_report_is_named_not_read(tmp_path: Path) -> None:
     with pytest.raises(RunFolderError, match=r"report\.json is a symlink: not read") as err:
         htmlreport.render(other)
     assert "SECRETKEYMATERIAL" not in str(err.value) and "fix:" in str(err.value)
+
+
+def test_an_accept_run_shows_every_figure_reference_source_and_verdict(tmp_path: Path) -> None:
+    from gpuk8s.accept.judge import judge
+    from gpuk8s.accept.node import parse
+
+    real = (Path(__file__).parents[1] / "fixtures" / "real" / "h200-accept" /
+            "2xh200-full.txt").read_text()
+    bad = real.replace("MATMUL 1 bf16", "MATMUL 1 bf16 1\nMATMUL 9 bf16").replace(
+        "SMI-END 0", "SMI-END 0\n<script>alert(1)</script>")
+    result = {**judge(parse(bad)), "action": "quarantined: <b>cordoned</b>"}
+    report = {**four_host_report(), "command": "accept", "accept": {"gpu-01": result}}
+    page = htmlreport.render(make_run(tmp_path, report))
+    assert "<h2>GPU acceptance</h2>" in page
+    assert "dense BF16 matmul 656.4 TFLOPS" in page and "measured: docs/real-hardware.md" in page
+    assert "<script>alert" not in page and "&lt;b&gt;cordoned" in page
+    assert page.count("<td>matmul_bf16</td>") == 2

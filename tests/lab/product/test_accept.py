@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuk8s import day2
+from gpuk8s import api, day2
 from gpuk8s.accept.command import accept, release
 from gpuk8s.errors import Gpuk8sError
 from tests.lab.lab import Lab
@@ -125,3 +126,46 @@ def test_every_gpu_node_faulted_quarantines_no_more_than_the_cap(lab: Lab, inv: 
         gpu_fault("gpu-02", "--clear")
     call(release, inv, host="gpu-01", quick=True)
     assert node(lab, "gpu-01")["taints"] == {} and node(lab, "gpu-02")["taints"] == {}
+
+
+def test_a_fatal_xid_quarantines_a_watched_node_with_no_gpuk8s_command_running(
+        lab: Lab, tmp_path: Path) -> None:
+    watched = derived_inventory(lab, tmp_path, hosts={"gpu-02": {"gpu_health_watch": True}},
+                                feature_gates=GATE_VARS)
+    _, text = call(api.bootstrap, watched, limit="gpu-02", yes=True)
+    assert "(re)start gpuk8s-gpu-health.service" in text
+    _, out, _ = lab.ssh("gpu-02", "systemctl is-active gpuk8s-gpu-health.service")
+    assert out.strip() == "active", out
+    # gpu-01 does not watch (gpu_health_watch is per host): the same Xid leaves it alone
+    gpu_fault("gpu-01", "--gpu", "0", "--kind", "xid")
+    start = time.monotonic()
+    gpu_fault("gpu-02", "--gpu", "0", "--kind", "xid")
+    try:
+        while node(lab, "gpu-02")["label"] is None and time.monotonic() - start < 30:
+            time.sleep(1)
+        took = time.monotonic() - start
+        got = node(lab, "gpu-02")
+        assert got["label"] == "xid-119", f"not quarantined {took:.0f} s after the Xid"
+        assert took <= 30 and got["cordoned"]
+        assert "Xid 119 in the kernel log" in got["reason"] and "NVRM: Xid (PCI:" in got["reason"]
+        # the node's kubelet credentials cannot taint (NodeRestriction): no gpuk8s taint yet
+        assert TAINT not in got["taints"]
+        assert node(lab, "gpu-01")["label"] is None
+        rows, out = call(day2.status, watched)
+        assert next(r for r in rows if r["host"] == "gpu-02")["gpu_quarantine"]["reason"] == \
+            "xid-119"
+        assert "gpu-02: 1 Xid event(s) since boot (1 needing a GPU reset or a reboot)" in out
+        assert next(r for r in rows if r["host"] == "gpu-01")["xids"][0]["xid"] == 119
+        # accept, run now, fails it on the same Xid and adds gpuk8s's taint
+        results, _ = call(accept, watched, host="gpu-02", quick=True)
+        assert results["gpu-02"]["reasons"] == ["xid-119"]
+        assert node(lab, "gpu-02")["taints"] == {TAINT: "xid-119"}
+    finally:
+        gpu_fault("gpu-01", "--clear")
+        gpu_fault("gpu-02", "--clear")
+    done, _ = call(release, watched, host="gpu-02", quick=True)
+    assert done["result"]["action"] == "released and uncordoned"
+    assert node(lab, "gpu-02") == {"cordoned": False, "taints": {}, "label": None, "reason": ""}
+    # the watch remembers the Xid it acted on: released, the node stays released
+    time.sleep(12)
+    assert node(lab, "gpu-02")["label"] is None

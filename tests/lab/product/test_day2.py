@@ -17,8 +17,10 @@ import pytest
 import yaml
 
 from gpuk8s import api, day2
+from gpuk8s.accept.command import release
 from gpuk8s.errors import Gpuk8sError, PhaseFailed
 from gpuk8s.report import Reporter
+from tests.lab.cli import gpu_fault
 from tests.lab.lab import Lab
 from tests.lab.product.runs import (
     BOX,
@@ -218,10 +220,16 @@ def test_add_a_fifth_gpu_node(cluster: Lab, inv: Path) -> None:
     assert result["changed"] > 10 and "nvidia-open-580" in text  # GPU roles included
     for bystander in ("gpu-01", "gpu-02"):
         assert ssh_sessions_since(cluster, bystander, start, end) == []
+    # accept_on_add: it joined cordoned, passed accept --quick, and was uncordoned
+    assert "then cordoned until accept --quick passes" in text
+    assert result["accept"]["verdict"] in ("pass", "warn")
+    assert result["accept"]["action"].startswith("admitted")
     status = rows(inv)
     assert status["gpu-03"]["state"] == "Ready"
     assert status["gpu-03"]["allocatable_gpu"] == 1
     assert status["gpu-03"]["gpu_model"] == "NVIDIA A100-SXM4-80GB"
+    assert not json.loads(kubectl_cp(cluster, "get node gpu-03 -o json"))["spec"].get(
+        "unschedulable")
 
 
 def test_remove_live_node(cluster: Lab, inv: Path) -> None:
@@ -239,10 +247,21 @@ def test_an_interrupted_join_is_reset_then_joined(cluster: Lab, inv: Path) -> No
                              "/etc/kubernetes/pki/ca.crt && echo 'apiVersion: v1' > "
                              "/etc/kubernetes/bootstrap-kubelet.conf", input=ca)
     assert rc == 0, err
+    # and the box's GPU is slow (lab.gpu-fault): it must never take work
+    assert gpu_fault("gpu-03", 0, "slow") == 0
     result, text = call(day2.add_node, inv, "gpu-03", yes=True)
     assert "after kubeadm reset: an interrupted join left /etc/kubernetes/bootstrap-kubelet" \
         ".conf, /etc/kubernetes/pki/ca.crt" in text
-    assert rows(inv)["gpu-03"]["state"] == "Ready"
+    assert result["accept"]["verdict"] == "fail" and result["accept"]["reasons"] == ["slow"]
+    node = json.loads(kubectl_cp(cluster, "get node gpu-03 -o json"))
+    assert node["spec"].get("unschedulable") is True
+    assert [t["key"] for t in node["spec"].get("taints", [])] == ["gpuk8s.io/gpu-unhealthy"]
+    status = rows(inv)
+    assert status["gpu-03"]["state"] == "Ready" and status["gpu-03"]["gpu_quarantine"] == {
+        "reason": "slow", "detail": status["gpu-03"]["gpu_quarantine"]["detail"]}
+    assert gpu_fault("gpu-03", None, None, clear=True) == 0
+    released, _ = call(release, inv, host="gpu-03", quick=True)
+    assert released["result"]["action"] == "released and uncordoned"
     result, _ = call(day2.remove_node, inv, "gpu-03", yes=True)
     assert result == {"removed": "gpu-03", "dead": False}
 

@@ -695,6 +695,7 @@ class ApiServer:
         Policies that match it, through their bindings; refused: the real Status."""
         if user is None:
             return
+        self.node_restriction(user, operation, res, name, obj, old, sub)
         policies = self.list(self.R("validatingadmissionpolicies"))
         if not policies:
             return
@@ -707,6 +708,26 @@ class ApiServer:
         except admission.Denied as e:
             raise HTTPError(e.code, e.reason, e.message, e.details) from None
         _REQUEST.__dict__.setdefault("warnings", []).extend(warnings)
+
+    @staticmethod
+    def node_restriction(user: admission.UserInfo, operation: str, res: Resource, name: str,
+                         obj: Obj | None, old: Obj | None, sub: str) -> None:
+        """The NodeRestriction admission plugin's rules for a kubelet's writes to Node objects
+        that gpuk8s relies on (plugin/pkg/admission/noderestriction/admission.go, admitNode):
+        a node may change only its own Node, and never its taints once it exists (it may
+        cordon itself, and set its labels and annotations)."""
+        if "system:nodes" not in user.groups or res.plural != "nodes" or sub:
+            return
+        node = user.username.removeprefix("system:node:")
+        message = ""
+        if operation in ("UPDATE", "DELETE") and name != node:
+            message = f'node "{node}" is not allowed to modify node "{name}"'
+        elif operation == "UPDATE" and ((obj or {}).get("spec") or {}).get("taints") != \
+                ((old or {}).get("spec") or {}).get("taints"):
+            message = f'node "{node}" is not allowed to modify taints'
+        if message:
+            raise HTTPError(403, "Forbidden", f'nodes "{name}" is forbidden: {message}',
+                            {"name": name, "kind": "nodes"})
 
     def token_request(self, ns: str, name: str, body: bytes, h: BaseHTTPRequestHandler
                       ) -> Obj:
