@@ -176,7 +176,8 @@ def judge(reading: NodeReading, *, expected_gpus: int | None = None) -> dict[str
         else:
             node.append(_check("nccl_busbw", "warn", "no all-reduce figure: "
                                + str(reading.nccl.get("missing", "NCCL did not run"))
-                               + " (install libnccl2 from NVIDIA's CUDA repository)"))
+                               + " (NVIDIA's libnccl2 for the node's CUDA: cuda_nccl: "
+                               "true, then bootstrap)"))
     for e in reading.errors:
         if e.startswith("nvidia-smi:"):
             continue

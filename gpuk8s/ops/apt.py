@@ -299,10 +299,17 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
                   write_file(list_state.path, data), update)
 
 
+def version_matches(version: str, pattern: str) -> bool:
+    """A version prefix ("1.36.", "" for any), or with a leading "*" a suffix ("*+cuda13.0")."""
+    return version.endswith(pattern[1:]) if pattern.startswith("*") else \
+        version.startswith(pattern)
+
+
 def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[str, str], *,
              hold: bool = False, update_first: bool = False, pin_deps: bool = False,
              apt: Apt = DEFAULT_APT) -> Op:
-    """Ensure packages are installed at versions matching their prefix ("" = any), held
+    """Ensure packages are installed at versions matching their prefix ("" = any; "*suffix":
+    ending so, see version_matches), held
     if ``hold``. A prefix ("1.36.", "580.159.04") picks the newest matching version at apply
     time; downgrades are allowed, since the inventory is the truth. ``pin_deps`` also pins
     every dependency declared with ``(= version)`` (NVIDIA's driver metapackages need it to
@@ -313,7 +320,7 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
     missing: dict[str, str] = {}
     for name, prefix in wanted.items():
         state = installed.get(name)
-        if state is None or not state.version.startswith(prefix):
+        if state is None or not version_matches(state.version, prefix):
             missing[name] = prefix
     unheld = [n for n in wanted if hold and n not in missing and not installed[n].held]
     if not missing and not unheld:
@@ -326,7 +333,8 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
         commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
         commands.append("apt-mark hold " + " ".join(q(n) for n in wanted) + " >/dev/null")
-    what = ", ".join(f"{n}{'=' + p + '*' if p else ''}" for n, p in missing.items())
+    what = ", ".join(f"{n}{'=' + p if p.startswith('*') else '=' + p + '*' if p else ''}"
+                     for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
     return change(op_id, reason, *commands, timeout=1800)
 
@@ -341,8 +349,12 @@ def purge_script(names: Sequence[str], apt: Apt = DEFAULT_APT) -> str:
 #: shell helpers: r NAME PREFIX -> newest version of NAME starting with PREFIX;
 #: d NAME VERSION -> "dep=VERSION" for each dependency of NAME=VERSION pinned with (= VERSION)
 RESOLVE_HELPERS = (
-    "r() { apt-cache madison \"$1\" 2>/dev/null | "
-    "awk -v p=\"$2\" 'index($3, p) == 1 {print $3; exit}'; }\n"
+    # the newest version (madison lists newest first) that starts with $2, or that ends with
+    # what follows a leading "*" ("*+cuda13.0": NVIDIA's libnccl2 built for CUDA 13.0)
+    "r() { apt-cache madison \"$1\" 2>/dev/null | awk -v p=\"$2\" "
+    "'{ if (substr(p, 1, 1) == \"*\") { s = substr(p, 2); n = length($3) - length(s) + 1; "
+    "ok = n >= 1 && substr($3, n) == s } else ok = index($3, p) == 1; "
+    "if (ok) { print $3; exit } }'; }\n"
     "d() { apt-cache show \"$1=$2\" 2>/dev/null | sed -n 's/^Depends: //p' | tr ',' '\\n' | "
     "sed -n \"s/^ *\\([^ (]*\\) (= $2).*/\\1=$2/p\"; }\n")
 

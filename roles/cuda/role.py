@@ -46,9 +46,23 @@ def _nvcc_package(vars: Mapping[str, Any]) -> str:
     return "cuda-nvcc-" + str(vars["cuda_version"]).replace(".", "-")
 
 
+#: NVIDIA's NCCL in its CUDA repository: one libnccl2 per NCCL and CUDA release, versioned
+#: "<nccl>-1+cuda<major.minor>" (libnccl2_2.28.3-1+cuda13.0_amd64.deb)
+NCCL = "libnccl2"
+
+
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [PciDevices(), OsRelease(), CudaToolkits(), Packages(_package(vars)),
-            Packages(_nvcc_package(vars))]
+            Packages(_nvcc_package(vars)), Packages(NCCL)]
+
+
+def nccl_op(ctx: HostContext) -> Op:
+    """The newest libnccl2 built for cuda_version (accept's all-reduce loads it), with the
+    toolkit; none when cuda_nccl is false."""
+    if not ctx.var("cuda_nccl"):
+        return noop("cuda | NCCL", "= cuda_nccl is false")
+    return packages(ctx.facts[Packages(NCCL)], "cuda | NCCL",
+                    {NCCL: f"*+cuda{ctx.var('cuda_version')}"}, apt=ctx.apt)
 
 
 def plan(ctx: HostContext) -> list[Op]:
@@ -71,5 +85,6 @@ def plan(ctx: HostContext) -> list[Op]:
                      "as it is")]
     ops.append(packages(ctx.facts[Packages(name)], "cuda | toolkit",
                         {name: f"{ctx.var('cuda_version')}."}, apt=ctx.apt))
+    ops.append(nccl_op(ctx))
     return ops
 

@@ -210,3 +210,11 @@ def test_quarantine_and_release_quote_every_value():
     r = release_script("gpu-01", uncordon=False)
     assert "uncordon" not in r and "gpuk8s.io/gpu-unhealthy:NoSchedule-" in r
     assert "uncordon gpu-01" in release_script("gpu-01", uncordon=True)
+
+
+def test_nccl_is_the_libnccl2_built_for_cuda_version() -> None:
+    from gpuk8s.ops.apt import version_matches
+
+    assert version_matches("2.28.3-1+cuda13.0", "*+cuda13.0")
+    assert not version_matches("2.28.3-1+cuda12.9", "*+cuda13.0")
+    assert version_matches("1.36.2-1.1", "1.36.") and version_matches("x", "")

@@ -62,9 +62,13 @@ def test_a_healthy_lab_passes_with_every_figure_against_its_reference(lab: Lab, 
     h100 = next(c for g in results["gpu-01"]["gpus"] for c in g["checks"]
                 if c["check"] == "matmul_bf16")
     assert h100["reference"] == 670.0 and "H200" in h100["source"]
-    # 2 GPUs and no libnccl2 on the lab's nodes: the all-reduce is a warning that says so
+    # 2 GPUs and libnccl2 for CUDA 13.0 (cuda_nccl): an all-reduce figure, with no
+    # reference for 2 H100s, so reported and not judged
     nccl = [c for c in results["gpu-01"]["node_checks"] if c["check"] == "nccl_busbw"]
-    assert nccl and nccl[0]["verdict"] == "warn" and "libnccl2" in nccl[0]["detail"]
+    assert nccl and nccl[0]["verdict"] == "info" and nccl[0]["value"] == 340.0
+    assert "no reference for 2x NVIDIA H100 80GB HBM3" in nccl[0]["detail"]
+    _, nccl_version, _ = lab.ssh("gpu-01", "dpkg-query -W -f '${Version}' libnccl2")
+    assert nccl_version == "2.28.3-1+cuda13.0"  # for cuda_version 13.0, not the newest (13.1)
     assert "GPU acceptance" in out
     for name in ("gpu-01", "gpu-02"):
         assert node(lab, name) == {"cordoned": False, "taints": {}, "label": None,
