@@ -195,3 +195,23 @@ def test_status_and_pod_tables_print_cluster_text_literally() -> None:
     out = _clean(buf.getvalue())
     assert "v1.36[/x]\\x1b[2J" in out and "2.1[bold]" in out
     assert "pods [/x]" in out and "p[/x]" in out and "[red]boom" in out
+
+
+def test_status_prints_xids_unhealthy_gpus_and_quarantines_literally() -> None:
+    from gpuk8s.day2.status import _print_status
+    rep, buf = _reporter()
+    _print_status(rep, [{
+        "host": "gpu-01", "role": "worker", "state": "Ready", "gpus": 2, "allocatable_gpu": 1,
+        "drift": 0, "unhealthy_gpus": 1,
+        "xids": [{"xid": 31, "bus": "00:06.0", "uptime_s": 10.0, "fatal": False, "text": "x"},
+                 {"xid": 79, "bus": f"00:07.0[/x]{CLEAR}", "uptime_s": 1843.3, "fatal": True,
+                  "text": "GPU has fallen off the bus."}],
+        "gpu_quarantine": {"reason": "xid-79", "detail": "GPU 1: Xid 79 [bold]x[/bold]"}}],
+        False)
+    out = _clean(buf.getvalue())
+    assert "Ready (GPU quarantine)" in out
+    assert "gpu-01: 2 Xid event(s) since boot (1 needing a GPU reset or a reboot); last: Xid 79" \
+        in out and "00:07.0[/x]\\x1b[2J" in out
+    assert "the device plugin reports 1 GPU(s) unhealthy" in out
+    assert "gpu-01 is quarantined (gpuk8s.io/gpu-unhealthy=xid-79): GPU 1: Xid 79 " \
+        "[bold]x[/bold]; after fixing it: invoke release --host gpu-01" in out
