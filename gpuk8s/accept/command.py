@@ -128,7 +128,9 @@ def measure(session: Session, hosts: list[str], quick: bool) -> dict[str, dict[s
         return {**judge(reading, expected_gpus=pci), "reading": reading.as_json()}
 
     results: dict[str, dict[str, Any]] = {}
-    for h, res in in_parallel(hosts, one).items():
+    done = in_parallel(hosts, one)
+    for h in hosts:  # inventory order (the cap quarantines the first failing nodes of it)
+        res = done[h]
         if isinstance(res, Exception):
             why = res.stderr_tail.strip() if isinstance(res, CommandFailed) else str(res)
             results[h] = {"verdict": "fail", "reasons": ["benchmark"], "gpus": [],
