@@ -182,12 +182,12 @@ def apply_verdicts(session: Session, results: dict[str, dict[str, Any]], *,
                              "when this many nodes fail at once, look for a shared cause")
         else:
             again = quarantined(node)
-            script = quarantine_script(names[h], code, res["reason_text"],
-                                       cordon=not node.unschedulable)
+            steps = quarantine_script(names[h], code, res["reason_text"],
+                                      cordon=not node.unschedulable)
             if pending:  # joined cordoned by add-node: now quarantined, release admits it
-                script += f"{KUBECTL} annotate node {node_arg(names[h])} " \
-                          f"{shell(f'{ACCEPT_PENDING}-')} --overwrite\n"
-            run_step(session, session.first_cp, script, f"quarantine {names[h]} ({code})")
+                steps += f"{KUBECTL} annotate node {node_arg(names[h])} " \
+                         f"{shell(f'{ACCEPT_PENDING}-')} --overwrite\n"
+            run_step(session, session.first_cp, steps, f"quarantine {names[h]} ({code})")
             if not again:
                 taken += 1
             res["action"] = ("quarantine updated" if again else "quarantined") + \
