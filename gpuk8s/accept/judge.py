@@ -146,12 +146,20 @@ def judge(reading: NodeReading, *, expected_gpus: int | None = None) -> dict[str
         node.append(_check("benchmark", "fail", f"no performance figures: {why}"
                            + (f"; {reading.errors[-1]}" if reading.errors else ""),
                            "benchmark"))
+    # a GPU other processes use measures slow without a fault: its figures are reported, not
+    # judged (accept belongs on an idle or new node; drain one first)
+    busy = {g["index"]: reading.busy[g["bus"]] for g in reading.gpus if g["bus"] in reading.busy}
+    if busy:
+        node.append(_check("busy", "warn", "not judged on speed: other processes use GPU "
+                           + ", ".join(f"{i} ({n})" for i, n in sorted(busy.items()))
+                           + "; drain the node (kubectl drain) and run accept again"))
     for metric, values in reading.figures.items():
         best = max(values.values(), default=0.0)
         code = "pcie" if metric in ("h2d", "d2h") else "slow"
         for smi_index, cuda_index in cuda_by_smi.items():
             if cuda_index in values:
-                per_gpu[smi_index].append(_perf(metric, values[cuda_index], model, best, code))
+                c = _perf(metric, values[cuda_index], model, best, code)
+                per_gpu[smi_index].append(_unjudged(c) if busy else c)
     smi_of = {c: s for s, c in cuda_by_smi.items()}
     if reading.p2p:
         best = max(p["value"] for p in reading.p2p)
@@ -160,14 +168,15 @@ def judge(reading: NodeReading, *, expected_gpus: int | None = None) -> dict[str
             c["detail"] = f"GPU {smi_of.get(p['src'], p['src'])} -> " \
                           f"{smi_of.get(p['dst'], p['dst'])}: " + c["detail"]
             c["pair"] = [smi_of.get(p["src"], p["src"]), smi_of.get(p["dst"], p["dst"])]
-            node.append(c)
+            node.append(_unjudged(c) if busy else c)
     n = len(reading.devices)
     if n > 1:
         if "busbw" in reading.nccl:
             ref = reference(model, f"nccl_busbw:{n}")
             if ref is not None:
-                node.append(_perf("nccl_busbw", reading.nccl["busbw"], model, 0.0, "nccl",
-                                  f"nccl_busbw:{n}"))
+                c = _perf("nccl_busbw", reading.nccl["busbw"], model, 0.0, "nccl",
+                          f"nccl_busbw:{n}")
+                node.append(_unjudged(c) if busy else c)
             else:
                 node.append(_check("nccl_busbw", "info", f"NCCL all-reduce bus bandwidth "
                                    f"{reading.nccl['busbw']:g} GB/s on {n} GPUs (no "
@@ -198,6 +207,12 @@ def judge(reading: NodeReading, *, expected_gpus: int | None = None) -> dict[str
     return {"verdict": verdict, "model": model, "gpus": gpus, "node_checks": node,
             "reasons": codes, "reason_text": _reason_text(failed, gpus),
             "nccl": reading.nccl, "build": reading.build}
+
+
+def _unjudged(c: dict[str, Any]) -> dict[str, Any]:
+    """A figure measured beside other processes: kept, with its reference, but not a verdict."""
+    return {**{k: v for k, v in c.items() if k != "code"}, "verdict": "info",
+            "detail": c["detail"] + " (not judged: the GPUs were busy)"}
 
 
 def _worst(verdicts: Iterable[str]) -> str:

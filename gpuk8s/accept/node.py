@@ -70,6 +70,9 @@ echo "MODULE $m"
 echo "SMI-BEGIN"
 nvidia-smi --query-gpu={smi} --format=csv,noheader,nounits
 echo "SMI-END $?"
+echo "APPS-BEGIN"
+nvidia-smi --query-compute-apps=gpu_bus_id,pid --format=csv,noheader 2>/dev/null
+echo "APPS-END"
 echo "XID-BEGIN"
 dmesg 2>/dev/null | grep -F 'NVRM: Xid' | tail -n 200
 echo "XID-END"
@@ -140,6 +143,7 @@ class NodeReading:
     p2p: list[dict[str, Any]] = field(default_factory=list)
     nccl: dict[str, Any] = field(default_factory=dict)
     samples: dict[int, dict[str, Any]] = field(default_factory=dict)   # smi index -> maxima
+    busy: dict[str, int] = field(default_factory=dict)   # bus -> processes before the benchmark
     errors: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -213,10 +217,10 @@ def parse(output: str) -> NodeReading:
     names = {"matmul": "matmul_", "MEMBW": "membw", "H2D": "h2d", "D2H": "d2h"}
     for line in output.splitlines():
         line = line.rstrip()
-        if line in ("SMI-BEGIN", "XID-BEGIN", "SAMPLES-BEGIN"):
+        if line in ("SMI-BEGIN", "APPS-BEGIN", "XID-BEGIN", "SAMPLES-BEGIN"):
             section = line.split("-")[0]
             continue
-        if line.startswith(("SMI-END", "XID-END", "SAMPLES-END")):
+        if line.startswith(("SMI-END", "APPS-END", "XID-END", "SAMPLES-END")):
             if line.startswith("SMI-END "):
                 r.smi_exit = _int(line[len("SMI-END "):])
             section = ""
@@ -227,6 +231,12 @@ def parse(output: str) -> NodeReading:
                 r.gpus.append(row)
             elif line.strip():
                 r.errors.append(f"nvidia-smi: {line[:200]}")
+            continue
+        if section == "APPS":  # "00000000:18:00.0, 4242": a process on that GPU
+            bus, _, pid = line.partition(", ")
+            if re.fullmatch(_BUS, bus.strip()) and pid.strip().isdigit():
+                key = bus_key(bus.strip())
+                r.busy[key] = r.busy.get(key, 0) + 1
             continue
         if section == "XID":
             if (x := parse_xid(line)) is not None:

@@ -218,3 +218,19 @@ def test_nccl_is_the_libnccl2_built_for_cuda_version() -> None:
     assert version_matches("2.28.3-1+cuda13.0", "*+cuda13.0")
     assert not version_matches("2.28.3-1+cuda12.9", "*+cuda13.0")
     assert version_matches("1.36.2-1.1", "1.36.") and version_matches("x", "")
+
+
+def test_a_busy_gpu_is_reported_not_judged_on_speed_but_still_on_health():
+    apps = "APPS-BEGIN\n00000000:00:07.0, 4242\n00000000:00:07.0, 4243\nAPPS-END\n"
+    slow = re.sub(r"MATMUL 1 bf16 [\d.]+", "MATMUL 1 bf16 300.0", FULL)
+    busy = slow.replace("XID-BEGIN\n", apps + "XID-BEGIN\n")
+    assert parse(busy).busy == {"00:07.0": 2}
+    verdict, reasons, j = _verdict(busy)
+    assert (verdict, reasons) == ("warn", [])  # without the processes: fail, slow
+    assert _verdict(slow)[1] == ["slow"]
+    c = next(c for c in j["gpus"][1]["checks"] if c["check"] == "matmul_bf16")
+    assert c["verdict"] == "info" and "not judged" in c["detail"] and c["value"] == 300.0
+    assert any("other processes use GPU 1 (2)" in c["detail"] for c in j["node_checks"])
+    # health is judged whatever runs there
+    narrow = _smi(busy, 1, "pcie.link.width.current", "4").replace("\n1, 5, 16, ", "\n1, 5, 4, ")
+    assert _verdict(narrow)[1] == ["pcie"]

@@ -388,3 +388,30 @@ def test_a_port_taken_before_the_server_binds_it_gets_another(
             c.stop()
     finally:
         stranger.close()
+
+
+def test_node_restriction_a_kubelet_may_cordon_and_label_its_node_but_not_taint_it() -> None:
+    """NodeRestriction's admitNode (plugin/pkg/admission/noderestriction/admission.go): a node
+    changes only its own Node, and never its taints; the Xid watch relies on both."""
+    import pytest
+
+    from tests.lab.standins.k8s.admission import UserInfo
+    from tests.lab.standins.k8s.apiserver import ApiServer, HTTPError
+    from tests.lab.standins.k8s.resources import Resource
+
+    nodes = Resource("", "v1", "Node", "nodes", False)
+    kubelet = UserInfo("system:node:gpu-02", ("system:nodes", "system:authenticated"))
+    old = {"metadata": {"name": "gpu-02"},
+           "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]}}
+    cordoned = {"metadata": {"name": "gpu-02", "labels": {"gpuk8s.io/gpu-unhealthy": "xid-79"}},
+                "spec": {**old["spec"], "unschedulable": True}}
+    ApiServer.node_restriction(kubelet, "UPDATE", nodes, "gpu-02", cordoned, old, "")
+    tainted = {"metadata": {"name": "gpu-02"}, "spec": {"taints": [
+        *old["spec"]["taints"], {"key": "gpuk8s.io/gpu-unhealthy", "effect": "NoSchedule"}]}}
+    with pytest.raises(HTTPError, match='node "gpu-02" is not allowed to modify taints'):
+        ApiServer.node_restriction(kubelet, "UPDATE", nodes, "gpu-02", tainted, old, "")
+    with pytest.raises(HTTPError, match='node "gpu-02" is not allowed to modify node "gpu-01"'):
+        ApiServer.node_restriction(kubelet, "UPDATE", nodes, "gpu-01", cordoned, old, "")
+    admin = UserInfo("kubernetes-admin", ("kubeadm:cluster-admins", "system:authenticated"))
+    ApiServer.node_restriction(admin, "UPDATE", nodes, "gpu-02", tainted, old, "")
+    ApiServer.node_restriction(kubelet, "UPDATE", nodes, "gpu-02", tainted, old, "status")
