@@ -12,10 +12,11 @@ from pathlib import Path
 
 from gpuk8s.accept.judge import judge
 from gpuk8s.accept.node import HEALTH_FIELDS, SAMPLE_FIELDS, parse
+from tests.lab.paths import REPO_ROOT
 from tests.lab.selftest.standins.nvidia_helpers import smi
 
-REAL = Path(__file__).parents[3] / "fixtures" / "real" / "h200-accept"
-STANDINS = Path(__file__).parents[2] / "standins" / "nvidia"
+REAL = REPO_ROOT / "tests" / "fixtures" / "real" / "h200-accept"
+STANDINS = REPO_ROOT / "tests" / "lab" / "standins" / "nvidia"
 
 
 def _rows(out: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
