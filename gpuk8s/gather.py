@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import (
     ConnectError,
     ConnectionLost,
@@ -23,8 +25,9 @@ from gpuk8s.facts.probe import build_probe, parse_probe, probe_times
 from gpuk8s.facts.system import PendingHandlers
 from gpuk8s.parallel import in_parallel
 from gpuk8s.playbook import ALL_ROLES
+from gpuk8s.report import Reporter
 from gpuk8s.roles import load_role
-from gpuk8s.session import Session, role_vars
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, role_vars
 
 
 def fact_requests(vars: Mapping[str, Any]) -> list[Fact[Any]]:
@@ -98,3 +101,18 @@ def cluster_summary(session: Session, *, fresh: bool) -> dict[str, Any]:
                        "roles": sorted(k.rpartition("/")[2] for k in n.labels
                                        if k.startswith("node-role.kubernetes.io/")),
                        "gpus": n.gpu_allocatable or 0} for n in state.nodes.values()]}
+
+
+def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
+                     sets: Sequence[str] = (), reporter: Reporter | None = None,
+                     opener: Opener = DEFAULT_OPENER, allow_unreachable: bool = False,
+                     any_control_plane: bool = False) -> Session:
+    """A session on ``limit`` (None: every host) with facts gathered and cluster values set:
+    what day-2 commands and `invoke accept` start from."""
+    session = open_session(inventory, limit=limit, sets=sets, command=command,
+                           reporter=reporter, opener=opener,
+                           allow_unreachable=allow_unreachable,
+                           any_control_plane=any_control_plane)
+    gather(session, list(session.transports))
+    cluster_values(session)
+    return session

@@ -17,7 +17,6 @@ from typing import Any
 
 from gpuk8s.accept.judge import judge
 from gpuk8s.accept.node import parse, script
-from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import (
     ACCEPT_PENDING,
@@ -28,11 +27,11 @@ from gpuk8s.facts.kube import (
     NodeStatus,
 )
 from gpuk8s.facts.system import PciDevices
-from gpuk8s.gather import gather
+from gpuk8s.gather import gathered_session
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.parallel import in_parallel
 from gpuk8s.report import Cell, Column, Reporter
-from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_step
+from gpuk8s.session import DEFAULT_OPENER, Opener, Session, run_step
 from gpuk8s.sinks import node_arg, shell
 
 TAINT = "gpuk8s.io/gpu-unhealthy"
@@ -94,16 +93,6 @@ def release_script(node: str, uncordon: bool) -> str:
         f"{shell(f'{CORDONED}-')} --overwrite",
         *([f"{KUBECTL} uncordon {n}"] if uncordon else []),
     ]) + "\n"
-
-
-def _session(inventory: str | Path, host: str | None, command: str,
-             reporter: Reporter | None, opener: Opener) -> Session:
-    """A session on ``host`` (None: every host) and the first control plane, facts gathered."""
-    session = open_session(inventory, limit=host, sets=(), command=command, reporter=reporter,
-                           opener=opener)
-    gather(session, list(session.transports))
-    cluster_values(session)
-    return session
 
 
 def _gpu_hosts(session: Session, host: str | None) -> list[str]:
@@ -232,7 +221,8 @@ def accept(inventory: str | Path, *, host: str | None = None, quick: bool = Fals
            opener: Opener = DEFAULT_OPENER) -> dict[str, dict[str, Any]]:
     """Accept every GPU node (or ``host``): health, then the benchmark; quarantine the ones
     that fail (within the cap). Returns each host's result."""
-    session = _session(inventory, host, "accept", reporter, opener)
+    session = gathered_session(inventory, host, "accept", reporter=reporter,
+                               opener=opener)
     with closing(session):
         hosts = _gpu_hosts(session, host)
         if not hosts:
@@ -253,7 +243,8 @@ def accept_added(inventory: str | Path, host: str, *, reporter: Reporter | None 
                  opener: Opener = DEFAULT_OPENER) -> dict[str, Any] | None:
     """After add-node: accept --quick on ``host`` if it joined cordoned for it (a GPU worker
     with accept_on_add), then admit or quarantine it. None when there was nothing to accept."""
-    session = _session(inventory, host, "add-node-accept", reporter, opener)
+    session = gathered_session(inventory, host, "add-node-accept", reporter=reporter,
+                               opener=opener)
     with closing(session):
         if host not in _gpu_hosts(session, None):
             return None
@@ -273,7 +264,8 @@ def release(inventory: str | Path, *, host: str, quick: bool = False,
             reporter: Reporter | None = None,
             opener: Opener = DEFAULT_OPENER) -> dict[str, Any]:
     """Lift ``host``'s quarantine after it passes accept again (a warning passes)."""
-    session = _session(inventory, host, "release", reporter, opener)
+    session = gathered_session(inventory, host, "release", reporter=reporter,
+                               opener=opener)
     with closing(session):
         rep = session.reporter
         _gpu_hosts(session, host)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuk8s.backups import take
-from gpuk8s.day2.steps import gathered_session
+from gpuk8s.gather import gathered_session
 from gpuk8s.report import Reporter
 from gpuk8s.session import DEFAULT_OPENER, Opener
 

@@ -21,12 +21,12 @@ from typing import Any
 
 from gpuk8s.backups import before_change
 from gpuk8s.day2.control_planes import WAIT_READY
-from gpuk8s.day2.steps import ask_confirmation, gathered_session, run_step
+from gpuk8s.day2.steps import ask_confirmation, run_step
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.certs import PKI, CertExpiry, days_left
 from gpuk8s.facts.controlplane import APISERVER_MANIFEST, TCP_OPEN
 from gpuk8s.facts.kube import ADMIN_CONF
-from gpuk8s.gather import gather
+from gpuk8s.gather import gather, gathered_session
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.report import Reporter
 from gpuk8s.session import DEFAULT_OPENER, Opener

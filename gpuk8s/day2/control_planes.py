@@ -19,7 +19,6 @@ from gpuk8s.backups import before_change
 from gpuk8s.day2.steps import (
     CLEANUP,
     ask_confirmation,
-    gathered_session,
     node_name,
     run_step,
 )
@@ -27,6 +26,7 @@ from gpuk8s.drain import drain
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.controlplane import ETCD_PKI, ControlPlaneHealth
 from gpuk8s.facts.kube import Cluster
+from gpuk8s.gather import gathered_session
 from gpuk8s.ops.kube import KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session

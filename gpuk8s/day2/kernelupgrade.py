@@ -16,7 +16,6 @@ from gpuk8s.backups import before_change
 from gpuk8s.day2.steps import (
     ask_confirmation,
     chunks,
-    gathered_session,
     node_name,
     run_batches,
 )
@@ -32,7 +31,7 @@ from gpuk8s.facts.kernel import (
 )
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import PciDevices
-from gpuk8s.gather import gather
+from gpuk8s.gather import gather, gathered_session
 from gpuk8s.ops import Op
 from gpuk8s.ops.apt import Apt
 from gpuk8s.report import Reporter

@@ -15,7 +15,6 @@ from gpuk8s.day2.steps import (
     CLEANUP,
     ask_confirmation,
     check_one_host,
-    gathered_session,
     node_name,
     run_step,
 )
@@ -26,6 +25,7 @@ from gpuk8s.facts import HostFacts
 from gpuk8s.facts.kernel import LockPackages
 from gpuk8s.facts.kube import Cluster
 from gpuk8s.facts.system import Packages
+from gpuk8s.gather import gathered_session
 from gpuk8s.ops.apt import Apt, purge_script
 from gpuk8s.ops.kube import KUBE_PACKAGES, KUBECTL
 from gpuk8s.parallel import in_parallel

@@ -42,9 +42,10 @@ from gpuk8s import backups
 from gpuk8s.backups import SNAPSHOT, BackupError, before_change, pem_fingerprint, verify
 from gpuk8s.day2.certs import MANIFESTS, STOP_WAIT, static_pods_out
 from gpuk8s.day2.control_planes import WAIT_READY
-from gpuk8s.day2.steps import CLEANUP, ask_confirmation, gathered_session, run_step
+from gpuk8s.day2.steps import CLEANUP, ask_confirmation, run_step
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.controlplane import CRICTL, ETCD_CONTAINER, TCP_OPEN, ControlPlaneHealth
+from gpuk8s.gather import gathered_session
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBECTL, release
 from gpuk8s.report import Reporter, untrusted

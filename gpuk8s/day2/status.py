@@ -15,7 +15,6 @@ from gpuk8s import backups
 from gpuk8s.accept.command import LABEL, TAINT, quarantined
 from gpuk8s.day2.gpuusage import node_utilisation
 from gpuk8s.day2.kernelstatus import kernel_lines, kernel_row
-from gpuk8s.day2.steps import gathered_session
 from gpuk8s.errors import Gpuk8sError, PreflightError
 from gpuk8s.facts.certs import CertExpiry, CertState, days_left, expiry_warning
 from gpuk8s.facts.controlplane import (
@@ -29,6 +28,7 @@ from gpuk8s.facts.kube import ADMIN_CONF, Cluster, Containerd
 from gpuk8s.facts.nvidia import CudaToolkits, Nvidia
 from gpuk8s.facts.system import Packages, PciDevices
 from gpuk8s.facts.xid import XidEvents
+from gpuk8s.gather import gathered_session
 from gpuk8s.handoffs import fetch_admin_conf
 from gpuk8s.ops.kube import KUBE_PACKAGES
 from gpuk8s.playbook import PHASES

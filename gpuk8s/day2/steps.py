@@ -1,6 +1,6 @@
-"""Steps every day-2 command shares: a session with facts, one script run on a host (logged,
-redacted, CommandFailed on a non-zero exit), node names, confirmation, and
-upgrades batch by batch."""
+"""Steps every day-2 command shares: one script run on a host (logged, redacted, CommandFailed
+on a non-zero exit), node names, confirmation, and upgrades batch by batch. The session with
+facts they start from is gpuk8s.gather.gathered_session (accept starts from it too)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuk8s.cluster_values import cluster_values
 from gpuk8s.errors import Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import ADMIN_CONF, Cluster
-from gpuk8s.gather import gather
 from gpuk8s.ops.kube import KUBEADM_RESET, KUBECTL
 from gpuk8s.report import Reporter
 from gpuk8s.runner import confirmed
-from gpuk8s.session import DEFAULT_OPENER, Opener, Session, open_session, run_step
+from gpuk8s.session import Session, run_step
 
 #: what `kubeadm reset` leaves behind (its own notes say so), minus firewall rules: flushing
 #: iptables on a box reached over SSH can cut the session, so rules are left to the next CNI.
@@ -55,20 +53,6 @@ def node_name(session: Session, host: str) -> str:
             if addr.get("address") == address:
                 return str(item["metadata"]["name"])
     return host if host in cluster.nodes else host.lower()
-
-
-def gathered_session(inventory: str | Path, limit: str | None, command: str, *,
-                     sets: Sequence[str] = (), reporter: Reporter | None = None,
-                     opener: Opener = DEFAULT_OPENER, allow_unreachable: bool = False,
-                     any_control_plane: bool = False) -> Session:
-    """A session on ``limit`` (None: every host) with facts gathered and cluster values set."""
-    session = open_session(inventory, limit=limit, sets=sets, command=command,
-                               reporter=reporter, opener=opener,
-                               allow_unreachable=allow_unreachable,
-                               any_control_plane=any_control_plane)
-    gather(session, list(session.transports))
-    cluster_values(session)
-    return session
 
 
 def check_one_host(inventory: str | Path, host: str) -> bool:

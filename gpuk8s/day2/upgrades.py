@@ -15,13 +15,13 @@ from gpuk8s.day2.kubernetes import upgrade_kubernetes
 from gpuk8s.day2.steps import (
     ask_confirmation,
     chunks,
-    gathered_session,
     node_name,
     run_batches,
 )
 from gpuk8s.drain import drain, uncordon
 from gpuk8s.errors import InventoryError
 from gpuk8s.facts.nvidia import Nvidia
+from gpuk8s.gather import gathered_session
 from gpuk8s.report import Reporter
 from gpuk8s.runner import converge
 from gpuk8s.session import DEFAULT_OPENER, Opener

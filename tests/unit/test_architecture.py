@@ -176,7 +176,9 @@ ALLOWED: dict[str, frozenset[str]] = {
                          "executor", "transport"},
     "drain": LEAVES | {"session", "ops"},
     "handoffs": LEAVES | {"session", "executor", "ops", "facts"},
-    "gather": LEAVES | {"session", "inventory", "playbook", "roles", "executor", "facts"},
+    # gather also opens a gathered session (gathered_session: day-2 commands, accept)
+    "gather": LEAVES | {"session", "inventory", "playbook", "roles", "executor", "facts",
+                        "report", "cluster_values"},
     "etcdsnap": frozenset(),
     # the backup before a control-plane change (runner) and `invoke backup` (day2)
     "backups": LEAVES | {"etcdsnap", "gather", "handoffs", "session", "report", "facts",

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-import gpuk8s.day2.steps as steps
+import gpuk8s.gather as gather_mod
 import gpuk8s.session as session_mod
 from gpuk8s import cli, day2, gpucheck
 from gpuk8s.day2.gpuusage import COLUMNS as USAGE_COLUMNS
@@ -225,7 +225,7 @@ def test_status_of_a_host_plan_refuses_is_no_drift_count(
                                       for f, v in facts.items()})
             session.facts[h] = facts
 
-    monkeypatch.setattr(steps, "gather", gather)
+    monkeypatch.setattr(gather_mod, "gather", gather)  # gathered_session's
 
     def opener(spec: ConnectSpec, redact: Redactor) -> _Transport:
         return _Transport(spec.name)
