@@ -19,7 +19,8 @@ def main(argv: list[str]) -> int:
                          check=False).stdout
     if "--raw" in argv:
         sys.stdout.write(out)
-    result = {**judge(parse(out)), "reading": parse(out).as_json()}
+    reading = parse(out)
+    result = {**judge(reading), "reading": reading.as_json()}
     if "--json" in argv:
         print(json.dumps(result, indent=2))
     else:

@@ -21,6 +21,8 @@ from gpuk8s.errors import CommandFailed, Gpuk8sError, InventoryError
 from gpuk8s.facts.kube import (
     ACCEPT_PENDING,
     CORDONED_BY,
+    CORDONED_BY_ACCEPT,
+    GPU_UNHEALTHY,
     GPU_UNHEALTHY_REASON,
     GPU_UNHEALTHY_SINCE,
     Cluster,
@@ -34,14 +36,10 @@ from gpuk8s.report import Cell, Column, Reporter
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session, run_step
 from gpuk8s.sinks import node_arg, shell
 
-TAINT = "gpuk8s.io/gpu-unhealthy"
-#: the label (the reason code, selectable: kubectl get nodes -l gpuk8s.io/gpu-unhealthy) and
-#: the annotations: the whole reason, when, and whether accept cordoned the node (release
-#: uncordons only a node accept cordoned)
-LABEL = TAINT
-REASON = GPU_UNHEALTHY_REASON
-SINCE = GPU_UNHEALTHY_SINCE
-CORDONED = CORDONED_BY
+#: the taint, and the label that carries the same reason code (selectable: kubectl get nodes
+#: -l gpuk8s.io/gpu-unhealthy); the annotations (gpuk8s.facts.kube) hold the whole reason, when,
+#: and whether gpuk8s cordoned the node (release uncordons only such a node)
+TAINT = LABEL = GPU_UNHEALTHY
 #: one run quarantines at most this share of the cluster's GPU nodes (and at least one)
 CAP_SHARE = 0.25
 #: seconds the node script may take
@@ -70,8 +68,9 @@ def quarantine_script(node: str, code: str, text: str, cordon: bool) -> str:
     lines += [
         f"{KUBECTL} taint node {n} {shell(f'{TAINT}={code}:NoSchedule')} --overwrite",
         f"{KUBECTL} label node {n} {shell(f'{LABEL}={code}')} --overwrite",
-        f"{KUBECTL} annotate node {n} {shell(f'{REASON}={text}')} {shell(f'{SINCE}={now}')}"
-        + (f" {shell(f'{CORDONED}=gpuk8s-accept')}" if cordon else "") + " --overwrite",
+        f"{KUBECTL} annotate node {n} {shell(f'{GPU_UNHEALTHY_REASON}={text}')} "
+        f"{shell(f'{GPU_UNHEALTHY_SINCE}={now}')}"
+        + (f" {shell(f'{CORDONED_BY}={CORDONED_BY_ACCEPT}')}" if cordon else "") + " --overwrite",
     ]
     return "\n".join(lines) + "\n"
 
@@ -80,7 +79,7 @@ def admit_script(node: str) -> str:
     """A node add-node joined cordoned passed accept: uncordon it, drop the annotations."""
     n = node_arg(node)
     return (f"set -e\n{KUBECTL} annotate node {n} {shell(f'{ACCEPT_PENDING}-')} "
-            f"{shell(f'{CORDONED}-')} --overwrite\n{KUBECTL} uncordon {n}\n")
+            f"{shell(f'{CORDONED_BY}-')} --overwrite\n{KUBECTL} uncordon {n}\n")
 
 
 def release_script(node: str, uncordon: bool) -> str:
@@ -89,8 +88,8 @@ def release_script(node: str, uncordon: bool) -> str:
         "set -e",
         f"{KUBECTL} taint node {n} {shell(f'{TAINT}:NoSchedule-')} 2>/dev/null || true",
         f"{KUBECTL} label node {n} {shell(f'{LABEL}-')} --overwrite",
-        f"{KUBECTL} annotate node {n} {shell(f'{REASON}-')} {shell(f'{SINCE}-')} "
-        f"{shell(f'{CORDONED}-')} --overwrite",
+        f"{KUBECTL} annotate node {n} {shell(f'{GPU_UNHEALTHY_REASON}-')} "
+        f"{shell(f'{GPU_UNHEALTHY_SINCE}-')} {shell(f'{CORDONED_BY}-')} --overwrite",
         *([f"{KUBECTL} uncordon {n}"] if uncordon else []),
     ]) + "\n"
 
@@ -284,7 +283,7 @@ def release(inventory: str | Path, *, host: str, quick: bool = False,
             print_results(rep, {host: res})
             raise Gpuk8sError(f"{host} still fails accept ({', '.join(res['reasons'])}): it "
                               f"stays quarantined\n  {res['reason_text']}")
-        uncordon = _cordoned_by_us(session, name)
+        uncordon = node.cordoned_by_accept
         run_step(session, session.first_cp, release_script(name, uncordon),
                  f"release {name}")
         res["action"] = "released" + (" and uncordoned" if uncordon else
@@ -292,14 +291,3 @@ def release(inventory: str | Path, *, host: str, quick: bool = False,
         session.runlog.write_report(accept={host: res}, released=True)
         print_results(rep, {host: res})
         return {"host": host, "released": True, "result": res}
-
-
-#: kubectl's jsonpath of the annotation that says accept cordoned the node
-_CORDONED_PATH = "jsonpath={.metadata.annotations.gpuk8s\\.io/cordoned-by}"
-
-
-def _cordoned_by_us(session: Session, node: str) -> bool:
-    out = run_step(session, session.first_cp,
-                   f"{KUBECTL} get node {node_arg(node)} -o {shell(_CORDONED_PATH)}",
-                   f"read {node}'s annotations", timeout=30)
-    return out.strip() == "gpuk8s-accept"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from gpuk8s.facts.xid import parse_xid
+from gpuk8s.facts.xid import bus_key, parse_xid
 
 #: nvidia-smi --query-gpu fields read once before the benchmark (names as nvidia-smi 580 knows
 #: them: tests/fixtures/real/h200-accept/health.csv)
@@ -150,13 +150,6 @@ class NodeReading:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def bus_key(bus: str) -> str:
-    """A PCI address as bus:device.function, lower case (nvidia-smi pads the domain to 8 digits,
-    CUDA to 4; the kernel log leaves the function out)."""
-    parts = bus.lower().split(":")
-    return ":".join(parts[-2:])
-
-
 def _int(text: str) -> int | None:
     text = text.strip()
     if text.startswith("0x"):
@@ -214,7 +207,7 @@ def _sample(line: str, into: dict[int, dict[str, Any]]) -> None:
 def parse(output: str) -> NodeReading:
     r = NodeReading()
     section = ""
-    names = {"matmul": "matmul_", "MEMBW": "membw", "H2D": "h2d", "D2H": "d2h"}
+    names = {"MEMBW": "membw", "H2D": "h2d", "D2H": "d2h"}
     for line in output.splitlines():
         line = line.rstrip()
         if line in ("SMI-BEGIN", "APPS-BEGIN", "XID-BEGIN", "SAMPLES-BEGIN"):

@@ -92,6 +92,8 @@ class NodeStatus:
     gpu_unhealthy: str = ""
     #: joined cordoned by add-node, waiting for `accept --quick` to pass (accept_on_add)
     accept_pending: bool = False
+    #: gpuk8s cordoned the node (CORDONED_BY): release may uncordon it
+    cordoned_by_accept: bool = False
     #: capacity nvidia.com/gpu: above the allocatable count, the device plugin found GPUs
     #: unhealthy (its health checks take them out of allocatable)
     gpu_capacity: int | None = None
@@ -125,6 +127,8 @@ DRA_RESOURCES = {"DeviceClass": "deviceclasses",
                  "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
+#: the taint key and label of a node whose GPUs failed (`invoke accept`, gpu_health_watch)
+GPU_UNHEALTHY = "gpuk8s.io/gpu-unhealthy"
 #: the annotation `invoke accept` writes on a node it quarantines: the failed checks
 GPU_UNHEALTHY_REASON = "gpuk8s.io/gpu-unhealthy-reason"
 GPU_UNHEALTHY_SINCE = "gpuk8s.io/gpu-unhealthy-since"
@@ -133,6 +137,8 @@ ACCEPT_PENDING = "gpuk8s.io/accept-pending"
 #: the annotation that says gpuk8s cordoned the node for accept (release and admission uncordon
 #: only such a node)
 CORDONED_BY = "gpuk8s.io/cordoned-by"
+#: CORDONED_BY's value when gpuk8s cordoned the node for accept or the Xid watch
+CORDONED_BY_ACCEPT = "gpuk8s-accept"
 
 
 def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
@@ -153,6 +159,7 @@ def parse_nodes(data: dict[str, Any]) -> dict[str, NodeStatus]:
              if k.startswith("nvidia.com/") and str(v).isdigit()},
             str(meta.get("annotations", {}).get(GPU_UNHEALTHY_REASON, "")),
             meta.get("annotations", {}).get(ACCEPT_PENDING) == "true",
+            meta.get("annotations", {}).get(CORDONED_BY) == CORDONED_BY_ACCEPT,
             _count(status.get("capacity", {}).get("nvidia.com/gpu")))
     return nodes
 

@@ -41,12 +41,18 @@ class XidEvent:
         return self.xid in FATAL_XIDS
 
 
+def bus_key(bus: str) -> str:
+    """A PCI address without its domain, lower case: nvidia-smi pads the domain to 8 digits,
+    CUDA to 4, and the kernel log's Xid lines leave the function out ("44:00")."""
+    return ":".join(bus.lower().split(":")[-2:])
+
+
 def parse_xid(line: str) -> XidEvent | None:
     """One kernel log line (node output: matched, never trusted to be well formed)."""
     m = XID_LINE.search(line)
     if m is None:
         return None
-    return XidEvent(float(m.group(1)), ":".join(m.group(2).lower().split(":")[-2:]),
+    return XidEvent(float(m.group(1)), bus_key(m.group(2)),
                     int(m.group(3)), m.group(4).strip()[:200])
 
 

@@ -19,7 +19,13 @@ from typing import Any
 
 from gpuk8s.checks import Rule
 from gpuk8s.facts import Fact
-from gpuk8s.facts.kube import CORDONED_BY, GPU_UNHEALTHY_REASON, GPU_UNHEALTHY_SINCE
+from gpuk8s.facts.kube import (
+    CORDONED_BY,
+    CORDONED_BY_ACCEPT,
+    GPU_UNHEALTHY,
+    GPU_UNHEALTHY_REASON,
+    GPU_UNHEALTHY_SINCE,
+)
 from gpuk8s.facts.system import Files, PciDevices, Services
 from gpuk8s.facts.xid import FATAL_XIDS, XidEvents
 from gpuk8s.ops import Op, change, files, noop
@@ -33,7 +39,6 @@ ENV = "/etc/gpuk8s/gpu-health.env"
 FILES = Files("+" + SCRIPT, "+" + ENV, "+" + UNIT_PATH)
 #: seconds between two reads of the kernel log
 EVERY = 5
-LABEL = "gpuk8s.io/gpu-unhealthy"
 
 RULES: dict[str, Rule] = {}
 
@@ -66,9 +71,9 @@ while :; do
 $(printf '%s' "$line" | cut -c1-300)"
     by=""
     [ "$($k get node "$NODE" -o jsonpath='{{.spec.unschedulable}}' 2>/dev/null)" = true ] \\
-      || by="{CORDONED_BY}=gpuk8s-accept"
+      || by="{CORDONED_BY}={CORDONED_BY_ACCEPT}"
     if $k cordon "$NODE" >/dev/null \\
-        && $k label node "$NODE" "{LABEL}=xid-$code" --overwrite >/dev/null \\
+        && $k label node "$NODE" "{GPU_UNHEALTHY}=xid-$code" --overwrite >/dev/null \\
         && $k annotate node "$NODE" "{GPU_UNHEALTHY_REASON}=$why" \\
              "{GPU_UNHEALTHY_SINCE}=$(date -u +%Y-%m-%dT%H:%M:%SZ)" $by \\
              --overwrite >/dev/null; then

@@ -17,7 +17,7 @@ from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact
 from gpuk8s.facts.certs import CertExpiry, expiry_warning
 from gpuk8s.facts.controlplane import TCP_OPEN, ControlPlaneHealth
-from gpuk8s.facts.kube import ACCEPT_PENDING, ADMIN_CONF, CORDONED_BY
+from gpuk8s.facts.kube import ACCEPT_PENDING, ADMIN_CONF, CORDONED_BY, CORDONED_BY_ACCEPT
 from gpuk8s.facts.system import Files
 from gpuk8s.ops import Op, change, noop, q, warn, write_file
 from gpuk8s.ops.kube import KUBEADM_PATCHES, KUBEADM_RESET
@@ -107,7 +107,7 @@ def cordon_self(name: str) -> str:
             f"[ $i -lt {REGISTER_WAIT} ] || {{ echo \"the node did not register in "
             f"{REGISTER_WAIT}s, so it could not be cordoned for accept\" >&2; exit 1; }}; "
             f"sleep 1; done; {kubectl} annotate node {n} {ACCEPT_PENDING}=true "
-            f"{CORDONED_BY}=gpuk8s-accept --overwrite")
+            f"{CORDONED_BY}={CORDONED_BY_ACCEPT} --overwrite")
 
 
 #: what a joining control plane must reach on the first one: etcd's client and peer ports and
