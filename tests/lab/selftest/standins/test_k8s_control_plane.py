@@ -4,6 +4,7 @@ policy, the pod network, GPUs, reset, and the kubelet's refusals."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import os
@@ -11,6 +12,7 @@ import re
 import subprocess
 import time
 
+import yaml
 from k8s import pki
 
 from tests.lab.repos import real_etcd
@@ -309,3 +311,36 @@ def test_the_api_servers_store_is_kubeadms_real_etcd(control_plane: tuple[Node, 
                            "/registry", "--prefix", "--keys-only"], capture_output=True,
                           text=True, timeout=30)
     assert bare.returncode != 0
+
+
+def test_kubeconfig_user_for_a_lab_user(control_plane: tuple[Node, str]) -> None:
+    """`kubeadm kubeconfig user` as gpuk8s's user-kubeconfig runs it: a client certificate
+    from the cluster CA with the user as CN and no group, valid the asked period, that the real
+    kubectl authenticates as that user; the required flags refused as kubeadm refuses them."""
+    node, _ = control_plane
+    cfg = str(node.root / "_kubeadm.yaml")
+    r = node.run("kubeadm", "kubeconfig", "user", "--config", cfg)
+    assert r.returncode == 1 and 'required flag(s) "client-name" not set' in r.stderr
+    r = node.run("kubeadm", "kubeconfig", "user", "--config", cfg, "--client-name", "alice",
+                 "--validity-period", "24h")
+    assert r.returncode == 0, r.stderr
+    conf = yaml.safe_load(r.stdout)
+    assert conf["current-context"] == "alice@kubernetes"
+    cert = base64.b64decode(conf["users"][0]["user"]["client-certificate-data"]).decode()
+    cn, orgs, _, server, client = pki.attributes(cert)
+    assert (cn, orgs, server, client) == ("alice", [], False, True)
+    end = subprocess.run(["openssl", "x509", "-noout", "-enddate"], input=cert, text=True,
+                         capture_output=True, check=True).stdout.strip().split("=", 1)[1]
+    left = dt.datetime.strptime(end, "%b %d %H:%M:%S %Y %Z").replace(tzinfo=dt.UTC) - \
+        dt.datetime.now(dt.UTC)
+    assert dt.timedelta(hours=23, minutes=55) < left <= dt.timedelta(hours=24, minutes=1), left
+    kc = node.root / "_alice.conf"
+    kc.write_text(r.stdout)
+    r = node.run("kubectl", "--kubeconfig", str(kc), "auth", "whoami", "-o",
+                 "jsonpath={.status.userInfo.username}")
+    assert r.returncode == 0 and r.stdout == "alice", r.stderr
+    r = node.run("kubectl", "--kubeconfig", str(kc), "auth", "can-i", "list", "nodes")
+    assert r.stdout == "no\n"
+    r = node.run("kubeadm", "kubeconfig", "user", "--config", cfg, "--client-name", "bob",
+                 "--validity-period", "9000h")
+    assert r.returncode == 0 and "is longer than the default duration 8760h0m0s" in r.stderr

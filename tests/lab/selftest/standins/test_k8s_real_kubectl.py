@@ -16,7 +16,7 @@ from typing import Any
 from k8s import kubeconfig, pki
 
 from tests.lab.repos import real_kubectl
-from tests.lab.selftest.standins.k8s_helpers import NEEDS_OPENSSL, Cluster, kubectl_ok
+from tests.lab.selftest.standins.k8s_helpers import NEEDS_OPENSSL, Cluster, kubectl_ok, wait_for
 
 pytestmark = NEEDS_OPENSSL
 
@@ -100,7 +100,7 @@ spec:
         # a kind with no printer of its own gets the generic Name and Created At
         kubectl_ok(cluster, "apply", "-f", "-", stdin="apiVersion: rbac.authorization.k8s.io/v1\n"
                    "kind: ClusterRole\nmetadata: {name: viewer}\nrules: []\n")
-        row = kubectl_ok(cluster, "get", "clusterroles").splitlines()
+        row = kubectl_ok(cluster, "get", "clusterroles", "viewer").splitlines()
         assert row[0].split() == ["NAME", "CREATED", "AT"]
         assert re.fullmatch(r"viewer\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row[1])
         ds = kubectl_ok(cluster, "get", "ds", "agent").splitlines()[1].split()
@@ -401,3 +401,59 @@ def test_discovery_aggregated_and_legacy(cluster: Cluster) -> None:
     _, doc = get(index["paths"]["apis/apps/v1"]["serverRelativeURL"], "application/json")
     patch = doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+
+
+def test_a_tenant_namespace_as_gpuk8s_tenancy_makes_it(cluster: Cluster,
+                                                       tmp_path: Path) -> None:
+    """gpuk8s.tenancy's objects applied with the real kubectl: the user's edit role there only
+    (can-i), LimitRange defaults on a pod that names no requests, and the ResourceQuota's real
+    refusal text for the GPU past the user's quota, then its status."""
+    from gpuk8s import tenancy
+
+    cluster.add_node("gpu-01", gpus=2)
+    defaults = {"cpu_request": "100m", "memory_request": "256Mi", "memory_limit": "8Gi"}
+    for t in tenancy.tenants({"alice": {"gpu_quota": 1, "pods": 3}, "bob": {"gpu_quota": 2}},
+                             {}):
+        kubectl_ok(cluster, "apply", "--server-side", "-f", "-",
+                   stdin=tenancy.manifest(t, ["nvidia.com/gpu"], defaults, "baseline"))
+    pk = cluster.root / "pki"
+    pki.issue(str(tmp_path / "alice.crt"), str(tmp_path / "alice.key"), str(pk / "ca.crt"),
+              str(pk / "ca.key"), "alice")
+    kc = tmp_path / "alice.conf"
+    kc.write_text(kubeconfig.build(cluster.server, cluster.ca_pem, "alice",
+                                   cert_pem=(tmp_path / "alice.crt").read_text(),
+                                   key_pem=(tmp_path / "alice.key").read_text()))
+
+    def alice(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl("--kubeconfig", str(kc), *args, stdin=stdin)
+
+    answers = {(verb, where): alice("auth", "can-i", *verb.split(), *where.split()).stdout
+               for verb, where in [("create pods", "-n alice"), ("create pods", "-n bob"),
+                                   ("get nodes", ""), ("create rolebindings", "-n alice"),
+                                   ("delete resourcequotas", "-n alice")]}
+    assert answers == {("create pods", "-n alice"): "yes\n", ("create pods", "-n bob"): "no\n",
+                       ("get nodes", ""): "no\n", ("create rolebindings", "-n alice"): "no\n",
+                       ("delete resourcequotas", "-n alice"): "no\n"}
+
+    def pod(name: str, gpus: int) -> str:
+        limits = f", resources: {{limits: {{nvidia.com/gpu: {gpus}}}}}" if gpus else ""
+        return (f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: alice}}\n"
+                f"spec: {{containers: [{{name: c, image: registry.example/nb:1{limits}}}]}}\n")
+
+    r = alice("apply", "-f", "-", stdin=pod("one", 1))
+    assert r.returncode == 0, r.stderr
+    r = alice("apply", "-f", "-", stdin=pod("two", 1))
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        'Error from server (Forbidden): error when creating "STDIN": pods "two" is forbidden: '
+        "exceeded quota: gpuk8s-quota, requested: requests.nvidia.com/gpu=1, used: "
+        "requests.nvidia.com/gpu=1, limited: requests.nvidia.com/gpu=1")
+    r = alice("apply", "-f", "-", stdin=pod("cpu-only", 0))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(alice("get", "pod", "cpu-only", "-n", "alice", "-o", "json").stdout)
+    assert got["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "8Gi"}}
+    status = wait_for(lambda: (json.loads(alice(
+        "get", "resourcequota", "gpuk8s-quota", "-n", "alice", "-o", "json").stdout).get(
+        "status") or {}).get("used"))
+    assert status == {"pods": "2", "requests.nvidia.com/gpu": "1"}

@@ -39,6 +39,7 @@ from . import (
     featuregates,
     merge,
     pki,
+    quota,
     rbac,
     schema,
     svcproxy,
@@ -403,6 +404,8 @@ class ApiServer:
             if "spec" in obj:
                 md["generation"] = 1
             self._defaults(res, obj)
+            if res.plural == "pods":
+                self._limit_and_quota(ns, obj)
             dra.admit(res, obj, HTTPError)
             _secret_string_data(res, obj)
             self.admit(user, "CREATE", res, ns, name, obj, None, "", dry)
@@ -559,6 +562,32 @@ class ApiServer:
                 return str(host)
         return "None"
 
+    def _limit_and_quota(self, ns: str, pod: Obj) -> None:
+        """The LimitRanger and ResourceQuota admission plugins (quota.py), which the real API
+        server runs for every pod, a controller's included."""
+        quota.apply_limit_ranges(pod, self.list(self.R("limitranges"), ns))
+        quotas = self.list(self.R("resourcequotas"), ns)
+        if quotas:
+            refused = quota.check(pod, quotas, self.list(self.R("pods"), ns))
+            if refused:
+                raise HTTPError(403, "Forbidden", refused,
+                                {"name": pod["metadata"]["name"], "kind": "pods"})
+
+    def create_owned_pod(self, owner: Obj, pod: Obj) -> Obj | None:
+        """A controller's pod; refused (a quota): the FailedCreate event the real
+        ReplicaSet and Job controllers record on their object, and None."""
+        try:
+            return self.create(self.R("pods"), pod)
+        except HTTPError as e:
+            self.event(owner, "Warning", "FailedCreate", f"Error creating: {e.message}",
+                       component=f"{owner['kind'].lower()}-controller")
+            return None
+
+    def quotas(self) -> None:
+        quota.controller(lambda plural, ns: self.list(self.R(plural), ns),
+                         lambda rq, st: self.update(self.R("resourcequotas"),
+                                                    {**rq, "status": st}, status_only=True))
+
     def _after_write(self, res: Resource, obj: Obj) -> None:
         if res.plural == "customresourcedefinitions":
             self._register_crd(obj)
@@ -593,6 +622,12 @@ class ApiServer:
         for ns in DEFAULT_NAMESPACES:
             if self.get(self.R("namespaces"), "", ns) is None:
                 self.create(self.R("namespaces"), {"metadata": {"name": ns}})
+        for role in quota.BOOTSTRAP_ROLES:
+            if self.get(self.R("clusterroles"), "", role["metadata"]["name"]) is None:
+                self.create(self.R("clusterroles"), copy.deepcopy(role))
+        for binding in quota.BOOTSTRAP_BINDINGS:
+            if self.get(self.R("clusterrolebindings"), "", binding["metadata"]["name"]) is None:
+                self.create(self.R("clusterrolebindings"), copy.deepcopy(binding))
         if self.get(self.R("services"), "default", "kubernetes") is None:
             self.create(self.R("services"), {
                 "metadata": {"name": "kubernetes", "namespace": "default",
@@ -869,6 +904,7 @@ class ApiServer:
             for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
+                         self.quotas,
                          lambda: dra_server.claims_controller(self),
                          self.scheduler, self.pod_gc, self.disruption):
                 try:
@@ -1179,7 +1215,7 @@ class ApiServer:
             want = rs.get("spec", {}).get("replicas", 1)
             for _ in range(want - len(owned)):
                 name = f"{rs['metadata']['name']}-{rand_suffix()}"
-                self.create(pods_res, self._pod_from_template(
+                self.create_owned_pod(rs, self._pod_from_template(
                     rs, rs["spec"].get("template", {}), name))
             for p in owned[want:]:
                 self.store.delete(self.key(pods_res), ns, p["metadata"]["name"])
@@ -1260,9 +1296,9 @@ class ApiServer:
                                 {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
                                     "fieldPath": "metadata.annotations['batch.kubernetes.io/"
                                                  "job-completion-index']"}}})
-                    self.create(pods_res, pod)
-                    self.event(job, "Normal", "SuccessfulCreate",
-                               f"Created pod: {name}", "job-controller")
+                    if self.create_owned_pod(job, pod) is not None:
+                        self.event(job, "Normal", "SuccessfulCreate",
+                                   f"Created pod: {name}", "job-controller")
                     new_st["active"] += 1
                 if st.get("conditions"):
                     new_st["conditions"] = st["conditions"]

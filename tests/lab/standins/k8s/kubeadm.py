@@ -1330,6 +1330,60 @@ class Kubeadm:
         hostport = c.creds.server.removeprefix("https://")
         out(f"kubeadm join {hostport} --token {tok} --discovery-token-ca-cert-hash {ca_hash} ")
 
+    # -------------------------------------------------------------- kubeconfig user
+    def cmd_kubeconfig(self) -> None:
+        """`kubeadm kubeconfig user` (cmd/kubeadm/app/cmd/kubeconfig.go@v1.36.0): --config
+        and --client-name required; the kubeconfig of a client certificate signed by the
+        cluster CA (CN the client name, O each --org), valid --validity-period (default
+        8760h, a warning past it), for the config's controlPlaneEndpoint (else its local API
+        endpoint), printed on stdout. LAB SIMPLIFICATION: openssl 3.0 signs for whole days,
+        so a validity is rounded up to days (24h is exact)."""
+        if self.args.args[:1] != ["user"]:
+            raise Fail(f"unknown command \"{' '.join(self.args.args)}\" for \"kubeadm "
+                       "kubeconfig\"")
+        missing = [f for f, v in (("client-name", self.args.client_name),
+                                  ("config", self.args.config)) if not v]
+        if missing:
+            raise Fail("required flag(s) " + ", ".join(f'"{f}"' for f in missing) + " not set")
+        if not self.args.config:
+            raise Fail("the kubeadm configuration path cannot be empty")
+        cfg = self.load_config()
+        ic, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
+        period = self.args.validity_period or "8760h0m0s"
+        try:
+            seconds = parse_duration(period)
+        except ValueError as e:
+            raise Fail(f'invalid argument "{period}" for "--validity-period" flag: '
+                       f'time: invalid duration "{period}"') from e
+        if seconds > 8760 * 3600:
+            sys.stderr.write(f"W{time.strftime('%m%d %H:%M:%S')} WARNING: the specified "
+                             f"certificate validity period {period} is longer than the default "
+                             "duration 8760h0m0s, this may increase security risks.\n")
+        lae = ic.get("localAPIEndpoint") or {}
+        port = int(lae.get("bindPort") or 6443)
+        endpoint = cc.get("controlPlaneEndpoint") or \
+            f"{lae.get('advertiseAddress') or nodeinfo.ipv4()}:{port}"
+        if ":" not in endpoint:
+            endpoint += f":{port}"
+        ca_dir = cc.get("certificatesDir") or PKI
+        ca_pem = read(f"{ca_dir}/ca.crt")
+        if ca_pem is None or read(f"{ca_dir}/ca.key") is None:
+            raise Fail(f"couldn't create a kubeconfig; the CA files couldn't be loaded: failure "
+                       f"loading ca certificate: couldn't load the certificate file "
+                       f"{ca_dir}/ca.crt: open {ca_dir}/ca.crt: no such file or directory")
+        key = f"/tmp/.kubeadm-user-{os.getpid()}.key"
+        pki.gen_key(key, _key_algo(f"{ca_dir}/ca.key"))
+        try:
+            cert = pki.sign_csr(pki.make_csr(key, self.args.client_name, self.args.org or []),
+                                f"{ca_dir}/ca.crt", f"{ca_dir}/ca.key",
+                                days=max(1, math.ceil(seconds / 86400)))
+            key_pem = read(key) or ""
+        finally:
+            os.unlink(P(key))
+        sys.stdout.write(kubeconfig.build(f"https://{endpoint}", ca_pem, self.args.client_name,
+                                          cert_pem=cert, key_pem=key_pem,
+                                          cluster=cc.get("clusterName") or "kubernetes"))
+
     # -------------------------------------------------------------- upgrade
     def cmd_upgrade(self) -> None:
         """`kubeadm upgrade apply` and `upgrade node [phase kubelet-config]` (day2.kubernetes,
@@ -1653,6 +1707,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-y", "--yes", action="store_true")
     p.add_argument("--v")
     p.add_argument("--cleanup-tmp-dir", action="store_true")
+    p.add_argument("--client-name")
+    p.add_argument("--org", action="append")
+    p.add_argument("--validity-period")
     return p
 
 
