@@ -27,6 +27,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "remove_node": day2.remove_node, "reset": day2.reset, "status": day2.status,
     "gpu_usage": day2.gpu_usage,
     "upgrade": day2.upgrade, "kubeconfig": day2.kubeconfig,
+    "user_kubeconfig": day2.user_kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
     "bundle": _bundle.bundle, "backup": day2.backup, "renew_certs": day2.renew_certs,
@@ -153,20 +154,31 @@ def command(**kwargs: Any) -> Callable[[Callable[..., Any]], Command]:
     return task(klass=Command, **kwargs)
 
 
+PRUNE_HELP = ("delete the namespaces (and all in them) of users and groups no longer in "
+              "lab_users/lab_groups (--set tenancy_prune=true)")
+
+
+def _pruned(sets: list[str] | None, prune: bool) -> list[str]:
+    """--set plus, with --prune, tenancy_prune=true."""
+    return [*(sets or []), *(["tenancy_prune=true"] if prune else [])]
+
+
 # -- the commands ------------------------------------------------------------------------------
 @command(help={"check": "plan only (same as plan)",
                "max_fail": "hosts that may fail (count like 1, or percent like 25%) while the "
                            "others go on; default 0: any failure stops the run",
-               "quiet": "no plan or progress lines: problems, failures and the final table"},
+               "quiet": "no plan or progress lines: problems, failures and the final table",
+               "prune": PRUNE_HELP},
          iterable=["set"])
 def bootstrap(c: Context, inventory: str = INVENTORY, limit: str | None = None,
               yes: bool = False, check: bool = False, diff: bool = False,
               set: list[str] | None = None, ask_become_pass: bool = False, max_fail: str = "0",
-              quiet: bool = False, no_backup: bool = False) -> None:
+              quiet: bool = False, no_backup: bool = False, prune: bool = False) -> None:
     """Bring every host to a Ready Kubernetes GPU cluster node; a re-run changes nothing."""
     _call("bootstrap", inventory=inventory, limit=limit, yes=yes, check=check, diff=diff,
-          sets=set or [], ask_become_pass=ask_become_pass, max_fail=max_fail, quiet=quiet,
-          backup=not no_backup)
+          sets=_pruned(set, prune), ask_become_pass=ask_become_pass, max_fail=max_fail,
+          quiet=quiet, backup=not no_backup)
+
 
 
 @command(iterable=["set"])
@@ -176,11 +188,12 @@ def check(c: Context, inventory: str = INVENTORY, set: list[str] | None = None) 
     _call("check", inventory=inventory, sets=set or [])
 
 
-@command(iterable=["set"])
+@command(help={"prune": PRUNE_HELP}, iterable=["set"])
 def plan(c: Context, inventory: str = INVENTORY, limit: str | None = None, diff: bool = False,
-         set: list[str] | None = None, ask_become_pass: bool = False) -> None:
+         set: list[str] | None = None, ask_become_pass: bool = False,
+         prune: bool = False) -> None:
     """Show what bootstrap would change on every host; changes nothing."""
-    _call("plan", inventory=inventory, limit=limit, diff=diff, sets=set or [],
+    _call("plan", inventory=inventory, limit=limit, diff=diff, sets=_pruned(set, prune),
           ask_become_pass=ask_become_pass)
 
 
@@ -304,6 +317,16 @@ def kubeconfig(c: Context, inventory: str = INVENTORY) -> None:
     _call("kubeconfig", inventory=inventory)
 
 
+@command(help={"name": "a user of lab_users",
+               "validity": "how long the certificate is valid, a Go duration (default 24h; "
+                           "it cannot be revoked before it ends)"})
+def user_kubeconfig(c: Context, name: str, inventory: str = INVENTORY,
+                    validity: str = "24h") -> None:
+    """A lab user's kubeconfig (0600) to <inventory dir>/artifacts/users/NAME.conf: edit in
+    their namespaces, nothing else."""
+    _call("user_kubeconfig", inventory=inventory, name=name, validity=validity)
+
+
 @command(help={"output": "table (default), json, or list (one image per line)"},
          iterable=["set", "values"])
 def images(c: Context, inventory: str = INVENTORY, set: list[str] | None = None,
@@ -403,6 +426,7 @@ def release(c: Context, host: str, inventory: str = INVENTORY, quick: bool = Fal
 
 
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
+                user_kubeconfig,
                 gpu_usage, upgrade, backup, restore, renew_certs, kubeconfig, images, deploy,
                 undeploy, verify, bundle, report, accept, release)
 

@@ -18,6 +18,8 @@ from gpuk8s.ops.kube import KUBECTL, apply, pod_diagnosis
 
 MODES = ("device-plugin", "dra")
 NAMESPACE = "nvidia-dra-driver-gpu"
+#: the DeviceClasses the driver's manifest defines (templates/gpu/nvidia-dra-driver.yaml.j2)
+DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
 #: the objects each mode leaves when the other is chosen: (managed key, delete command)
 DEVICE_PLUGIN_OBJECTS = (
     ("DaemonSet/kube-system/nvidia-device-plugin-daemonset",
@@ -31,7 +33,7 @@ SLICE_POLICY = "gpuk8s-nvidia-dra-driver-gpu-resourceslices"
 DRA_OBJECTS = (
     (f"Namespace//{NAMESPACE}",
      f"{KUBECTL} delete namespace {NAMESPACE} --ignore-not-found --timeout=120s && "
-     f"{KUBECTL} delete deviceclass gpu.nvidia.com mig.nvidia.com --ignore-not-found && "
+     f"{KUBECTL} delete deviceclass {' '.join(DEVICE_CLASSES)} --ignore-not-found && "
      f"{KUBECTL} delete clusterrolebinding,clusterrole "
      "gpuk8s-nvidia-dra-driver-gpu-kubeletplugin --ignore-not-found && "
      f"{KUBECTL} delete validatingadmissionpolicybinding,validatingadmissionpolicy "

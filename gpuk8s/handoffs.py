@@ -70,12 +70,14 @@ _KUBECONFIG_USER_KEYS = {"client-certificate-data", "client-key-data"}
 _KUBECONFIG_CLUSTER_KEYS = {"server", "certificate-authority-data", "tls-server-name"}
 
 
-def check_admin_conf(text: str, host: str) -> None:
-    """Refuse a kubeconfig from ``host`` that is not plain kubeadm admin.conf material."""
+def check_admin_conf(text: str, host: str, what: str = ADMIN_CONF,
+                     remedy: str = "kubeadm init phase kubeconfig admin rewrites it") -> None:
+    """Refuse a kubeconfig from ``host`` that is not plain kubeadm admin.conf material
+    (``what``: the file or command it came from)."""
     def bad(why: str) -> Gpuk8sError:
-        return Gpuk8sError(f"{host}: {ADMIN_CONF} is refused: {why}; it is not what kubeadm "
+        return Gpuk8sError(f"{host}: {what} is refused: {why}; it is not what kubeadm "
                            "writes, so it is not saved on this machine. Check the control "
-                           f"plane (kubeadm init phase kubeconfig admin rewrites it)")
+                           f"plane ({remedy})")
     try:
         conf = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -145,20 +147,35 @@ def write_private(dest: Path, data: str | bytes) -> None:
 def fetch_admin_conf(session: Session) -> Path | None:
     """Copy admin.conf to <inventory dir>/artifacts/admin.conf (0600) on the admin machine,
     once it is checked to be plain kubeadm material (see check_admin_conf)."""
-    cp = session.first_cp
     op = Op("control_plane | fetch admin.conf", (f"cat {ADMIN_CONF}",),
             "+ admin.conf to the admin machine", timeout=60, secret=True)
-    rc, data = session.runner(cp).run_now([op], keep_going=True)[0]
+    rc, data = session.runner(session.first_cp).run_now([op], keep_going=True)[0]
     if rc != 0:
         return None
-    data += "\n"  # the executor's sections drop the file's last newline
+    return save_kubeconfig(session, data, "admin.conf")
+
+
+def save_kubeconfig(session: Session, data: str, name: str, what: str = ADMIN_CONF,
+                    remedy: str = "kubeadm init phase kubeconfig admin rewrites it",
+                    namespace: str = "") -> Path:
+    """A kubeconfig the first control plane printed, checked (check_admin_conf), its
+    credentials added to the run's redaction, pointed at the first control plane's own API
+    server when the endpoint is each node's local balancer (and its context at
+    ``namespace``), written to <inventory dir>/artifacts/<name> (0600)."""
+    cp = session.first_cp
+    data += "\n"  # the executor's sections drop the output's last newline
     for line in data.splitlines():
         key, _, value = line.strip().partition(":")
         if key.endswith("-data") and value.strip():
             session.redact.add(value.strip())
-    check_admin_conf(data, cp)
+    check_admin_conf(data, cp, what, remedy)
     if session.cluster.get("endpoint_mode") == "local_lb":
         data = _direct(data, session.host(cp).address)
-    dest = Path(session.inventory.path).resolve().parent / "artifacts" / "admin.conf"
+    if namespace:
+        conf = yaml.safe_load(data)
+        for entry in conf.get("contexts") or []:
+            entry.setdefault("context", {})["namespace"] = namespace
+        data = yaml.safe_dump(conf, sort_keys=False)
+    dest = Path(session.inventory.path).resolve().parent / "artifacts" / name
     write_private(dest, data)
     return dest

@@ -72,6 +72,9 @@ PHASES: tuple[Phase, ...] = (
           drain_timeout_var="mig_drain_timeout", pause_gpu_clients=True),
     Phase("cluster", "first_control_plane", ("gpu_cluster", "monitoring"),
           "GPUs in the cluster: labels, RuntimeClass, device plugin, allocatable; monitoring"),
+    # after the cluster phase: the quotas name the GPU resources the nodes now offer
+    Phase("tenancy", "first_control_plane", ("tenancy",),
+          "the lab's users and groups: namespaces, GPU quotas, default requests, edit role"),
 )
 
 #: ``invoke upgrade --kubernetes``: kubeadm's order (the first control plane with `kubeadm

@@ -379,7 +379,9 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
             work = plan_phase(session, phase, hosts)
             changes = sum(op.changes for items in work.values() for rw in items
                           for op in rw.ops)
-            if work and (check or changes or diff):
+            warned = any(op.warning for items in work.values() for rw in items for op in rw.ops)
+            # a phase with nothing to change still shows its warnings (a user's namespace kept)
+            if work and (check or changes or diff or warned):
                 rep.phase(f"{phase.name}: {phase.title}")
                 n = rep.plan(_ops(work), show_all=check, diff=diff)
                 planned_total += n if check else 0

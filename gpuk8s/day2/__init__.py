@@ -9,6 +9,7 @@ bootstrap.
 - status: status, kubeconfig; gpuusage: gpu_usage (Prometheus, gpu_monitoring)
 - upgrades: upgrade, upgrade_driver; kubernetes: upgrade_kubernetes
 - certs: renew_certs
+- users: user_kubeconfig (a lab user's credentials)
 - backup: backup, and the backup every control-plane change takes first (before_change)
 - restore: restore (a backup onto the first control plane)
 """
@@ -22,6 +23,8 @@ from gpuk8s.day2.nodes import add_node, remove_node, reprovision, reset
 from gpuk8s.day2.restore import restore
 from gpuk8s.day2.status import kubeconfig, status
 from gpuk8s.day2.upgrades import upgrade, upgrade_driver
+from gpuk8s.day2.users import user_kubeconfig
 
 __all__ = ["add_node", "backup", "gpu_usage", "kubeconfig", "remove_node", "renew_certs",
-           "reprovision", "reset", "restore", "status", "upgrade", "upgrade_driver"]
+           "reprovision", "reset", "restore", "status", "upgrade", "upgrade_driver",
+           "user_kubeconfig"]

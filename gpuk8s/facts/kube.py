@@ -118,6 +118,8 @@ MANAGED_RESOURCES = {
     "ClusterRoleBinding": "clusterrolebindings", "DaemonSet": "daemonsets",
     "Deployment": "deployments", "RuntimeClass": "runtimeclasses",
     "CustomResourceDefinition": "customresourcedefinitions",
+    "ResourceQuota": "resourcequotas", "LimitRange": "limitranges",
+    "RoleBinding": "rolebindings",
 }
 #: what the Cluster fact's `kubectl get` lists
 MANAGED_KINDS = ",".join(MANAGED_RESOURCES.values())

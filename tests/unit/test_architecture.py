@@ -149,8 +149,8 @@ LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile
 #: every package below the commands
 ENGINE = frozenset({"runner", "backups", "etcdsnap", "gather", "drain", "handoffs",
                     "cluster_values", "session", "report", "inventory", "variables", "roles",
-                    "templating", "playbook", "gpusharing", "dra", "mig", "ops", "facts",
-                    "executor", "transport"}) | LEAVES
+                    "templating", "playbook", "gpusharing", "dra", "mig", "tenancy", "ops",
+                    "facts", "executor", "transport"}) | LEAVES
 #: package -> the packages it may import (gpuk8s/facts/*.py is "facts", session.py "session")
 ALLOWED: dict[str, frozenset[str]] = {
     # leaves: each other only, in this order
@@ -168,6 +168,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "templating": LEAVES,
     "roles": LEAVES | {"facts", "ops", "templating"},
     "gpusharing": LEAVES | {"mig"},
+    # the lab's users and groups as namespaces, quotas and bindings (pure, like gpusharing)
+    "tenancy": LEAVES,
     # every role's RULES and defaults: the variables read the roles, not the reverse
     "variables": LEAVES | {"playbook", "roles", "templating"},
     "inventory": LEAVES | {"variables"},

@@ -110,7 +110,7 @@ def test_unreachable_at_start_with_max_fail_the_rest_converge(fake_run: dict[str
                                         "control-plane": ["cp-01"], "join": ["gpu-01", "gpu-02"],
                                         "kubelets": ["cp-01", "gpu-01", "gpu-02"],
                                         "gpu-partition": ["cp-01", "gpu-01", "gpu-02"],
-                                        "cluster": ["cp-01"]}
+                                        "cluster": ["cp-01"], "tenancy": ["cp-01"]}
     out = fake_run["out"].getvalue()
     assert "cpu-01 unreachable: cpu-01: cannot connect" in out
     report = json.loads((Path(err.value.summary["run_dir"]) / "report.json").read_text())
