@@ -415,3 +415,14 @@ def test_node_restriction_a_kubelet_may_cordon_and_label_its_node_but_not_taint_
     admin = UserInfo("kubernetes-admin", ("kubeadm:cluster-admins", "system:authenticated"))
     ApiServer.node_restriction(admin, "UPDATE", nodes, "gpu-02", tainted, old, "")
     ApiServer.node_restriction(kubelet, "UPDATE", nodes, "gpu-02", tainted, old, "status")
+
+
+@pytest.mark.parametrize("value", ["true", "True", "1", "t"])
+def test_a_watch_flag_is_parsed_as_go_parses_a_bool(cluster: Cluster, value: str) -> None:
+    """kubernetes_asyncio (KubeSpawner's client) asks ``?watch=True``: the real server's
+    strconv.ParseBool takes it, so a watch stream answers, not a List."""
+    kubectl_ok(cluster, "create", "namespace", "w")
+    first = next(iter(cluster.client.stream(
+        f"/api/v1/namespaces?watch={value}&timeoutSeconds=2", idle=10)))
+    event = json.loads(first)
+    assert event["type"] == "ADDED" and event["object"]["kind"] == "Namespace"

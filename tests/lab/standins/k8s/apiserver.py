@@ -1528,7 +1528,7 @@ class ApiServer:
         pod = self.get(pods_res, ns, name)
         if pod is None:
             raise not_found(pods_res, name)
-        if self._one(q, "stdin") in ("true", "1") or self._one(q, "tty") in ("true", "1"):
+        if self._flag(q, "stdin") or self._flag(q, "tty"):
             raise HTTPError(400, "BadRequest", "the lab's API server stand-in runs exec without "
                             "stdin or a tty only (kubectl exec POD -- CMD, without -i/-t)")
         containers = [c["name"] for c in pod["spec"].get("containers") or []]
@@ -1821,7 +1821,7 @@ class ApiServer:
                 obj = self._decode(body, h)
             return 201, self.review(virtual, obj, user, groups, info), js
         res = self.registry.by_path(group, version, plural)
-        watching = method == "GET" and (q.get("watch") or [""])[0] in ("true", "1")
+        watching = method == "GET" and self._flag(q, "watch")
         if res is None:
             # authorization comes before routing: a resource the server does not serve is
             # 403 to whom RBAC refuses it (Felix's KubeVirt list in a cluster without
@@ -1899,6 +1899,12 @@ class ApiServer:
     def _one(q: dict[str, list[str]], key: str, default: str = "") -> str:
         return (q.get(key) or [default])[0]
 
+    @classmethod
+    def _flag(cls, q: dict[str, list[str]], key: str) -> bool:
+        """A boolean query parameter as the real server parses it (Go's strconv.ParseBool:
+        1, t, T, TRUE, true, True; the Python clients send watch=True)."""
+        return cls._one(q, key) in ("1", "t", "T", "TRUE", "true", "True")
+
     def _manager(self, q: dict[str, list[str]], h: BaseHTTPRequestHandler) -> str:
         mgr = self._one(q, "fieldManager")
         if mgr:
@@ -1943,8 +1949,8 @@ class ApiServer:
         objects first when it is "" or "0", or with sendInitialEvents), BOOKMARKs when asked
         for, 410 Gone for a version older than the server keeps, ERROR when it expires."""
         rv_arg = self._one(q, "resourceVersion")
-        initial = self._one(q, "sendInitialEvents") == "true" or rv_arg in ("", "0")
-        bookmarks = self._one(q, "allowWatchBookmarks") == "true"
+        initial = self._flag(q, "sendInitialEvents") or rv_arg in ("", "0")
+        bookmarks = self._flag(q, "allowWatchBookmarks")
         try:
             since = int(rv_arg or 0)
         except ValueError as e:
@@ -1992,7 +1998,7 @@ class ApiServer:
                     snapshot = []
             for o in snapshot:
                 yield wrap("ADDED", o)
-            if initial and self._one(q, "sendInitialEvents") == "true":
+            if initial and self._flag(q, "sendInitialEvents"):
                 yield bookmark(cur, end=True)
             deadline = time.monotonic() + timeout
             last_bookmark = time.monotonic()
@@ -2033,7 +2039,7 @@ class ApiServer:
                                   HTTPError)
         if sub == "exec" and res.plural == "pods":
             return -2, lambda: self.pod_exec(ns, name, q), ""
-        if method == "GET" and (self._one(q, "watch") in ("true", "1")):
+        if method == "GET" and self._flag(q, "watch"):
             return -1, self.watch(res, ns, name, q, h), js
         if sub == "status" and (res.group, res.plural) in self.crd_resources and \
                 (res.group, res.plural) not in self.crd_status:
@@ -2173,7 +2179,7 @@ class ApiServer:
             md["name"] = name
             if res.namespaced:
                 md["namespace"] = ns
-            force = self._one(q, "force") == "true"
+            force = self._flag(q, "force")
             new = merge.server_side_apply(old, applied, mgr, force, sch, res.api_version, sub)
             if old is None:
                 return self.create(res, new, ns, dry=dry, user=user)
