@@ -99,7 +99,8 @@ def matching(pattern: str, must_be: str, fix: str, *, or_empty: bool = False) ->
     return check
 
 
-_DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+#: a DNS-1123 label (a namespace, a Kubernetes user of the lab)
+DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 check_package_version = matching(r"\d+\.\d+\.\d+-[0-9A-Za-z.+~]+",
                                  'an apt version like "1.36.2-1.1"',
                                  '"1.36.2-1.1" or "" for the newest patch', or_empty=True)
@@ -126,7 +127,7 @@ IMAGE_REF = (r"(?:[a-z0-9]([a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9]([a-z0-9-]*[a-z0-9])
 check_image_ref = matching(IMAGE_REF, 'an image reference like "registry.k8s.io/pause:3.10"',
                            '"registry.k8s.io/pause:3.10" or "" for the one kubeadm expects',
                            or_empty=True)
-check_dns_domain = matching(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*", "a lower-case DNS domain",
+check_dns_domain = matching(rf"{DNS_LABEL}(\.{DNS_LABEL})*", "a lower-case DNS domain",
                             "cluster.local")
 
 

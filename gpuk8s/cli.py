@@ -180,7 +180,6 @@ def bootstrap(c: Context, inventory: str = INVENTORY, limit: str | None = None,
           quiet=quiet, backup=not no_backup)
 
 
-
 @command(iterable=["set"])
 def check(c: Context, inventory: str = INVENTORY, set: list[str] | None = None) -> None:
     """Every problem of the inventory in one run, the hosts' roles and the variables that

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuk8s.checks import VarProblem, show
+from gpuk8s.checks import DNS_LABEL, VarProblem, matching, show
 
 #: the keys of a lab_users entry, and of a lab_groups entry
 USER_KEYS = ("gpu_quota", "groups", "cpu", "memory", "pods", "admin")
@@ -48,7 +48,7 @@ RESERVED_PREFIXES = ("kube-", "gpuk8s", "system", "nvidia-", "calico-", "tigera-
 #: Pod Security Admission levels (pod-security.kubernetes.io/enforce)
 POD_SECURITY = ("privileged", "baseline", "restricted")
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_LABEL = re.compile(DNS_LABEL)
 #: a Kubernetes quantity as a quota or a LimitRange takes it: 4, 500m, 16Gi, 1.5
 QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _USERS_EXAMPLE = ("write lab_users: {alice: {gpu_quota: 2, groups: [vision]}, bob: {gpu_quota: "
@@ -71,16 +71,12 @@ class Tenant:
     pods: int | None = None
 
 
-def check_quantity(name: str, value: str) -> VarProblem | None:
-    """A Kubernetes quantity: 100m, 2, 256Mi, 8Gi."""
-    if not QUANTITY.fullmatch(str(value)):
-        return VarProblem(name, f"{name} must be a Kubernetes quantity like 100m, 2, 256Mi or "
-                          f"8Gi, got {show(value)}", f'write {name}: "256Mi"')
-    return None
-
-
-def check_quantity_or_empty(name: str, value: str) -> VarProblem | None:
-    return None if value == "" else check_quantity(name, value)
+#: tenancy_default_* (a Kubernetes quantity; the memory limit may be "": none)
+check_quantity = matching(QUANTITY.pattern, "a Kubernetes quantity like 100m, 2, 256Mi or 8Gi",
+                          '"256Mi"')
+check_quantity_or_empty = matching(QUANTITY.pattern,
+                                   "a Kubernetes quantity like 100m, 2, 256Mi or 8Gi",
+                                   '"256Mi"', or_empty=True)
 
 
 def name_problem(what: str, name: Any) -> str | None:

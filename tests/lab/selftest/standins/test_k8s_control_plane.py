@@ -321,6 +321,8 @@ def test_kubeconfig_user_for_a_lab_user(control_plane: tuple[Node, str]) -> None
     cfg = str(node.root / "_kubeadm.yaml")
     r = node.run("kubeadm", "kubeconfig", "user", "--config", cfg)
     assert r.returncode == 1 and 'required flag(s) "client-name" not set' in r.stderr
+    r = node.run("kubeadm", "kubeconfig", "user", "--config=", "--client-name", "alice")
+    assert r.returncode == 1 and "the kubeadm configuration path cannot be empty" in r.stderr
     r = node.run("kubeadm", "kubeconfig", "user", "--config", cfg, "--client-name", "alice",
                  "--validity-period", "24h")
     assert r.returncode == 0, r.stderr

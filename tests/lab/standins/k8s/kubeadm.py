@@ -305,12 +305,7 @@ class Kubeadm:
         kc["containerRuntimeEndpoint"] = cri
         k8s_version = self._check_k8s_version(cc)
         node = hostname_override(nr)
-        lae = ic.get("localAPIEndpoint") or {}
-        adv = lae.get("advertiseAddress") or nodeinfo.ipv4()
-        port = int(lae.get("bindPort") or 6443)
-        endpoint = cc.get("controlPlaneEndpoint") or f"{adv}:{port}"
-        if ":" not in endpoint:
-            endpoint += f":{port}"
+        adv, port, endpoint = _api_endpoint(ic, cc)
         net = cc.get("networking") or {}
         svc_subnet = net.get("serviceSubnet") or "10.96.0.0/12"
         algo = cc.get("encryptionAlgorithm") or "RSA-2048"
@@ -1334,7 +1329,8 @@ class Kubeadm:
     def cmd_kubeconfig(self) -> None:
         """`kubeadm kubeconfig user` (cmd/kubeadm/app/cmd/kubeconfig.go@v1.36.0): --config
         and --client-name required; the kubeconfig of a client certificate signed by the
-        cluster CA (CN the client name, O each --org), valid --validity-period (default
+        cluster CA (CN the client name, O each --org; its key of the config's
+        encryptionAlgorithm), valid --validity-period (default
         8760h, a warning past it), for the config's controlPlaneEndpoint (else its local API
         endpoint), printed on stdout. LAB SIMPLIFICATION: openssl 3.0 signs for whole days,
         so a validity is rounded up to days (24h is exact)."""
@@ -1342,10 +1338,10 @@ class Kubeadm:
             raise Fail(f"unknown command \"{' '.join(self.args.args)}\" for \"kubeadm "
                        "kubeconfig\"")
         missing = [f for f, v in (("client-name", self.args.client_name),
-                                  ("config", self.args.config)) if not v]
+                                  ("config", self.args.config)) if v is None]
         if missing:
             raise Fail("required flag(s) " + ", ".join(f'"{f}"' for f in missing) + " not set")
-        if not self.args.config:
+        if not self.args.config:  # --config= given empty
             raise Fail("the kubeadm configuration path cannot be empty")
         cfg = self.load_config()
         ic, cc = cfg.get("InitConfiguration", {}), cfg.get("ClusterConfiguration", {})
@@ -1359,12 +1355,7 @@ class Kubeadm:
             sys.stderr.write(f"W{time.strftime('%m%d %H:%M:%S')} WARNING: the specified "
                              f"certificate validity period {period} is longer than the default "
                              "duration 8760h0m0s, this may increase security risks.\n")
-        lae = ic.get("localAPIEndpoint") or {}
-        port = int(lae.get("bindPort") or 6443)
-        endpoint = cc.get("controlPlaneEndpoint") or \
-            f"{lae.get('advertiseAddress') or nodeinfo.ipv4()}:{port}"
-        if ":" not in endpoint:
-            endpoint += f":{port}"
+        endpoint = _api_endpoint(ic, cc)[2]
         ca_dir = cc.get("certificatesDir") or PKI
         ca_pem = read(f"{ca_dir}/ca.crt")
         if ca_pem is None or read(f"{ca_dir}/ca.key") is None:
@@ -1372,7 +1363,7 @@ class Kubeadm:
                        f"loading ca certificate: couldn't load the certificate file "
                        f"{ca_dir}/ca.crt: open {ca_dir}/ca.crt: no such file or directory")
         key = f"/tmp/.kubeadm-user-{os.getpid()}.key"
-        pki.gen_key(key, _key_algo(f"{ca_dir}/ca.key"))
+        pki.gen_key(key, cc.get("encryptionAlgorithm") or "RSA-2048")
         try:
             cert = pki.sign_csr(pki.make_csr(key, self.args.client_name, self.args.org or []),
                                 f"{ca_dir}/ca.crt", f"{ca_dir}/ca.key",
@@ -1734,6 +1725,18 @@ def main(argv: list[str], version_raw: str) -> int:
         sys.stderr.write(f"{e}\n{STACK}\n")
         return 1
     return 0
+
+
+def _api_endpoint(ic: Obj, cc: Obj) -> tuple[str, int, str]:
+    """(advertise address, bind port, host:port clients use): the config's
+    controlPlaneEndpoint, else the local API endpoint (kubeadmutil.GetControlPlaneEndpoint)."""
+    lae = ic.get("localAPIEndpoint") or {}
+    adv = lae.get("advertiseAddress") or nodeinfo.ipv4()
+    port = int(lae.get("bindPort") or 6443)
+    endpoint = cc.get("controlPlaneEndpoint") or f"{adv}:{port}"
+    if ":" not in endpoint:
+        endpoint += f":{port}"
+    return adv, port, endpoint
 
 
 def _leaf_validity(cc: Obj) -> None:
