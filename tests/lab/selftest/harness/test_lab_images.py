@@ -1,8 +1,10 @@
-"""The lab's TensorFlow and CUDA images (tests/lab/images.py): built once, then reused from the
-cache; pushed to the lab registry under the upstream names the workloads pin, each labelled as a
-lab image; pulled by a node's real containerd through the lab's registry_mirrors (hosts.toml for
-docker.io and nvcr.io) and run there: the real TensorFlow 2.21.0 imports, the CUDA image says
-what it is. What the test adds to the node's containerd is removed again."""
+"""The lab's TensorFlow, CUDA and JupyterHub images (tests/lab/images.py): built once, then
+reused from the cache; pushed to the lab registry under the upstream names the workloads pin,
+each labelled as a lab image; pulled by a node's real containerd through the lab's
+registry_mirrors (hosts.toml for docker.io, nvcr.io and quay.io) and run there: the real
+TensorFlow 2.21.0 imports, the CUDA image says what it is, the real JupyterHub 5.5.0,
+configurable-http-proxy 5.2.0 and jupyterhub-singleuser answer. What the test adds to the
+node's containerd is removed again."""
 
 from __future__ import annotations
 
@@ -26,7 +28,12 @@ pytestmark = pytest.mark.lab
 NODE = "gpu-01"
 TF_GPU = "docker.io/tensorflow/tensorflow:2.21.0-gpu"
 CUDA = "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"
-PULLED = {TF_GPU: "gpuk8s-lab-images-tf", CUDA: "gpuk8s-lab-images-cuda"}  # ref: container
+HUB = "quay.io/jupyterhub/k8s-hub:4.4.0"
+CHP = "quay.io/jupyterhub/configurable-http-proxy:5.2.0"
+NOTEBOOK = "quay.io/jupyter/tensorflow-notebook:cuda-tensorflow-2.21.0"
+PULLED = {TF_GPU: "gpuk8s-lab-images-tf", CUDA: "gpuk8s-lab-images-cuda",  # ref: container
+          HUB: "gpuk8s-lab-images-hub", CHP: "gpuk8s-lab-images-chp",
+          NOTEBOOK: "gpuk8s-lab-images-notebook"}
 CTR = "ctr -n k8s.io"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -81,7 +88,7 @@ def node(lab: Lab, pushed: dict[str, str]) -> Iterator[Lab]:
     Afterwards the images the tests pulled are removed (forget)."""
     ready = " && ".join(["systemctl is-active -q containerd", *(
         f"grep -qF '[host.\"{registry.URL}\"]' /etc/containerd/certs.d/{host}/hosts.toml"
-        for host in ("docker.io", "nvcr.io"))])
+        for host in ("docker.io", "nvcr.io", "quay.io"))])
     if lab.ssh(NODE, ready)[0] != 0:
         restore_bootstrapped(lab)
     before = node_list(lab, "images ls")
@@ -146,6 +153,24 @@ def test_every_image_is_labelled_in_the_registry(pushed: dict[str, str]) -> None
     # the same layers under both TensorFlow 2.21.0 tags
     assert manifest(TF_GPU)[0]["layers"] == \
         manifest("tensorflow/tensorflow:2.21.0")[0]["layers"]
+    # the JupyterHub images: upstream's config where the chart and KubeSpawner rely on it
+    hub = image_config(HUB)["config"]
+    assert (hub["User"], hub["WorkingDir"], list(hub["ExposedPorts"])) == \
+        ("1000:1000", "/srv/jupyterhub", ["8081/tcp"])
+    assert hub["Cmd"] == ["jupyterhub", "--config",
+                          "/usr/local/etc/jupyterhub/jupyterhub_config.py"]
+    chp = image_config(CHP)["config"]
+    assert (chp["User"], chp["Entrypoint"], sorted(chp["ExposedPorts"])) == \
+        ("65534", ["configurable-http-proxy"], ["8000/tcp", "8001/tcp"])
+    notebook = image_config(NOTEBOOK)["config"]
+    assert (notebook["User"], notebook["WorkingDir"], notebook["Entrypoint"],
+            notebook["Cmd"]) == ("1000:100", "/home/jovyan", ["/usr/local/bin/start.sh"],
+                                 ["start-notebook.py"])
+    assert {"HOME=/home/jovyan", "JUPYTER_PORT=8888", "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility"} <= set(notebook["Env"])
+    # the notebook image is the -gpu-jupyter image's layers and one more
+    assert manifest(NOTEBOOK)[0]["layers"][:-1] == \
+        manifest("tensorflow/tensorflow:2.21.0-gpu-jupyter")[0]["layers"]
 
 
 def test_a_second_ensure_comes_from_the_cache(pushed: dict[str, str]) -> None:
@@ -167,3 +192,16 @@ def test_the_cuda_image_says_it_is_a_lab_image(node: Lab) -> None:
                    "cat /etc/gpuk8s-lab-image")
     assert out.splitlines()[0] == registry.LAB_NOTE
     assert "PyPI packages: none" in out
+
+
+@pytest.mark.parametrize(("ref", "argv"), [
+    (HUB, "jupyterhub --version"),
+    (CHP, "configurable-http-proxy --version"),
+    # as KubeSpawner starts it: the image's entrypoint, then the container's args
+    (NOTEBOOK, "/usr/local/bin/start.sh jupyterhub-singleuser --version"),
+], ids=["hub", "chp", "notebook"])
+def test_the_jupyterhub_images_run_in_the_node(node: Lab, ref: str, argv: str) -> None:
+    pull(node, ref)
+    out = sh(node, f"{CTR} run --snapshotter native --rm {ref} {PULLED[ref]} {argv}",
+             timeout=300)
+    assert out.strip().splitlines()[-1] == {HUB: "5.5.0", CHP: "5.2.0", NOTEBOOK: "5.5.0"}[ref]
