@@ -219,9 +219,11 @@ class Node:
 # ------------------------------------------------------------------ a running API server
 class Cluster:
     def __init__(self, root: Path, gates: str = "", etcd_port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, sa_key: bool = False) -> None:
         """An API server stand-in on this machine with a REAL etcd of its own, or sharing the
-        etcd at ``etcd_port`` (another Cluster's: two control planes of one cluster)."""
+        etcd at ``etcd_port`` (another Cluster's: two control planes of one cluster);
+        ``sa_key``: with a ServiceAccount signing key (sa.key, as kubeadm's
+        --service-account-signing-key-file), so that it serves TokenRequests."""
         self.root = root
         self.port = free_port()
         pk = root / "pki"
@@ -233,6 +235,9 @@ class Cluster:
                   "kube-apiserver", server=True, client=False, sans=["127.0.0.1", "localhost"])
         pki.issue(str(pk / "admin.crt"), str(pk / "admin.key"), ca, cakey, "kubernetes-admin",
                   orgs=["system:masters"])
+        self.sa_key = pk / "sa.key" if sa_key else None
+        if self.sa_key is not None:
+            pki.gen_key(str(self.sa_key))
         self.ca_pem = (pk / "ca.crt").read_text()
         self.server = f"https://127.0.0.1:{self.port}"
         # the API server's store: a REAL etcd of its own (plain http on this machine; the
@@ -282,6 +287,8 @@ class Cluster:
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}"]
         if self.gates:
             args.append(f"--feature-gates={self.gates}")
+        if self.sa_key is not None:
+            args.append(f"--service-account-signing-key-file={self.sa_key}")
         return subprocess.Popen(args, stderr=self.log, stdout=self.log, env={
             **os.environ, "PYTHONPATH": str(STANDINS), "GPUK8S_LAB_CONTROLLER_PERIOD": "0.2",
             **self.env})

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import yaml
 from k8s import pki
@@ -247,6 +248,21 @@ class TestControlPlaneEndToEnd:
         assert len(spec["gpus"]) == 1 and spec["gpus"][0].startswith("GPU-")
         assert spec["gpuRuntime"] is True
         assert spec["containers"][0]["command"] == ["nvidia-smi", "-L"]
+        # its ServiceAccount's token volume (the API server's admission), set up by the kubelet
+        # with its own credentials, and the variables naming the API server: what an
+        # in-cluster client reads; kubeadm's serving certificate holds the names it dials
+        (token,) = [m for m in spec["containers"][0]["mounts"]
+                    if m["dst"] == "/var/run/secrets/kubernetes.io/serviceaccount"]
+        assert token["ro"] and sorted(os.listdir(token["src"])) == ["ca.crt", "namespace",
+                                                                    "token"]
+        assert Path(token["src"], "ca.crt").read_text() == \
+            (node.root / "etc/kubernetes/pki/ca.crt").read_text()
+        env = spec["containers"][0]["env"]
+        assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+            "10.96.0.1", "443")
+        _, _, sans, _, _ = pki.attributes(
+            (node.root / "etc/kubernetes/pki/apiserver.crt").read_text())
+        assert {"10.96.0.1", "kubernetes.default.svc"} <= set(sans)
         assert wait_for(lambda: "no container runtime under GPUK8S_LAB_ROOT" in k(
             "get", "events", "-n", "default").stdout)
         r = node.run("kubeadm", "reset", "-f")

@@ -112,6 +112,11 @@ class TestEmulatedNetwork:
                     return {"data": {"token": base64.b64encode(b"s3cret").decode()}}
                 if path.endswith("/configmaps/script"):
                     return {"data": {"train.py": "print(1)\n"}}
+                if path == "/api/v1/services":   # the kubelet's Service informer
+                    return {"items": [{"metadata": {"name": "kubernetes",
+                                                    "namespace": "default"},
+                                       "spec": {"clusterIP": "10.96.0.1", "ports": [
+                                           {"name": "https", "port": 443}]}}]}
                 from k8s.client import ApiError
                 raise ApiError(404, {"reason": "NotFound", "message": path})
 
@@ -134,7 +139,13 @@ class TestEmulatedNetwork:
         spec = realpods.prepare(Api(), pod, "10.88.0.12", ["GPU-1"], True,  # type: ignore[arg-type]
                                 "/var/log/pods/ml_p_u-1", {"clusterDNS": ["10.96.0.10"]})
         (c,) = spec["containers"]
-        assert c["env"] == {"T": "s3cret", "I": "1"}
+        assert c["env"] == {
+            "T": "s3cret", "I": "1", "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+            "KUBERNETES_SERVICE_PORT": "443", "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+            "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+            "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443",
+            "KUBERNETES_PORT_443_TCP_PROTO": "tcp", "KUBERNETES_PORT_443_TCP_PORT": "443",
+            "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"}
         assert (c["memory"], c["cpus"]) == (1 << 30, 0.5)
         (mount,) = c["mounts"]
         assert mount["dst"] == "/opt/s" and mount["ro"] is True

@@ -4,6 +4,11 @@
 Started by the kubelet stand-in from /etc/kubernetes/manifests/kube-apiserver.yaml with the flags in
 that manifest (python3 -m k8s.apiserver --advertise-address=... --secure-port=6443 ...).
 Objects are kept in the REAL etcd of --etcd-servers (store.py), as kubeadm configures it.
+
+The ServiceAccount admission plugin, the ServiceAccount and root CA publisher controllers, the
+endpoint reconciler and the PersistentVolume binder's pre-bound case follow the upstream files
+their docstrings name (kubernetes, read in recent upstream copies in the code index: the
+v1.35.0 tag itself could not be fetched here, its snapshot being too large).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import http.client
 import ipaddress
 import json
 import os
+import random
 import re
 import socket
 import ssl
@@ -47,7 +53,11 @@ from . import (
     wire,
 )
 from .common import (
+    API_ACCESS_PREFIX,
+    MIRROR_ANNOTATION,
+    TOKEN_MOUNT_PATH,
     P,
+    api_access_volume,
     git_version,
     now,
     package_version,
@@ -76,6 +86,69 @@ DS_TOLERATIONS = [
     {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
     {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
 ]
+
+
+#: the root CA publisher's ConfigMap in every namespace, and its annotation
+#: (pkg/controller/certificates/rootcacertpublisher/publisher.go)
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+ROOT_CA_DESCRIPTION = {"kubernetes.io/description": (
+    "Contains a CA bundle that can be used to verify the kube-apiserver when using internal "
+    "endpoints such as the internal service IP or kubernetes.default.svc. No other usage is "
+    "guaranteed across distributions of Kubernetes clusters.")}
+#: the endpoint reconciler's master leases (pkg/controlplane/reconcilers/lease.go: one key per
+#: API server, /registry/masterleases/<ip> upstream, with an etcd lease of
+#: DefaultEndpointReconcilerTTL; here an object with its renewal time), refreshed every
+#: DefaultEndpointReconcilerInterval
+MASTER_LEASES = ("", "masterleases")
+MASTER_LEASE_TTL = 15.0
+ENDPOINT_INTERVAL = 10.0
+
+
+def _pod_secret_names(spec: Obj) -> list[str]:
+    """The Secrets a pod spec names (pkg/api/pod VisitPodSecretNames: image pull secrets,
+    secret and projected secret volumes, env and envFrom of every container)."""
+    names = [s.get("name", "") for s in spec.get("imagePullSecrets") or []]
+    for v in spec.get("volumes") or []:
+        if "secret" in v:
+            names.append(v["secret"].get("secretName", ""))
+        names += [s["secret"].get("name", "") for s in (v.get("projected") or {}).get(
+            "sources") or [] if "secret" in s]
+    for group in ("initContainers", "containers", "ephemeralContainers"):
+        for c in spec.get(group) or []:
+            names += [e["secretRef"].get("name", "") for e in c.get("envFrom") or []
+                      if "secretRef" in e]
+            names += [e["valueFrom"]["secretKeyRef"].get("name", "") for e in c.get("env") or []
+                      if "secretKeyRef" in (e.get("valueFrom") or {})]
+    return [n for n in names if n]
+
+
+def _claim_ref_names(ref: Obj | None, claim: Obj) -> bool:
+    """persistentvolume util.go IsVolumeBoundToClaim: the claimRef names the claim's
+    namespace and name, and its uid when it has one."""
+    md = claim["metadata"]
+    return bool(ref) and ref.get("name") == md.get("name") and \
+        ref.get("namespace") == md.get("namespace") and \
+        (not ref.get("uid") or ref.get("uid") == md.get("uid"))
+
+
+def _volume_fits(pv: Obj, claim: Obj, compare_class: bool) -> bool:
+    """Whether volume ``pv`` can hold ``claim``: not being deleted, its capacity at least the
+    claim's request, the same volumeMode (Filesystem when unset), the claim's access modes
+    among its own and, for a claim naming the volume, the same storage class (pv_controller.go
+    checkVolumeSatisfyClaim; util.go FindMatchingVolume, CheckVolumeModeMismatches,
+    CheckAccessModes)."""
+    pspec, cspec = pv.get("spec") or {}, claim.get("spec") or {}
+    if pv["metadata"].get("deletionTimestamp"):
+        return False
+    if parse_quantity((pspec.get("capacity") or {}).get("storage", "0")) < parse_quantity(
+            ((cspec.get("resources") or {}).get("requests") or {}).get("storage", "0")):
+        return False
+    if (pspec.get("volumeMode") or "Filesystem") != (cspec.get("volumeMode") or "Filesystem"):
+        return False
+    if not set(cspec.get("accessModes") or []) <= set(pspec.get("accessModes") or []):
+        return False
+    return not compare_class or (pspec.get("storageClassName") or "") == (
+        cspec.get("storageClassName") or "")
 
 
 def _secret_string_data(res: Resource, obj: Obj) -> None:
@@ -216,7 +289,7 @@ LEASE_SECONDS = int(os.environ.get("GPUK8S_LAB_LEASE_SECONDS", "15"))
 RENEW_SECONDS = 2
 #: changes that do not wake the controllers early (await_change): heartbeats and events
 QUIET_KEYS = frozenset({("coordination.k8s.io", "leases"), ("", "events"),
-                        ("events.k8s.io", "events")})
+                        ("events.k8s.io", "events"), ("", "masterleases")})
 #: seconds between two controller passes, however often the store changes
 MIN_PASS_GAP = 0.1
 
@@ -378,7 +451,8 @@ class ApiServer:
         server's own controllers write without)."""
         with self.lock:
             md = obj.setdefault("metadata", {})
-            if not md.get("name") and md.get("generateName"):
+            generated = not md.get("name") and bool(md.get("generateName"))
+            if generated:
                 md["name"] = md["generateName"] + rand_suffix()
             name = md.get("name")
             if not name:
@@ -405,6 +479,7 @@ class ApiServer:
                 md["generation"] = 1
             self._defaults(res, obj)
             if res.plural == "pods":
+                self._service_account_admission(ns, obj, "" if generated else name)
                 self._limit_and_quota(ns, obj)
             dra.admit(res, obj, HTTPError)
             _secret_string_data(res, obj)
@@ -500,7 +575,6 @@ class ApiServer:
             spec.setdefault("schedulerName", "default-scheduler")
             spec.setdefault("terminationGracePeriodSeconds", 30)
             spec.setdefault("dnsPolicy", "ClusterFirst")
-            spec.setdefault("serviceAccountName", "default")
             spec.setdefault("priority", 0)
             tols = spec.setdefault("tolerations", [])
             for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
@@ -561,6 +635,117 @@ class ApiServer:
             if i > 0 and str(host) not in used:
                 return str(host)
         return "None"
+
+    def _service_account_admission(self, ns: str, pod: Obj, name: str) -> None:
+        """The ServiceAccount admission plugin on a pod's create, a controller's pod
+        included (plugin/pkg/admission/serviceaccount/admission.go, Admit and Validate):
+        a mirror pod may reference no ServiceAccount, Secret or token projection and is left
+        alone; any other pod gets serviceAccountName "default" when it names none, is refused
+        when its ServiceAccount does not exist (getServiceAccount; the retries for "default"
+        while the ServiceAccount controller has not made it yet are dispatch's,
+        _await_default_service_account, outside the server's lock), gets the token volume
+        kube-api-access-<5 characters> (TokenVolumeSource: a token of 3607 s, the
+        kube-root-ca.crt ConfigMap's ca.crt, the namespace from the downward API; defaultMode
+        0644) mounted read-only at /var/run/secrets/kubernetes.io/serviceaccount in every
+        init container and container that mounts nothing there, unless
+        automountServiceAccountToken is false (the pod's, else the ServiceAccount's:
+        shouldAutomount), and the ServiceAccount's imagePullSecrets when it has none.
+        ``name``: the pod's name as admission sees it ("" for a generateName pod: the real
+        refusal then says ``pods is forbidden``, admission/errors.go NewForbidden)."""
+        md, spec = pod["metadata"], pod.setdefault("spec", {})
+
+        def forbidden(why: str) -> HTTPError:
+            what = f'pods "{name}"' if name else "pods"
+            return HTTPError(403, "Forbidden", f"{what} is forbidden: {why}",
+                             {"name": name, "kind": "pods"})
+
+        # the v1 conversion: the deprecated serviceAccount fills serviceAccountName
+        if not spec.get("serviceAccountName") and spec.get("serviceAccount"):
+            spec["serviceAccountName"] = spec["serviceAccount"]
+        if MIRROR_ANNOTATION in (md.get("annotations") or {}):
+            if spec.get("serviceAccountName"):
+                raise forbidden("a mirror pod may not reference service accounts")
+            if _pod_secret_names(spec):
+                raise forbidden("a mirror pod may not reference secrets")
+            if any("serviceAccountToken" in s for v in spec.get("volumes") or []
+                   for s in (v.get("projected") or {}).get("sources") or []):
+                raise forbidden("a mirror pod may not use ServiceAccountToken volume "
+                                "projections")
+            return
+        sa_name = spec.get("serviceAccountName") or "default"
+        spec["serviceAccountName"] = spec["serviceAccount"] = sa_name
+        sa = self.read(self.R("serviceaccounts"), ns, sa_name)
+        if sa is None:
+            # getServiceAccount's errors.NewNotFound(api.Resource("serviceaccount"), name)
+            raise forbidden(f'error looking up service account {ns}/{sa_name}: serviceaccount '
+                            f'"{sa_name}" not found')
+        automount = spec.get("automountServiceAccountToken")
+        if automount is None:
+            automount = sa.get("automountServiceAccountToken")
+        if automount is not False:
+            self._mount_service_account_token(pod)
+        if not spec.get("imagePullSecrets") and sa.get("imagePullSecrets"):
+            spec["imagePullSecrets"] = [{"name": s.get("name", "")}
+                                        for s in sa["imagePullSecrets"]]
+
+    @staticmethod
+    def _mount_service_account_token(pod: Obj) -> None:
+        """admission.go mountServiceAccountToken: the pod's kube-api-access-* volume (or a new
+        one, named by common.api_access_volume) mounted in every container lacking a mount at
+        the token path; the volume is added only when a container needed it."""
+        spec = pod["spec"]
+        have = next((v["name"] for v in spec.get("volumes") or []
+                     if str(v.get("name", "")).startswith(API_ACCESS_PREFIX)), None)
+        volume = have or api_access_volume(pod["metadata"]["uid"])
+        needed = False
+        for group in ("initContainers", "containers"):
+            for c in spec.get(group) or []:
+                mounts = c.setdefault("volumeMounts", [])
+                if not any(m.get("mountPath") == TOKEN_MOUNT_PATH for m in mounts):
+                    mounts.append({"name": volume, "readOnly": True,
+                                   "mountPath": TOKEN_MOUNT_PATH})
+                    needed = True
+        if have is None and needed:
+            spec.setdefault("volumes", []).append({"name": volume, "projected": {
+                # TokenVolumeSource; DefaultMode set explicitly (kubernetes#104464)
+                "defaultMode": 0o644, "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": ROOT_CA_CONFIGMAP,
+                                   "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                        "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}})
+
+    def _await_default_service_account(self, ns: str, body: bytes,
+                                       h: BaseHTTPRequestHandler) -> None:
+        """admission.go getServiceAccount: a pod naming the "default" ServiceAccount, which
+        the ServiceAccount controller makes a moment after its namespace, is looked up 10
+        times, rand(100..200) ms apart, before it is refused. Here before the request takes
+        the server's lock (the controllers, which make it, need that lock); create() then
+        looks it up once more and refuses it if it is still missing."""
+        try:
+            if h.headers.get("Content-Type", "").startswith("application/apply-patch"):
+                docs = yaml_load_all(body.decode())
+                obj = docs[0] if docs and isinstance(docs[0], dict) else {}
+            else:
+                obj = self._decode(body, h)
+        except Exception:  # create() reports a body it cannot read
+            return
+        md, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        if not isinstance(md, dict) or not isinstance(spec, dict) or \
+                MIRROR_ANNOTATION in (md.get("annotations") or {}):
+            return
+        if (spec.get("serviceAccountName") or spec.get("serviceAccount") or
+                "default") != "default":
+            return
+        ns = md.get("namespace") or ns or "default"
+        if self.get(self.R("namespaces"), "", ns) is None:
+            return  # NamespaceLifecycle refuses it first
+        res, interval = self.R("serviceaccounts"), random.uniform(0.1, 0.2)
+        for attempt in range(10):
+            if attempt:
+                time.sleep(interval)
+            if self.read(res, ns, "default") is not None:
+                return
 
     def _limit_and_quota(self, ns: str, pod: Obj) -> None:
         """The LimitRanger and ResourceQuota admission plugins (quota.py), which the real API
@@ -666,6 +851,52 @@ class ApiServer:
         return info.username, list(info.groups)
 
     def user_info(self, handler: BaseHTTPRequestHandler) -> admission.UserInfo:
+        """Who the request acts as: its sender (_sender), or whom the sender impersonates."""
+        sender = self._sender(handler)
+        as_user = handler.headers.get("Impersonate-User")
+        as_groups = handler.headers.get_all("Impersonate-Group") or []
+        if not as_user:
+            if as_groups:
+                raise HTTPError(500, "InternalError", "requested [" + ", ".join(
+                    f"{{Group  {g}  }}" for g in as_groups) + "] without impersonating a user")
+            return sender
+        return self._impersonated(sender, as_user, list(as_groups))
+
+    def _impersonated(self, sender: admission.UserInfo, username: str,
+                      groups: list[str]) -> admission.UserInfo:
+        """The impersonation filter (staging/src/k8s.io/apiserver/pkg/endpoints/filters/
+        impersonation.go), the subset the lab uses: ``kubectl --as USER [--as-group G]``. The
+        sender must be allowed the verb impersonate on users (serviceaccounts for
+        system:serviceaccount:NS:NAME, which then gets the ServiceAccount groups when none is
+        given); here only the cluster's admins are (cluster-admin, system:masters), refused
+        otherwise with upstream's text. A non-anonymous user also gets system:authenticated."""
+        m = re.fullmatch(r"system:serviceaccount:([^:]+):([^:]+)", username)
+        what = f'serviceaccounts "{m.group(2)}"' if m else f'users "{username}"'
+        where = f'in the namespace "{m.group(1)}"' if m else "at the cluster scope"
+        resource = "serviceaccounts" if m else "users"
+        if not self.authorize(sender.username, list(sender.groups), "impersonate",
+                              self.R("serviceaccounts") if m else None,
+                              m.group(1) if m else "", m.group(2) if m else username, "") or \
+                not self._is_admin(sender):
+            raise HTTPError(403, "Forbidden", f'{what} is forbidden: User "{sender.username}" '
+                            f'cannot impersonate resource "{resource}" in API group "" {where}',
+                            {"name": m.group(2) if m else username, "kind": resource})
+        if m and not groups:
+            groups = ["system:serviceaccounts", f"system:serviceaccounts:{m.group(1)}"]
+        if username != "system:anonymous" and "system:authenticated" not in groups:
+            groups.append("system:authenticated")
+        return admission.UserInfo(username, tuple(groups))
+
+    def _is_admin(self, info: admission.UserInfo) -> bool:
+        if "system:masters" in info.groups:
+            return True
+        return any(crb.get("roleRef", {}).get("name") == "cluster-admin" and any(
+            (s.get("kind") == "Group" and s.get("name") in info.groups) or
+            (s.get("kind") == "User" and s.get("name") == info.username)
+            for s in crb.get("subjects") or [])
+            for crb in self.shared(self.R("clusterrolebindings")))
+
+    def _sender(self, handler: BaseHTTPRequestHandler) -> admission.UserInfo:
         """Who sends the request: a bootstrap token, a ServiceAccount token (with its uid and,
         bound to a pod, the pod's and its node's names in extra), a client certificate, or
         anonymous."""
@@ -901,7 +1132,11 @@ class ApiServer:
             if not self.lead():
                 time.sleep(float(os.environ.get("GPUK8S_LAB_CONTROLLER_PERIOD", "1")))
                 continue
-            for step in (self.token_cleaner, self.bootstrap_signer, self.csr_signer,
+            # the ServiceAccount controller and the root CA publisher first: a namespace's
+            # "default" ServiceAccount and kube-root-ca.crt are there before this pass's
+            # controllers make pods in it (upstream they follow the namespace within moments)
+            for step in (self.service_accounts, self.root_ca_publisher,
+                         self.token_cleaner, self.bootstrap_signer, self.csr_signer,
                          self.node_lifecycle, self.node_ipam, self.daemonsets,
                          self.deployments, self.replicasets, self.jobs, self.pv_binder,
                          self.quotas,
@@ -937,6 +1172,101 @@ class ApiServer:
                 if left <= 0:
                     return
                 self.store.changed.wait(left)
+
+    def _active_namespaces(self) -> list[str]:
+        return [ns["metadata"]["name"] for ns in self.shared(self.R("namespaces"))
+                if (ns.get("status") or {}).get("phase", "Active") == "Active"]
+
+    def service_accounts(self) -> None:
+        """kube-controller-manager's ServiceAccount controller
+        (pkg/controller/serviceaccount/serviceaccounts_controller.go syncNamespace, with
+        DefaultServiceAccountsControllerOptions): the ServiceAccount "default" in every active
+        namespace, made again when it is deleted; an AlreadyExists is no failure."""
+        res = self.R("serviceaccounts")
+        for ns in self._active_namespaces():
+            if self.get(res, ns, "default") is None:
+                with contextlib.suppress(HTTPError):
+                    self.create(res, {"metadata": {"name": "default", "namespace": ns}})
+
+    def root_ca(self) -> str | None:
+        """The CA bundle the root CA publisher publishes: kube-controller-manager's
+        --root-ca-file (kubeadm: /etc/kubernetes/pki/ca.crt) from its static pod on this
+        node, else this API server's --client-ca-file (the same file under kubeadm); read
+        once, as the controller manager reads it at its start."""
+        if getattr(self, "_root_ca", None) is None:
+            path = controller_manager_flags().get("root-ca-file") or self.ca_file
+            self._root_ca = read(path)
+        return self._root_ca
+
+    def root_ca_publisher(self) -> None:
+        """kube-controller-manager's root CA publisher
+        (pkg/controller/certificates/rootcacertpublisher/publisher.go syncNamespace): the
+        ConfigMap kube-root-ca.crt in every namespace, data ca.crt = the cluster CA and the
+        kubernetes.io/description annotation; made when missing (or deleted), its data and
+        annotation put back when they differ."""
+        ca = self.root_ca()
+        if not ca:
+            return
+        res, data = self.R("configmaps"), {"ca.crt": ca}
+        for ns in self._active_namespaces():
+            cm = self.get(res, ns, ROOT_CA_CONFIGMAP)
+            with contextlib.suppress(HTTPError):
+                if cm is None:
+                    self.create(res, {"metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": ns,
+                                                   "annotations": dict(ROOT_CA_DESCRIPTION)},
+                                      "data": data})
+                elif cm.get("data") != data or not (cm["metadata"].get("annotations") or {}
+                                                    ).get("kubernetes.io/description"):
+                    cm["data"] = data
+                    cm["metadata"].setdefault("annotations", {}).update(ROOT_CA_DESCRIPTION)
+                    cm["metadata"].pop("resourceVersion", None)
+                    self.update(res, cm)
+
+    def reconcile_endpoints(self) -> None:
+        """The API server's endpoint reconciler (--endpoint-reconciler-type=lease, the default:
+        pkg/controlplane/reconcilers/lease.go ReconcileEndpoints/doReconcile): renew this
+        server's master lease (its --advertise-address), then make the Endpoints
+        default/kubernetes list the addresses of every server whose lease has not expired,
+        sorted, on port "https" = --secure-port (createEndpointPortSpec), labelled
+        endpointslice.kubernetes.io/skip-mirror=true; written only when it differs. Runs in
+        every API server, not only the controllers' leader. Not played: the EndpointSlice
+        default/kubernetes (the lab serves no discovery.k8s.io)."""
+        now_ = time.time()
+        with self.lock:
+            self.store.put(MASTER_LEASES, {"metadata": {"name": self.advertise},
+                                           "renewTime": now_, "ttlSeconds": MASTER_LEASE_TTL})
+            ips = []
+            for lease in self.store.list(MASTER_LEASES):
+                if float(lease.get("renewTime") or 0) + float(
+                        lease.get("ttlSeconds") or MASTER_LEASE_TTL) > now_:
+                    ips.append(lease["metadata"]["name"])
+                else:  # etcd's lease TTL upstream: the key of a server gone goes
+                    with contextlib.suppress(StoreError):
+                        self.store.delete(MASTER_LEASES, "", lease["metadata"]["name"])
+            if not ips:  # "refusing to erase all endpoints for the kubernetes Service"
+                return
+            subsets = [{"addresses": [{"ip": ip} for ip in sorted(ips)],
+                        "ports": [{"name": "https", "port": self.port, "protocol": "TCP"}]}]
+            res = self.R("endpoints")
+            ep = self.get(res, "default", "kubernetes")
+            labels = {"endpointslice.kubernetes.io/skip-mirror": "true"}
+            if ep is None:
+                self.create(res, {"metadata": {"name": "kubernetes", "namespace": "default",
+                                               "labels": labels}, "subsets": subsets})
+            elif ep.get("subsets") != subsets or \
+                    not labels.items() <= (ep["metadata"].get("labels") or {}).items():
+                ep["subsets"] = subsets
+                ep["metadata"].setdefault("labels", {}).update(labels)
+                ep["metadata"].pop("resourceVersion", None)
+                self.update(res, ep)
+
+    def endpoint_reconciler(self) -> None:
+        while True:
+            try:
+                self.reconcile_endpoints()
+            except Exception:  # keep reconciling, as the real loop (wait.NonSlidingUntil)
+                traceback.print_exc()
+            time.sleep(ENDPOINT_INTERVAL)
 
     def token_cleaner(self) -> None:
         for sec in self.list(self.R("secrets"), "kube-system"):
@@ -1311,9 +1641,16 @@ class ApiServer:
                 self.store.put(self.key(job_res), job)
 
     def pv_binder(self) -> None:
-        """PersistentVolume controller (subset): a claim naming a volume (spec.volumeName) binds
-        to it when the volume is Available or pre-bound to that claim, its storage class, access
-        modes and capacity fit; claims of a class are left to that class's provisioner."""
+        """PersistentVolume controller (subset; pkg/controller/volume/persistentvolume/
+        pv_controller.go syncUnboundClaim and bind): a claim naming a volume (spec.volumeName)
+        binds to it when the volume is Available or pre-bound to that claim and its storage
+        class, access modes and capacity fit (checkVolumeSatisfyClaim); a claim naming none
+        binds to a volume pre-bound to it, a claimRef with its namespace and name (and uid, if
+        any), when that volume's access modes include the claim's and its capacity and
+        volumeMode fit (findBestMatchForClaim: pv_index.go findByClaim, util.go
+        FindMatchingVolume's IsVolumeBoundToClaim branch, which does not compare the storage
+        class). Not played: matching a claim to any Available volume of its class, dynamic
+        provisioning (claims of a class are left to that class's provisioner)."""
         pv_res, pvc_res = self.R("persistentvolumes"), self.R("persistentvolumeclaims")
         for pv in self.list(pv_res):
             st = pv.setdefault("status", {})
@@ -1327,37 +1664,52 @@ class ApiServer:
                 self.store.put(self.key(pv_res), pv)
         for pvc in self.list(pvc_res):
             spec, st = pvc.get("spec", {}), pvc.setdefault("status", {})
-            if st.get("phase") == "Bound" or not spec.get("volumeName"):
-                st.setdefault("phase", "Pending")
+            if st.get("phase") == "Bound":
                 continue
-            pv = self.get(pv_res, "", spec["volumeName"])
-            md = pvc["metadata"]
-            ok = pv is not None
-            if pv is not None:
-                pspec = pv.get("spec", {})
-                ref = pspec.get("claimRef") or {}
-                ok = (not ref or (ref.get("name") == md["name"] and
-                                  ref.get("namespace") == md["namespace"])) and \
-                    (pspec.get("storageClassName") or "") == \
-                    (spec.get("storageClassName") or "") and \
-                    set(spec.get("accessModes") or []) <= set(pspec.get("accessModes") or []) \
-                    and parse_quantity(pspec.get("capacity", {}).get("storage", "0")) >= \
-                    parse_quantity(spec.get("resources", {}).get("requests", {})
-                                   .get("storage", "0"))
-            if not ok:
+            pv: Obj | None
+            if spec.get("volumeName"):
+                pv = self.get(pv_res, "", spec["volumeName"])
+                if pv is not None:
+                    ref = pv.get("spec", {}).get("claimRef")
+                    if not (not ref or _claim_ref_names(ref, pvc)) or \
+                            not _volume_fits(pv, pvc, compare_class=True):
+                        pv = None
+            else:
+                pv = next((v for v in self.list(pv_res)
+                           if _claim_ref_names(v.get("spec", {}).get("claimRef"), pvc)
+                           and _volume_fits(v, pvc, compare_class=False)), None)
+            if pv is None:
                 if st.get("phase") != "Pending":
                     st["phase"] = "Pending"
                     self.store.put(self.key(pvc_res), pvc)
                 continue
-            assert pv is not None
-            pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                                      "namespace": md["namespace"], "name": md["name"],
-                                      "uid": md["uid"]}
-            pv["status"] = {"phase": "Bound"}
-            self.store.put(self.key(pv_res), pv)
-            pvc["status"] = {"phase": "Bound", "accessModes": pv["spec"].get("accessModes"),
-                             "capacity": pv["spec"].get("capacity")}
-            self.store.put(self.key(pvc_res), pvc)
+            self._bind(pv, pvc)
+
+    def _bind(self, pv: Obj, pvc: Obj) -> None:
+        """pv_controller.go bind: the volume's claimRef (reference.GetReference of the claim)
+        and, unless the volume was pre-bound to the claim, its annotation
+        pv.kubernetes.io/bound-by-controller; the claim's volumeName, its annotations
+        pv.kubernetes.io/bind-completed and (when the controller chose the volume)
+        bound-by-controller; both phases Bound, the claim's status with the volume's access
+        modes and capacity."""
+        pv_res, pvc_res = self.R("persistentvolumes"), self.R("persistentvolumeclaims")
+        md, name = pvc["metadata"], pv["metadata"]["name"]
+        if not _claim_ref_names(pv["spec"].get("claimRef"), pvc):
+            pv["metadata"].setdefault("annotations", {}).setdefault(
+                "pv.kubernetes.io/bound-by-controller", "yes")
+        pv["spec"]["claimRef"] = {"kind": "PersistentVolumeClaim", "namespace": md["namespace"],
+                                  "name": md["name"], "uid": md["uid"], "apiVersion": "v1",
+                                  "resourceVersion": md.get("resourceVersion", "")}
+        pv["status"] = {"phase": "Bound"}
+        self.store.put(self.key(pv_res), pv)
+        annotations = md.setdefault("annotations", {})
+        if pvc["spec"].get("volumeName") != name:
+            pvc["spec"]["volumeName"] = name
+            annotations.setdefault("pv.kubernetes.io/bound-by-controller", "yes")
+        annotations.setdefault("pv.kubernetes.io/bind-completed", "yes")
+        pvc["status"] = {"phase": "Bound", "accessModes": pv["spec"].get("accessModes"),
+                         "capacity": pv["spec"].get("capacity")}
+        self.store.put(self.key(pvc_res), pvc)
 
     def scheduler(self) -> None:
         pods_res = self.R("pods")
@@ -1739,6 +2091,8 @@ class ApiServer:
 
         srv = Server((self.bind, self.port), Handler)
         threading.Thread(target=self.controllers, daemon=True).start()
+        threading.Thread(target=self.endpoint_reconciler, daemon=True,
+                         name="endpoint-reconciler").start()
         sys.stderr.write(f"Serving securely on {self.bind}:{self.port}\n")
         srv.serve_forever()
 
@@ -2050,6 +2404,10 @@ class ApiServer:
                 return 201, self.token_request(ns, name, body, h), js
         if sub not in ("", "status", "eviction"):
             raise HTTPError(404, "NotFound", "the server could not find the requested resource")
+        if res.plural == "pods" and not sub and (method == "POST" or (
+                method == "PATCH" and h.headers.get("Content-Type", "").startswith(
+                    "application/apply-patch") and self.read(res, ns, name) is None)):
+            self._await_default_service_account(ns, body, h)
         with self.lock:
             if sub == "eviction" and method == "POST":
                 return 201, self.evict(ns, name, dry), js

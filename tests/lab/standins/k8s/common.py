@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
@@ -159,6 +160,26 @@ def rand_suffix(n: int = 5) -> str:
     """Like k8s utilrand.String: consonants and digits without vowels/ambiguous characters."""
     alphabet = "bcdfghjklmnpqrstvwxz2456789"
     return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+#: the ServiceAccount admission plugin's token volume (its name prefix) and where every
+#: container mounts it (plugin/pkg/admission/serviceaccount/admission.go:
+#: ServiceAccountVolumeName, DefaultAPITokenMountPath)
+API_ACCESS_PREFIX = "kube-api-access-"
+TOKEN_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: the annotation that marks a static pod's mirror pod (kubelet types ConfigMirrorAnnotationKey)
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def api_access_volume(pod_uid: str) -> str:
+    """The name of a pod's ServiceAccount token volume, ``kube-api-access-<5 characters>``.
+    Upstream the admission plugin takes names.SimpleNameGenerator's 5 random characters
+    (utilrand.String's alphabet, as rand_suffix); the lab derives them from the pod's uid, so
+    that the API server (which adds the volume) and the kubelet's emulated DRA plugin (which
+    writes its token there, dra_node.token_dir) name the same folder without asking."""
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    digest = hashlib.sha256(pod_uid.encode()).digest()
+    return API_ACCESS_PREFIX + "".join(alphabet[b % len(alphabet)] for b in digest[:5])
 
 
 def rand_token_part(n: int) -> str:

@@ -267,7 +267,8 @@ def proxy_loop(k: Kubelet) -> None:
         changed.wait(PROXY_RESYNC)
         changed.clear()
         try:
-            rules = proxy.sync(k.client.get("/api/v1/services")["items"],
+            services = k.client.get("/api/v1/services")["items"]
+            rules = proxy.sync(services + selectorless_endpoints(k, services),
                                k.client.get("/api/v1/pods")["items"], rules)
         except (ApiError, Unreachable, TLSError, OSError) as e:
             klog("E", f'"Failed to sync proxy rules" err="{e}"', "proxier.go:1520")
@@ -275,6 +276,24 @@ def proxy_loop(k: Kubelet) -> None:
             time.sleep(1)
             continue
         time.sleep(0.2)   # a burst of events (a Deployment's pods) gives one sync
+
+
+def selectorless_endpoints(k: Kubelet, services: list[Obj]) -> list[Obj]:
+    """The Endpoints objects of the Services without a selector (the API server's
+    default/kubernetes, which its endpoint reconciler writes): their endpoints, for
+    proxy.rules. Read at each sync (a change reaches the rules at the next event or
+    resync, PROXY_RESYNC: the lab's kube-proxy watches no Endpoints)."""
+    out = []
+    for svc in services:
+        if (svc.get("spec") or {}).get("selector"):
+            continue
+        md = svc["metadata"]
+        try:
+            got = k.client.get(f"/api/v1/namespaces/{md['namespace']}/endpoints/{md['name']}")
+        except ApiError:
+            continue
+        out.append({**got, "kind": "Endpoints"})
+    return out
 
 
 def cluster_dns(k: Kubelet, pods: list[Obj]) -> None:

@@ -36,7 +36,7 @@ stand-in's `--query-gpu`, `-q`, `-L`, `mig -lgi/-lci/-lgip`), not NVML; "registe
 plugin pod runs on the node and nvidia-smi answers (the real plugin exits when NVML cannot
 initialise); the plugin's token is a TokenRequest bound to its pod (as the kubelet's projected
 volume asks for one), written where the kubelet writes it, /var/lib/kubelet/pods/<pod
-uid>/volumes/kubernetes.io~projected/kube-api-access-<5 characters of the uid's digest>/token,
+uid>/volumes/kubernetes.io~projected/<the pod's kube-api-access-* volume, admission's>/token,
 renewed at 80% of its hour; the kubelet's own wipes use the kubelet's credentials; no pcieRoot
 attribute (the lab's PCI folder has no sysfs links); the MIG memory comes from -lgip's GiB; the
 plugin's log is clearly labelled lab text; devices reach the container as the device plugin's do
@@ -46,7 +46,6 @@ plugin's log is clearly labelled lab text; devices reach the container as the de
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 import shutil
 import time
@@ -54,7 +53,7 @@ from typing import Any
 
 from . import gpuview, nodeinfo
 from .client import ApiError
-from .common import P, write
+from .common import API_ACCESS_PREFIX, P, api_access_volume, write
 
 Obj = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
@@ -203,12 +202,14 @@ def _wipe(kubelet: Any, slices: list[Obj]) -> None:
             kubelet.client.request("DELETE", f"{SLICES}/{s['metadata']['name']}")
 
 
-def token_dir(pod_uid: str) -> str:
-    """Where the kubelet writes the plugin pod's projected ServiceAccount token (a node path;
-    the volume's suffix is random upstream, derived from the uid here)."""
-    suffix = "".join(c for c in hashlib.sha256(pod_uid.encode()).hexdigest()
-                     if c.isalpha())[:5].ljust(5, "x")
-    return f"{PODS_DIR}/{pod_uid}/{PROJECTED}/kube-api-access-{suffix}"
+def token_dir(pod_uid: str, pod: Obj | None = None) -> str:
+    """Where the kubelet writes the plugin pod's projected ServiceAccount token (a node path):
+    the folder of the pod's kube-api-access-* volume, which the API server's ServiceAccount
+    admission added to it; without one in ``pod``, the name that admission gives a pod of
+    this uid (common.api_access_volume: random upstream, derived from the uid here)."""
+    name = next((v["name"] for v in ((pod or {}).get("spec") or {}).get("volumes") or []
+                 if str(v.get("name", "")).startswith(API_ACCESS_PREFIX)), None)
+    return f"{PODS_DIR}/{pod_uid}/{PROJECTED}/{name or api_access_volume(pod_uid)}"
 
 
 def _forget_tokens(state: Plugin, pods: list[Obj]) -> None:
@@ -232,7 +233,7 @@ def plugin_api(kubelet: Any, pod: Obj, state: Plugin) -> Any:
         if state.api_pod and state.api_pod != uid:
             shutil.rmtree(P(f"{PODS_DIR}/{state.api_pod}"), ignore_errors=True)
         state.api, state.api_pod, state.api_at = api, uid, time.monotonic()
-        write(f"{token_dir(uid)}/token", api.client.creds.token, 0o644)
+        write(f"{token_dir(uid, pod)}/token", api.client.creds.token, 0o644)
     return state.api
 
 

@@ -787,20 +787,11 @@ class Kubelet:
         """The API as the pod's ServiceAccount: a token bound to the pod (TokenRequest, as the
         kubelet's projected service account token volume asks for one)."""
         md = pod["metadata"]
-        sa = pod["spec"].get("serviceAccountName") or "default"
         try:
-            got = self.client.request(
-                "POST", f"/api/v1/namespaces/{md['namespace']}/serviceaccounts/{sa}/token",
-                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                 "spec": {"expirationSeconds": 3607, "boundObjectRef": {
-                     "apiVersion": "v1", "kind": "Pod", "name": md["name"],
-                     "uid": md["uid"]}}})
+            token = realpods.token_request(self.client, pod, 3607)
         except ApiError as e:
             klog("E", f'"Failed to get service account token" pod="{md["namespace"]}/'
                  f'{md["name"]}" err="{e}"', "token_manager.go:120")
-            return None
-        token = (got.get("status") or {}).get("token")
-        if not token:
             return None
         creds = kubeconfig.Creds(self.creds.server, self.creds.ca_pem, token=token,
                                  insecure=self.creds.insecure)
@@ -836,6 +827,12 @@ class Kubelet:
                         "Warning", "FailedCreatePodSandBox", str(e))])
                     return want
         rep = realpods.report(uid) or {}
+        if rep.get("phase") == "Running":
+            try:   # the token manager renews the pod's projected tokens
+                realpods.refresh_tokens(self.client, pod)
+            except (ApiError, OSError) as e:
+                klog("E", f'"Couldn\'t update token" pod="{md["namespace"]}/{md["name"]}" '
+                     f'err="{e}"', "token_manager.go:128")
         if rep.get("phase") in ("Succeeded", "Failed"):
             self.gpu_assign.pop(uid, None)
         elif \

@@ -3,8 +3,13 @@
 DaemonSet's pod runs (the lab has no kube-proxy image): Services' ClusterIPs and NodePorts
 become DNAT rules to their ready endpoints' pod IPs, in the chains kube-proxy uses
 (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-MARK-MASQ, KUBE-POSTROUTING; one rule per endpoint,
-chosen at random as kube-proxy does), written with the real iptables-restore. The cluster
-DNS Service is left out: the DNS stand-in answers on its address on every node (dns.py)."""
+chosen at random as kube-proxy does), written with the real iptables-restore. A Service with
+a selector gets its ready pods; one without (the API server's `kubernetes` Service in the
+default namespace) the addresses of its own Endpoints object, matched by port name, as
+kube-proxy takes any Service's endpoints from its EndpointSlices (the lab serves Endpoints
+only: pkg/proxy/endpointschangetracker.go; the API server's endpoint reconciler writes
+default/kubernetes). The cluster DNS Service is left out: the DNS stand-in answers on its
+address on every node (dns.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +25,20 @@ JUMPS = (("PREROUTING", "KUBE-SERVICES"), ("OUTPUT", "KUBE-SERVICES"),
 SKIP = {("kube-system", "kube-dns")}
 
 
-def endpoints(svc: Obj, pods: list[Obj], port: Obj) -> list[str]:
-    """``ip:port`` of the ready pods the Service selects, for one of its ports."""
+def endpoints(svc: Obj, pods: list[Obj], port: Obj, endpoints_obj: Obj | None = None
+              ) -> list[str]:
+    """``ip:port`` of the ready pods the Service selects, for one of its ports; for a Service
+    without a selector, the ready addresses of its Endpoints object (``endpoints_obj``) under
+    a port of the same name and protocol."""
     spec = svc.get("spec", {})
     selector = spec.get("selector") or {}
+    if not selector:
+        want = (str(port.get("name") or ""), str(port.get("protocol") or "TCP"))
+        return sorted({f"{a['ip']}:{p['port']}"
+                       for sub in (endpoints_obj or {}).get("subsets") or []
+                       for p in sub.get("ports") or []
+                       if (str(p.get("name") or ""), str(p.get("protocol") or "TCP")) == want
+                       for a in sub.get("addresses") or [] if a.get("ip")})
     out = []
     for p in pods:
         st = p.get("status", {})
@@ -54,18 +69,24 @@ def dnat(rule: str, eps: list[str], comment: str) -> list[str]:
 
 
 def rules(services: list[Obj], pods: list[Obj]) -> str:
+    """The nat table's rules. ``services``: what kube-proxy's informers hold of Services,
+    with the Endpoints objects (kind Endpoints) of those that have no selector."""
+    endpoint_objs = [o for o in services if o.get("kind") == "Endpoints"]
+    services = [o for o in services if o.get("kind") != "Endpoints"]
     lines = ["*nat", *(f":{c} - [0:0]" for c in CHAINS),
              f"-A KUBE-MARK-MASQ -j MARK --or-mark {MASQ_MARK.split('/')[0]}",
              f"-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK} -j RETURN",
              f"-A KUBE-POSTROUTING -j MARK --xor-mark {MASQ_MARK.split('/')[0]}",
              "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring "
              "SNAT\" -j MASQUERADE"]
+    by_name = {(e["metadata"].get("namespace"), e["metadata"]["name"]): e
+               for e in endpoint_objs}
     for svc in services:
         md, spec = svc["metadata"], svc.get("spec", {})
         if (md["namespace"], md["name"]) in SKIP:
             continue
         for port in spec.get("ports") or []:
-            eps = endpoints(svc, pods, port)
+            eps = endpoints(svc, pods, port, by_name.get((md["namespace"], md["name"])))
             if not eps:
                 continue
             proto = str(port.get("protocol", "TCP")).lower()

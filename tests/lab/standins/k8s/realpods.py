@@ -1,7 +1,15 @@
 # LAB STAND-IN: not the real kubelet. Test infrastructure for gpuk8s; never shipped to users.
 """The kubelet's side of pods that run for real (podrun.py runs them): the volumes and the
-environment resolved from the API (ConfigMaps, Secrets, claims), the spec podrun reads, its
-transient unit, and the pod status built from what podrun reports."""
+environment resolved from the API (ConfigMaps, Secrets, claims, projected ServiceAccount
+tokens, the Services' variables), the spec podrun reads, its transient unit, and the pod status
+built from what podrun reports.
+
+Upstream sources read (kubernetes, a recent release's copy in the code index: the v1.35.0 tag
+itself could not be fetched here): pkg/volume/projected/projected.go (collectData, SetUpAt),
+pkg/volume/volume_linux.go (the fsGroup ownership change), pkg/volume/util/atomic_writer.go
+(FileProjection.FsUser), pkg/kubelet/token/token_manager.go (requiresRefresh),
+pkg/kubelet/kubelet_pods.go (getServiceEnvVarMap, makeEnvironmentVariables) and
+pkg/kubelet/envvars/envvars.go (FromServices, makeLinkVariables)."""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from typing import Any
 
@@ -33,6 +42,103 @@ class VolumeError(Exception):
     pass
 
 
+#: a projected token is written again once it is this old (token_manager.go requiresRefresh:
+#: past 80% of its expirationSeconds, or 24 h, whichever comes first; no jitter here)
+TOKEN_MAX_AGE = 24 * 3600.0
+
+
+def token_request(client: Client, pod: Obj, seconds: int = 3607, audience: str = "") -> str:
+    """A TokenRequest for the pod's ServiceAccount bound to the pod, with the kubelet's
+    credentials (the node authorizer lets a node ask for its pods' ServiceAccounts), as the
+    kubelet's token manager asks for one (projected.go: audiences [audience] when one is
+    given, else the API server's; boundObjectRef the pod). ApiError when it is refused."""
+    md = pod["metadata"]
+    sa = pod["spec"].get("serviceAccountName") or "default"
+    spec: Obj = {"expirationSeconds": seconds, "boundObjectRef": {
+        "apiVersion": "v1", "kind": "Pod", "name": md["name"], "uid": md["uid"]}}
+    if audience:
+        spec["audiences"] = [audience]
+    got = client.request("POST", f"/api/v1/namespaces/{md['namespace']}/serviceaccounts/{sa}/"
+                         "token", {"apiVersion": "authentication.k8s.io/v1",
+                                   "kind": "TokenRequest", "spec": spec})
+    token = ((got or {}).get("status") or {}).get("token") if isinstance(got, dict) else None
+    if not token:
+        raise ApiError(500, {"message": "the TokenRequest answered no token"})
+    return str(token)
+
+
+def fs_user(pod: Obj) -> int | None:
+    """pkg/volume/util FsUserFrom: the runAsUser every init container and container runs as
+    (the container's, else the pod's), when they all have one and it is the same; else
+    None."""
+    pod_sc = pod["spec"].get("securityContext") or {}
+    users = set()
+    for group in ("initContainers", "containers"):
+        for c in pod["spec"].get(group) or []:
+            uid = (c.get("securityContext") or {}).get("runAsUser", pod_sc.get("runAsUser"))
+            if uid is None:
+                return None
+            users.add(int(uid))
+    return users.pop() if len(users) == 1 else None
+
+
+def fs_group(pod: Obj) -> int | None:
+    got = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+    return None if got is None else int(got)
+
+
+def _own(path: str, group: int | None) -> None:
+    """volume_linux.go changeFilePermission over a read-only volume (a projected volume's
+    GetAttributes().ReadOnly): every file and folder gets group ``group``, files mode | 0440,
+    folders mode | 0440 | 0110 | setgid; symbolic links keep theirs."""
+    if group is None:
+        return
+    top = P(path)
+    entries = [top]
+    for folder, dirs, files in os.walk(top):
+        entries += [os.path.join(folder, n) for n in dirs + files]
+    for entry in entries:
+        os.lchown(entry, -1, group)
+        if os.path.islink(entry):
+            continue
+        mode = os.stat(entry).st_mode & 0o7777
+        os.chmod(entry, mode | 0o440 | (0o2110 if os.path.isdir(entry) else 0))
+
+
+def _write_file(path: str, data: bytes, mode: int, user: int | None) -> None:
+    """One file of a projected volume (atomic_writer.go: its mode, and its owner FsUser when
+    the projection names one)."""
+    write(path, data, mode)
+    if user is not None:
+        os.chown(P(path), user, -1)
+
+
+def service_env_vars(svc: Obj) -> list[tuple[str, str]]:
+    """envvars.go FromServices for one Service with a cluster IP: <NAME>_SERVICE_HOST,
+    <NAME>_SERVICE_PORT (the first port), <NAME>_SERVICE_PORT_<PORT NAME> for each named port,
+    and the Docker link variables (makeLinkVariables: <NAME>_PORT for the first port,
+    <NAME>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR] for each). Names: upper case, '-' -> '_'
+    (makeEnvVariableName)."""
+    spec = svc.get("spec") or {}
+    ip, ports = str(spec.get("clusterIP") or ""), spec.get("ports") or []
+    if not ip or ip == "None" or not ports:
+        return []
+    prefix = svc["metadata"]["name"].replace("-", "_").upper()
+    out = [(f"{prefix}_SERVICE_HOST", ip), (f"{prefix}_SERVICE_PORT", str(ports[0]["port"]))]
+    out += [(f"{prefix}_SERVICE_PORT_{p['name'].replace('-', '_').upper()}", str(p["port"]))
+            for p in ports if p.get("name")]
+    host = f"[{ip}]" if ":" in ip else ip  # net.JoinHostPort
+    for i, p in enumerate(ports):
+        proto = str(p.get("protocol") or "TCP")
+        url = f"{proto.lower()}://{host}:{p['port']}"
+        if i == 0:
+            out.append((f"{prefix}_PORT", url))
+        pp = f"{prefix}_PORT_{p['port']}_{proto.upper()}"
+        out += [(pp, url), (f"{pp}_PROTO", proto.lower()), (f"{pp}_PORT", str(p["port"])),
+                (f"{pp}_ADDR", ip)]
+    return out
+
+
 def unit_name(uid: str) -> str:
     return f"gpuk8s-lab-pod-{uid}"
 
@@ -48,6 +154,7 @@ class Resolver:
         self.client = client
         self.pod = pod
         self.ns = pod["metadata"]["namespace"]
+        self._service_env: dict[str, str] | None = None
 
     def _get(self, kind: str, name: str) -> Obj | None:
         try:
@@ -70,8 +177,45 @@ class Resolver:
             out.update({k: str(v).encode() for k, v in (obj.get("data") or {}).items()})
         return out
 
+    def service_env(self) -> dict[str, str]:
+        """kubelet_pods.go getServiceEnvVarMap: the variables of the Service "kubernetes" in
+        the default namespace always, and, unless the pod sets enableServiceLinks false, of
+        every Service of its own namespace (a same-named one there over the master's); only
+        Services with a cluster IP. Listed once per pod start (the kubelet's Service
+        informer)."""
+        if self._service_env is None:
+            links = self.pod["spec"].get("enableServiceLinks") is not False
+            chosen: dict[str, Obj] = {}
+            for svc in self.client.get("/api/v1/services").get("items") or []:
+                md = svc["metadata"]
+                if md.get("namespace") == "default" and md["name"] == "kubernetes":
+                    chosen.setdefault(md["name"], svc)
+                elif md.get("namespace") == self.ns and links:
+                    chosen[md["name"]] = svc
+            self._service_env = {k: v for svc in chosen.values()
+                                 for k, v in service_env_vars(svc)}
+        return self._service_env
+
+    def field(self, path: str, node_ip: str = "") -> str:
+        """A fieldRef's value (the downward API, pkg/fieldpath ExtractFieldPathAsString:
+        a whole labels/annotations map as sorted key="value" lines)."""
+        md, spec = self.pod["metadata"], self.pod["spec"]
+        m = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
+        if m:
+            return str((md.get(m.group(1)) or {}).get(m.group(2), ""))
+        if path in ("metadata.labels", "metadata.annotations"):
+            got = md.get(path.split(".")[1]) or {}
+            return "\n".join(f"{k}={json.dumps(str(got[k]))}" for k in sorted(got))
+        fields = {"metadata.name": md["name"], "metadata.namespace": self.ns,
+                  "metadata.uid": md["uid"], "spec.nodeName": spec.get("nodeName"),
+                  "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+                  "status.hostIP": node_ip}
+        return str(fields.get(path) or "")
+
     def env(self, c: Obj, node_ip: str) -> dict[str, str]:
-        md = self.pod["metadata"]
+        """The container's environment (kubelet_pods.go makeEnvironmentVariables): envFrom,
+        then env (explicit values and valueFrom), then the Services' variables
+        (service_env) it does not set itself. Not played: $(VAR) expansion."""
         out: dict[str, str] = {}
         for src in c.get("envFrom") or []:
             ref = src.get("configMapRef") or src.get("secretRef") or {}
@@ -80,21 +224,13 @@ class Resolver:
             if got is None:
                 raise VolumeError(f'{kind[:-1]} "{ref.get("name")}" not found')
             out.update({src.get("prefix", "") + k: v.decode() for k, v in got.items()})
-        fields = {"metadata.name": md["name"], "metadata.namespace": self.ns,
-                  "metadata.uid": md["uid"], "spec.nodeName": self.pod["spec"].get("nodeName"),
-                  "spec.serviceAccountName": self.pod["spec"].get("serviceAccountName",
-                                                                   "default"),
-                  "status.hostIP": node_ip}
         for e in c.get("env") or []:
             if "value" in e or "valueFrom" not in e:
                 out[e["name"]] = str(e.get("value", ""))
                 continue
             vf = e["valueFrom"]
             if "fieldRef" in vf:
-                path = str(vf["fieldRef"].get("fieldPath", ""))
-                m = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
-                out[e["name"]] = str((md.get(m.group(1)) or {}).get(m.group(2), "") if m
-                                     else fields.get(path, ""))
+                out[e["name"]] = self.field(str(vf["fieldRef"].get("fieldPath", "")), node_ip)
                 continue
             ref = vf.get("secretKeyRef") or vf.get("configMapKeyRef") or {}
             kind = "secrets" if "secretKeyRef" in vf else "configmaps"
@@ -106,6 +242,8 @@ class Resolver:
                                   f'{what} "{ref.get("name")}" not found')
             if ref.get("key") in got:
                 out[e["name"]] = got[ref["key"]].decode()
+        for k, v in self.service_env().items():
+            out.setdefault(k, v)
         return out
 
     def volume(self, v: Obj, base: str) -> str:
@@ -148,9 +286,79 @@ class Resolver:
             return path
         if "persistentVolumeClaim" in v:
             return self.claim(name, v["persistentVolumeClaim"]["claimName"], base)
+        if "projected" in v:
+            return self.projected(name, v["projected"], base)
         kind = next((k for k in v if k != "name"), "?")
         raise VolumeError(f"LAB STAND-IN kubelet: volume type {kind} (volume {name!r}) is not "
                           "supported in the lab")
+
+    def projected(self, name: str, src: Obj, base: str) -> str:
+        """A projected volume (projected.go collectData, SetUpAt) in
+        <pod dir>/volumes/kubernetes.io~projected/<name>/: its secret and configMap sources
+        (items, optional), downwardAPI fieldRef items and serviceAccountToken (a TokenRequest
+        bound to the pod, token_request) in one folder, each file with its item's mode, else
+        defaultMode (0644); a token (mode 0600 when the pod has an fsGroup or a single
+        runAsUser, then owned by that user: FileProjection.FsUser) and, with an fsGroup,
+        every file and folder owned by that group and group-readable (_own: a token 0640).
+        Any source failing fails the volume with every source's error (FailedMount,
+        retried), nothing written."""
+        path = f"{base}/volumes/kubernetes.io~projected/{name}"
+        mode = int(src.get("defaultMode", 0o644))
+        user, group = fs_user(self.pod), fs_group(self.pod)
+        files: dict[str, tuple[bytes, int, int | None]] = {}
+        errors: list[str] = []
+        for source in src.get("sources") or []:
+            for kind, plural in (("secret", "secrets"), ("configMap", "configmaps")):
+                if kind not in source:
+                    continue
+                ref, optional = source[kind], bool(source[kind].get("optional"))
+                got = self.data(plural, ref.get("name", ""), optional)
+                if got is None:
+                    errors.append(f'{kind.lower()} "{ref.get("name", "")}" not found')
+                    continue
+                for item in ref.get("items") or [{"key": k, "path": k} for k in sorted(got)]:
+                    if item["key"] in got:
+                        files[item["path"]] = (got[item["key"]], int(item.get("mode", mode)),
+                                               None)
+                    elif not optional:
+                        errors.append("configmap references non-existent config key: "
+                                      f"{item['key']}" if kind == "configMap" else
+                                      f"references non-existent secret key: {item['key']}")
+            if "downwardAPI" in source:
+                for item in source["downwardAPI"].get("items") or []:
+                    if "fieldRef" not in item:
+                        errors.append(f"LAB STAND-IN kubelet: downwardAPI item {item.get('path')}"
+                                      ": only fieldRef items are supported in the lab")
+                        continue
+                    value = self.field(str(item["fieldRef"].get("fieldPath", "")))
+                    files[item["path"]] = (value.encode(), int(item.get("mode", mode)), None)
+            if "serviceAccountToken" in source:
+                tp = source["serviceAccountToken"]
+                try:
+                    token = token_request(self.client, self.pod,
+                                          int(tp.get("expirationSeconds") or 3600),
+                                          str(tp.get("audience") or ""))
+                except ApiError as e:
+                    errors.append(f"failed to fetch token: {e}")
+                    continue
+                files[tp["path"]] = (token.encode(),
+                                     0o600 if user is not None or group is not None else mode,
+                                     user)
+            if not any(k in source for k in ("secret", "configMap", "downwardAPI",
+                                             "serviceAccountToken")):
+                kind = next(iter(source), "?")
+                errors.append(f"LAB STAND-IN kubelet: projected source {kind} is not supported "
+                              "in the lab")
+        if errors:
+            unique = list(dict.fromkeys(errors))  # utilerrors.NewAggregate
+            raise VolumeError(f'MountVolume.SetUp failed for volume "{name}" : ' + (
+                unique[0] if len(unique) == 1 else f"[{', '.join(unique)}]"))
+        shutil.rmtree(P(path), ignore_errors=True)
+        os.makedirs(P(path), exist_ok=True)
+        for rel, (data, file_mode, owner) in files.items():
+            _write_file(f"{path}/{rel}", data, file_mode, owner)
+        _own(path, group)
+        return path
 
     def claim(self, name: str, claim: str, base: str = "") -> str:
         pvc = self._get("persistentvolumeclaims", claim)
@@ -180,6 +388,39 @@ class Resolver:
             return local
         raise VolumeError(f"LAB STAND-IN kubelet: persistent volume {pv_name}: only nfs and "
                           "hostPath volumes are supported in the lab")
+
+
+def refresh_tokens(client: Client, pod: Obj, now: float | None = None) -> list[str]:
+    """The kubelet's token manager for a running pod: each serviceAccountToken file of its
+    projected volumes older than 80% of its expirationSeconds (or 24 h) is written again with
+    a new TokenRequest (requiresRefresh; the volume is set up again each sync upstream, the
+    token manager answering from its cache until then). The file's age is its mtime, so a
+    restarted kubelet keeps the schedule. Returns the files renewed; ApiError when a
+    TokenRequest is refused (the old token stays)."""
+    t = time.time() if now is None else now
+    user, group = fs_user(pod), fs_group(pod)
+    done = []
+    for v in pod["spec"].get("volumes") or []:
+        for source in (v.get("projected") or {}).get("sources") or []:
+            tp = source.get("serviceAccountToken")
+            if tp is None:
+                continue
+            path = f"{PODS_DIR}/{pod['metadata']['uid']}/volumes/kubernetes.io~projected/" \
+                f"{v['name']}/{tp['path']}"
+            seconds = int(tp.get("expirationSeconds") or 3600)
+            try:
+                age = t - os.stat(P(path)).st_mtime
+            except OSError:
+                continue  # not set up (yet): prepare writes it
+            if age < min(0.8 * seconds, TOKEN_MAX_AGE):
+                continue
+            token = token_request(client, pod, seconds, str(tp.get("audience") or ""))
+            mode = os.stat(P(path)).st_mode & 0o7777
+            _write_file(path, token.encode(), mode, user)
+            if group is not None:
+                os.chown(P(path), -1, group)
+            done.append(path)
+    return done
 
 
 def nfs_mount_error(pv_name: str, server: str, path: str, options: list[str], base: str) -> str:
