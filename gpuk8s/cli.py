@@ -348,12 +348,15 @@ def deploy(c: Context, name: str, inventory: str = INVENTORY, values: list[str] 
           timeout=timeout, render_only=render)
 
 
-@command(help={"name": "workload name", "set": WORKLOAD_SET}, iterable=["values", "set"])
+@command(help={"name": "workload name", "set": WORKLOAD_SET,
+               "purge": "jupyterhub: also remove the users' homes and the hub's database"},
+         iterable=["values", "set"])
 def undeploy(c: Context, name: str, inventory: str = INVENTORY,
-             values: list[str] | None = None, set: list[str] | None = None) -> None:
+             values: list[str] | None = None, set: list[str] | None = None,
+             purge: bool = False) -> None:
     """Remove every object of a workload (by its gpuk8s.io/workload label)."""
     _call("undeploy", inventory=inventory, name=name, values_files=values or [],
-          sets=set or [])
+          sets=set or [], purge=purge)
 
 
 @command(help={"set": WORKLOAD_SET,

@@ -28,7 +28,7 @@ KUBECTL = f"{kube.KUBECTL} --request-timeout=20s"
 
 
 #: namespaced kinds a workload may create (undeploy deletes these by label)
-NS_KINDS = "deployments,jobs,services,configmaps,secrets,persistentvolumeclaims"
+NS_KINDS = "deployments,jobs,services,configmaps,secrets,serviceaccounts,persistentvolumeclaims"
 
 
 # -- talking to the control plane ---------------------------------------------------------------

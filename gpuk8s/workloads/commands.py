@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import gpuk8s.workloads.hub as hub
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.inventory import load_inventory
 from gpuk8s.ops import Op
@@ -154,11 +155,20 @@ def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence
         inv = load_inventory(inventory)
         cp = _control_plane(inventory)
         extra["nfs_server"] = next(h.address for h in inv.control_planes if h.name == cp)
+    outside: list[dict[str, Any]] = []
+    if name == "jupyterhub":
+        prepared = hub.offline(values, load_inventory(inventory))
+        extra.update(prepared.context)
+        outside = prepared.outside
     docs = render(name, values, **extra)
     head = f"# gpuk8s deploy {name} --render: what deploy would apply (no host was contacted)\n"
     if name == "jupyter":
         head += f"# (plus Secret {values['tokenSecret']}, made at deploy time)\n"
-    return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs])
+    if name == "jupyterhub":
+        head += ("# (plus Secrets hub and proxy-public-tls, made on the control plane at deploy "
+                 "time; profiles\n# list only what the nodes offer, which deploy reads from the "
+                 "cluster: none here)\n")
+    return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs, *outside])
 
 
 def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
@@ -192,6 +202,9 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         elif name == "storage" and not values["storageClassName"]:
             rep.print(f"  using the existing NFS export {values['nfs']['server']}:"
                       f"{values['nfs']['path']}")
+        prepared = hub.prepare(session, remote, values) if name == "jupyterhub" else None
+        if prepared:
+            extra.update(prepared.context)
         docs = render(name, values, **extra)
         token = None
         if name == "jupyter":
@@ -206,7 +219,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
             if not res.ok:
                 raise WorkloadError(f"cannot remove the previous {name} Job: "
                                     + session.redact(res.stdout.strip()[-300:]))
-        out = remote.apply([_namespace_doc(ns), *docs])
+        out = remote.apply([_namespace_doc(ns), *docs, *(prepared.outside if prepared else [])])
         for line in out.splitlines():
             rep.print(f"  {line}", style="dim")
         result = wait(remote, ns, selector, timeout, pending_grace, progress_printer(rep))
@@ -224,7 +237,9 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         if not result.ready:
             raise WorkloadError(f"{name} is not ready:\n  " + "\n  ".join(
                 session.redact(p) for p in result.problems))
-        for svc in result.services:
+        if prepared:
+            hub.print_access(session, values, prepared)
+        for svc in ([] if prepared else result.services):
             _print_service(session, svc, result, token, show_secret,
                            token_secret=values.get("tokenSecret", "jupyter-token"))
         # two lines: a run folder's path is long, and a line of the default view fits 80
@@ -323,15 +338,24 @@ def _print_service(session: Session, svc: Mapping[str, Any], result: WaitResult,
 
 def undeploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
              sets: Sequence[str] = (), reporter: Reporter | None = None, timeout: int = 180,
-             opener: Opener = DEFAULT_OPENER
+             purge: bool = False, opener: Opener = DEFAULT_OPENER
              ) -> dict[str, Any]:
-    """Delete every object labelled gpuk8s.io/workload=<name> (the NFS export stays)."""
+    """Delete every object labelled gpuk8s.io/workload=<name> (the NFS export stays). For
+    jupyterhub the users' homes and the hub's database stay unless ``purge``."""
     values = load_values(name, values_files, sets)
+    if purge and name != "jupyterhub":
+        raise WorkloadError(f"--purge is for jupyterhub (its users' homes); undeploy {name} "
+                            "never deletes data")
     session = open_control_plane(inventory, f"undeploy-{name}", reporter, opener=opener)
     rep, remote = session.reporter, Remote(session)
     ns, selector = values["namespace"], f"{LABEL}={name}"
     try:
         rep.phase(f"undeploy {name} (namespace {ns})")
+        if name == "jupyterhub":
+            deleted = hub.undeploy(session, remote, values, purge=purge, timeout=timeout)
+            rep.print(f"{name} removed ({deleted} object(s) deleted)", style="green")
+            session.runlog.write_report(workload=name, deleted=deleted, purge=purge)
+            return {"workload": name, "deleted": deleted, "run_dir": str(session.runlog.path)}
         kinds = NS_KINDS
         if name == "distributed-tf":
             has_crd = remote.probe({"crd": "$k get customresourcedefinition "

@@ -27,6 +27,10 @@ KINDS: dict[str, frozenset[tuple[str, str]]] = {
     # the Secret is the notebook token deploy adds (never a template)
     "jupyter": frozenset({("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("v1", "Service"),
                           ("v1", "Secret")}),
+    # its ClusterRole, users' RoleBindings and volumes: gpuk8s.workloads.hub (check_outside)
+    "jupyterhub": frozenset({("v1", "ServiceAccount"), ("v1", "ConfigMap"),
+                             ("v1", "PersistentVolumeClaim"), ("apps/v1", "Deployment"),
+                             ("v1", "Service")}),
     "tensorflow-job": frozenset({("v1", "ConfigMap"), ("batch/v1", "Job")}),
     "distributed-tf": frozenset({("v1", "ConfigMap"), ("v1", "Service"), ("batch/v1", "Job"),
                                  ("kubeflow.org/v1", "TFJob")}),
@@ -73,6 +77,11 @@ def context(name: str, values: Mapping[str, Any], **extra: Any) -> dict[str, Any
     ctx["train_script"] = (workloads_dir() / "_train.py.j2").read_text()
     if name == "jupyter":
         ctx["starter_notebook"] = (workloads_dir() / "jupyter" / "gpus.ipynb").read_text()
+    if name == "jupyterhub":
+        # what gpuk8s.workloads.hub computes at deploy (from the inventory and the cluster)
+        ctx.update({"hub_config_py": "", "hub_settings": "{}", "hub_config_digest": "",
+                    "tls_secret": values["https"]["secret"] or "proxy-public-tls",
+                    "hub_db_volume": "jupyterhub-hub-db"})
     if name == "storage":
         own = extra.pop("nfs_server", "CONTROL_PLANE")   # the first control plane's address
         ctx["nfs_server"] = values["nfs"]["server"] or own

@@ -16,7 +16,8 @@ from gpuk8s.paths import project_root
 from gpuk8s.sinks import DNS1123_SUBDOMAIN
 from gpuk8s.variables import parse_set_value
 
-WORKLOADS = ("storage", "jupyter", "tensorflow-job", "distributed-tf", "tensorboard", "eval")
+WORKLOADS = ("storage", "jupyter", "jupyterhub", "tensorflow-job", "distributed-tf", "tensorboard",
+             "eval")
 
 
 _SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -207,6 +208,12 @@ RULES: dict[str, Callable[[str], str | None]] = {
     "nfs.path": _nfs_path_problem,
     "nfs.exportClients": export_clients_problem,
     "nfs.exportOptions": _export_options_problem,
+    "homes.nfs.server": _nfs_server_problem,
+    "homes.nfs.path": _nfs_path_problem,
+    "homes.storageClassName": lambda v: _object_name_problem(v) if v else None,
+    "homes.accessMode": lambda v: None if v in ("ReadWriteOnce", "ReadWriteMany") else
+    "use ReadWriteOnce or ReadWriteMany",
+    "https.secret": lambda v: _object_name_problem(v) if v else None,
     "gpuAllocation": lambda v: None if v in ("device-plugin", "dra") else
     "use device-plugin or dra (the cluster's gpu_allocation)",
 }

@@ -31,6 +31,7 @@ EXERCISED = {
     "rollout": ["test_monitoring.py::test_gpu_monitoring_scrapes_every_lab_gpu"],
     "cordon": ["test_accept.py::test_a_fault_on_one_gpu_quarantines_that_node_until_release"],
     "annotate": ["test_accept.py::test_a_fault_on_one_gpu_quarantines_that_node_until_release"],
+    "create": ["test_jupyterhub.py::test_hub_runs_behind_https_with_the_cluster_ca"],
     "logs": ["test_workloads.py::"
              "test_tensorflow_job_trains_on_real_digits_then_eval_reads_its_accuracy"],
 }

@@ -237,7 +237,8 @@ def test_the_namespace_must_be_a_dns_label_of_our_own(namespace: str, why: str) 
 def test_every_allowed_namespaced_kind_is_one_undeploy_deletes() -> None:
     plural = {"Deployment": "deployments", "Job": "jobs", "Service": "services",
               "ConfigMap": "configmaps", "Secret": "secrets",
-              "PersistentVolumeClaim": "persistentvolumeclaims"}
+              "PersistentVolumeClaim": "persistentvolumeclaims",
+              "ServiceAccount": "serviceaccounts"}
     deleted = set(w.NS_KINDS.split(","))
     for name, kinds in w.KINDS.items():
         for _api, kind in kinds:

@@ -1,7 +1,8 @@
 """Run a notebook that lives on a Jupyter server through the server's own API, as a browser
 does: read it (GET /api/contents), start a kernel (POST /api/kernels), send each code cell as
 an execute_request over the kernel's websocket (/api/kernels/ID/channels, Jupyter's messaging
-protocol) and collect what each cell printed; then shut the kernel down.
+protocol) and collect what each cell printed; then shut the kernel down. Over HTTPS the
+server's certificate is checked against the CA file in $NOTEBOOK_CA (else the system's).
 
 Test tooling for tests/lab/product/test_workloads.py, run with the TensorFlow test venv's Python
 (it has tornado). Usage: notebook_run.py BASE_URL TOKEN PATH; prints one JSON list: per code
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from typing import Any
@@ -23,7 +25,7 @@ async def api(base: str, token: str, method: str, path: str, body: Any = None) -
     req = HTTPRequest(f"{base}{path}", method=method,
                       headers={"Authorization": f"token {token}"},
                       body=None if body is None else json.dumps(body),
-                      request_timeout=60)
+                      request_timeout=60, ca_certs=os.environ.get("NOTEBOOK_CA"))
     resp = await AsyncHTTPClient().fetch(req)
     return json.loads(resp.body) if resp.body else None
 
@@ -59,8 +61,8 @@ async def main(base: str, token: str, path: str) -> list[dict[str, str]]:
     notebook = (await api(base, token, "GET", f"/api/contents/{path}"))["content"]
     kernel = await api(base, token, "POST", "/api/kernels", {"name": "python3"})
     ws_url = base.replace("http", "ws", 1) + f"/api/kernels/{kernel['id']}/channels"
-    ws = await websocket_connect(HTTPRequest(ws_url,
-                                             headers={"Authorization": f"token {token}"}))
+    ws = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"},
+                                             ca_certs=os.environ.get("NOTEBOOK_CA")))
     session = uuid.uuid4().hex
     results = []
     try:
