@@ -333,6 +333,21 @@ def folders_script(path: str, users: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def on_control_plane(session: Session, remote: Remote, what: str, script: str, *,
+                     secret: bool = False, timeout: int = 120) -> None:
+    """One of the hub's scripts on the first control plane; its "changed: ..." lines printed,
+    a failure raised with the end of its (redacted) output. ``secret``: the output is never
+    logged (the scripts that handle the proxy's token and the certificate's key)."""
+    op = Op(f"jupyterhub | {what}", (script,), f"+ {what}", timeout=timeout, secret=secret)
+    rc, out = session.runner(remote.host).run_now([op], keep_going=True)[0]
+    if rc != 0:
+        raise WorkloadError(f"{remote.host}: jupyterhub {what} failed (exit {rc}): "
+                            + session.redact(out.strip()[-500:]))
+    for line in out.splitlines():
+        if line.startswith("changed: "):
+            session.reporter.print(f"  {remote.host}: {line[9:]}")
+
+
 # -- deploy ---------------------------------------------------------------------------------------
 @dataclass
 class Prepared:
@@ -374,14 +389,7 @@ def prepare(session: Session, remote: Remote, values: Mapping[str, Any]) -> Prep
         server = session.host(session.first_cp).address
         scripts.append(("home folders", folders_script(homes["nfs"]["path"], users)))
     for what, script in scripts:
-        op = Op(f"jupyterhub | {what}", (script,), f"+ {what}", timeout=120, secret=True)
-        rc, out = session.runner(remote.host).run_now([op], keep_going=True)[0]
-        if rc != 0:
-            raise WorkloadError(f"{remote.host}: jupyterhub {what} failed (exit {rc}): "
-                                + session.redact(out.strip()[-500:]))
-        for line in out.splitlines():
-            if line.startswith("changed: "):
-                rep.print(f"  {remote.host}: {line[9:]}")
+        on_control_plane(session, remote, what, script, secret=True)
     if homes["enabled"] and not homes["storageClassName"] and homes["nfs"]["server"]:
         rep.print(f"  homes on {server}:{homes['nfs']['path']}/homes/<user> (that server's "
                   f"admin makes them, owned {NB_UID}:{NB_GID}, mode 0700)", style="dim")
@@ -472,15 +480,8 @@ def undeploy(session: Session, remote: Remote, values: Mapping[str, Any], *, pur
         rep.print("  kept: the users' homes and the hub's database (their sign-ups); "
                   "undeploy jupyterhub --purge removes them")
     elif homes["enabled"] and not homes["storageClassName"] and not homes["nfs"]["server"]:
-        op = Op("jupyterhub | purge folders", (purge_folders_script(homes["nfs"]["path"]),),
-                "- homes", timeout=600)
-        rc, out = session.runner(remote.host).run_now([op], keep_going=True)[0]
-        if rc != 0:
-            raise WorkloadError(f"{remote.host}: removing the homes failed: "
-                                + session.redact(out.strip()[-300:]))
-        for line in out.splitlines():
-            if line.startswith("changed: "):
-                rep.print(f"  {remote.host}: {line[9:]}")
+        on_control_plane(session, remote, "purge folders",
+                         purge_folders_script(homes["nfs"]["path"]), timeout=600)
     elif homes["enabled"] and not homes["storageClassName"]:
         rep.print(f"  the folders on {homes['nfs']['server']} stay ({homes['nfs']['path']}/"
                   "homes and .../jupyterhub): gpuk8s does not manage that server; remove "

@@ -21,7 +21,6 @@ import re
 import secrets
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -43,7 +42,7 @@ from tests.lab.paths import HOST_IP, REPO_ROOT, shared_dir
 from tests.lab.product.runs import derived_inventory
 from tests.lab.product.test_bootstrap import GATE_VARS
 from tests.lab.product.test_day2 import restore_bootstrapped
-from tests.lab.product.test_workloads import NODE_IPS, api_up, kubectl
+from tests.lab.product.test_workloads import NODE_IPS, api_up, kubectl, run
 
 pytestmark = pytest.mark.lab
 
@@ -58,15 +57,6 @@ SETS = [f"homes.nfs.server={HOST_IP}", f"gpuIdleTimeout={GPU_IDLE}", "cpu=100m",
 BASE = f"https://{NODE_IPS['cp-01']}:30443"
 SHOTS = REPO_ROOT / "artifacts" / "jupyterhub"
 PASSWORDS = {u: secrets.token_urlsafe(12) for u in USERS}
-
-
-def run(fn: Any, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], str]:
-    out = io.StringIO()
-    try:
-        result = fn(*args, reporter=Reporter(out), **kwargs)
-    finally:
-        sys.stdout.write(out.getvalue())
-    return result, out.getvalue()
 
 
 @pytest.fixture(scope="module")
