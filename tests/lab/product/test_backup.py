@@ -377,8 +377,10 @@ def test_restore_rebuilds_a_wiped_first_control_plane(cluster: Lab, inv: Path,
         time.sleep(3)
     assert all(beats[w] > restored_at for w in WORKERS), (restored_at, beats)
     # each kubelet reports its pods Running again (a pod it re-syncs may show another phase
-    # for a moment; CI of 18cdb49 read one so); the same UIDs: none was made again
-    for _ in range(20):
+    # for a moment; CI of 18cdb49 read one so); the same UIDs: none was made again. Up to
+    # 120 s: each pod's token is requested again from the restored API server first (CI of
+    # f85394f saw the device plugin's two pods not yet Running after 60 s, on a loaded host)
+    for _ in range(40):
         after = _worker_pods(cluster)
         if set(pods) <= set(after):
             break
