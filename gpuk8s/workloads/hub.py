@@ -51,6 +51,11 @@ _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([
 _MIG = re.compile(r"nvidia\.com/mig-(\d+g\.\d+gb)")
 
 
+def nfs_homes(values: Mapping[str, Any]) -> bool:
+    """Whether the homes and the hub's database are gpuk8s's NFS volumes (not a class's)."""
+    return bool(values["homes"]["enabled"]) and not values["homes"]["storageClassName"]
+
+
 def home_volume(user: str) -> str:
     return f"jupyterhub-home-{user}"
 
@@ -285,7 +290,7 @@ def outside_objects(values: Mapping[str, Any], users: Sequence[str], nfs_server:
             "metadata": {"name": BINDING, "namespace": user},
             "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": SPAWNER_ROLE},
             "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]})
-    if homes["enabled"] and not homes["storageClassName"]:
+    if nfs_homes(values):
         path = homes["nfs"]["path"].rstrip("/")
         docs.append(nfs_volume(HUB_DB_VOLUME, values, nfs_server, f"{path}/jupyterhub", "1Gi",
                                ns, "hub-db", "ReadWriteOnce"))
@@ -380,29 +385,21 @@ def prepare(session: Session, remote: Remote, values: Mapping[str, Any]) -> Prep
     remote.apply([{"apiVersion": "v1", "kind": "Namespace",
                    "metadata": {"name": ns, "labels": {"app.kubernetes.io/managed-by": "gpuk8s"}}}])
     scripts = [("proxy token", hub_secret_script(ns))]
-    tls = values["https"]["secret"] or TLS_SECRET
     if not values["https"]["secret"]:
         scripts.append(("certificate", tls_script(ns, subject_alt_names(values, addresses))))
     homes = values["homes"]
     server = homes["nfs"]["server"]
-    if homes["enabled"] and not homes["storageClassName"] and not server:
+    if nfs_homes(values) and not server:
         server = session.host(session.first_cp).address
         scripts.append(("home folders", folders_script(homes["nfs"]["path"], users)))
     for what, script in scripts:
         on_control_plane(session, remote, what, script, secret=True)
-    if homes["enabled"] and not homes["storageClassName"] and homes["nfs"]["server"]:
+    if nfs_homes(values) and homes["nfs"]["server"]:
         rep.print(f"  homes on {server}:{homes['nfs']['path']}/homes/<user> (that server's "
                   f"admin makes them, owned {NB_UID}:{NB_GID}, mode 0700)", style="dim")
-    hub_settings = json.dumps(settings(values, users, admins, offer), indent=1, sort_keys=True)
-    py = config_py()
-    digest = hashlib.sha256((py + hub_settings).encode()).hexdigest()[:16]
-    outside = outside_objects(values, users, server)
-    check_outside(outside, ns, users)
     first = session.host(session.first_cp).address
-    return Prepared({"hub_config_py": py, "hub_settings": hub_settings,
-                     "hub_config_digest": digest, "tls_secret": tls,
-                     "hub_db_volume": HUB_DB_VOLUME}, outside, users,
-                    f"https://{first}:{values['https']['nodePort']}/hub/")
+    return _prepared(values, users, admins, offer, server,
+                     f"https://{first}:{values['https']['nodePort']}/hub/")
 
 
 def offline(values: Mapping[str, Any], inventory: Inventory) -> Prepared:
@@ -410,16 +407,22 @@ def offline(values: Mapping[str, Any], inventory: Inventory) -> Prepared:
     node offer: the CPU profile only)."""
     cp = inventory.control_planes[0] if inventory.control_planes else None
     lab_users = (cp.vars.get("lab_users") if cp else None) or {}
-    users, admins = sorted(lab_users), tenancy_admins(lab_users)
     server = values["homes"]["nfs"]["server"] or (cp.address if cp else "CONTROL_PLANE")
-    hub_settings = json.dumps(settings(values, users, admins, {}), indent=1, sort_keys=True)
+    return _prepared(values, sorted(lab_users), tenancy_admins(lab_users), {}, server)
+
+
+def _prepared(values: Mapping[str, Any], users: Sequence[str], admins: Sequence[str],
+              offer: Mapping[str, int], server: str, url: str = "") -> Prepared:
+    """The render context (gpuk8s.json and the fixed config, with the digest that restarts the
+    hub when either changes) and the checked objects outside the hub's namespace."""
+    hub_settings = json.dumps(settings(values, users, admins, offer), indent=1, sort_keys=True)
     py = config_py()
     outside = outside_objects(values, users, server)
     check_outside(outside, values["namespace"], users)
     return Prepared({"hub_config_py": py, "hub_settings": hub_settings,
                      "hub_config_digest": hashlib.sha256((py + hub_settings).encode())
                      .hexdigest()[:16], "tls_secret": values["https"]["secret"] or TLS_SECRET,
-                     "hub_db_volume": HUB_DB_VOLUME}, outside, users)
+                     "hub_db_volume": HUB_DB_VOLUME}, outside, list(users), url)
 
 
 def print_access(session: Session, values: Mapping[str, Any], prepared: Prepared) -> None:
@@ -479,10 +482,10 @@ def undeploy(session: Session, remote: Remote, values: Mapping[str, Any], *, pur
     if not purge:
         rep.print("  kept: the users' homes and the hub's database (their sign-ups); "
                   "undeploy jupyterhub --purge removes them")
-    elif homes["enabled"] and not homes["storageClassName"] and not homes["nfs"]["server"]:
+    elif nfs_homes(values) and not homes["nfs"]["server"]:
         on_control_plane(session, remote, "purge folders",
                          purge_folders_script(homes["nfs"]["path"]), timeout=600)
-    elif homes["enabled"] and not homes["storageClassName"]:
+    elif nfs_homes(values):
         rep.print(f"  the folders on {homes['nfs']['server']} stay ({homes['nfs']['path']}/"
                   "homes and .../jupyterhub): gpuk8s does not manage that server; remove "
                   "them there")
