@@ -15,6 +15,7 @@ from invoke.parser import Argument, ParseError
 from gpuk8s import __version__, api, day2, gpucheck
 from gpuk8s import bundle as _bundle
 from gpuk8s import images as _images
+from gpuk8s import lock as _lock
 from gpuk8s import workloads as _workloads
 from gpuk8s.accept import command as _accept
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
@@ -30,7 +31,8 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "user_kubeconfig": day2.user_kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": _bundle.bundle, "backup": day2.backup, "renew_certs": day2.renew_certs,
+    "bundle": _bundle.bundle, "lock": _lock.lock, "backup": day2.backup,
+    "renew_certs": day2.renew_certs,
     "restore": day2.restore, "accept": _accept.accept, "release": _accept.release,
 }
 # workloads on the cluster (gpuk8s/workloads/)
@@ -337,6 +339,17 @@ def images(c: Context, inventory: str = INVENTORY, set: list[str] | None = None,
           output=output)
 
 
+@command(help={"output": "where the lock goes (default: beside the inventory, "
+                         "<name>.gpuk8s.lock)"}, iterable=["set"])
+def lock(c: Context, inventory: str = INVENTORY, output: str | None = None,
+         set: list[str] | None = None) -> None:
+    """Pin, for this inventory as it is, every apt package (exact version, .deb SHA256) and
+    every image (digest, per platform) bootstrap installs: gpuk8s.lock beside the inventory.
+    Reads the hosts (as plan does), the apt sources' signed indexes and the registries; changes
+    nothing on any host."""
+    _call("lock", inventory=inventory, output=output, sets=set or [])
+
+
 @command(help={"name": "workload: " + ", ".join(_workloads.WORKLOADS), "set": WORKLOAD_SET,
                "timeout": "seconds to wait for the workload's pods",
                "render": "print the manifests deploy would apply; contact no host"},
@@ -430,7 +443,7 @@ def release(c: Context, host: str, inventory: str = INVENTORY, quick: bool = Fal
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 user_kubeconfig,
                 gpu_usage, upgrade, backup, restore, renew_certs, kubeconfig, images, deploy,
-                undeploy, verify, bundle, report, accept, release)
+                undeploy, verify, bundle, lock, report, accept, release)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)

@@ -13,6 +13,7 @@ from gpuk8s.facts import HostFacts
 from gpuk8s.facts.system import Files, PciDevices, System
 from gpuk8s.gpusharing import sharing_of
 from gpuk8s.inventory.model import Inventory
+from gpuk8s.lockfile import lock_path, read_apt_pins
 from gpuk8s.playbook import package_cache_host
 from gpuk8s.session import Session, role_vars
 
@@ -100,3 +101,14 @@ def _file_exists(facts: HostFacts, path: str) -> bool:
         if isinstance(fact, Files) and path in value:
             return bool(value[path].exists)
     return False
+
+
+def use_lock(session: Session) -> None:
+    """The inventory's lock (`invoke lock`), when one lies beside it: the roles install the
+    versions it pins (HostContext.apt) and the plan names what differs on a node. Only runs
+    that converge read it (runner.converge): `invoke lock` itself plans without it, so a lock
+    older than the inventory never stands in the way of the new one."""
+    path = lock_path(session.inventory.path)
+    if path.exists():
+        session.cluster["apt_lock"] = {"path": str(path), "releases": read_apt_pins(path)}
+        session.reporter.print(f"lock: installing the versions {path.name} pins")

@@ -76,14 +76,15 @@ def cluster_images(vars: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def workload_images(values_files: Sequence[str] = (), sets: Sequence[str] = ()
-                    ) -> list[tuple[str, str]]:
-    """(image, workload) for every workload at its values (defaults, files, --set)."""
+def workload_images(values_files: Sequence[str] = (), sets: Sequence[str] = (),
+                    names: Sequence[str] = WORKLOADS) -> list[tuple[str, str]]:
+    """(image, workload) for every workload of ``names`` at its values (defaults, files,
+    --set)."""
     from gpuk8s.workloads import load_values
     from gpuk8s.workloads import render as render_workload
 
     out = []
-    for name in WORKLOADS:
+    for name in names:
         values = load_values(name, values_files, sets)
         # verify runs one Job per GPU node, in two stages; one sample node shows its images
         extra = ({"gpu_nodes": [{"name": "gpu-node", "gpus": 1}], "stage": stage}

@@ -21,7 +21,8 @@ import jinja2
 from gpuk8s.checks import Rule
 from gpuk8s.errors import PlanError
 from gpuk8s.facts import Fact, HostFacts
-from gpuk8s.facts.system import OsRelease
+from gpuk8s.facts.system import OsRelease, System
+from gpuk8s.lockfile import release_key
 from gpuk8s.ops import Op
 from gpuk8s.ops.apt import Apt
 from gpuk8s.paths import project_root
@@ -52,8 +53,19 @@ class HostContext:
 
     @property
     def apt(self) -> Apt:
-        """How this host's apt-get runs (its apt_lock_timeout)."""
-        return Apt.for_host(self.vars)
+        """How this host's apt-get runs (its apt_lock_timeout), with the versions the
+        inventory's lock pins for its OS release (cluster["apt_lock"], when there is a lock)."""
+        lock = self.cluster.get("apt_lock")
+        if lock is None:
+            return Apt.for_host(self.vars)
+        system = self.facts.get(System(), None)
+        release = release_key(self.facts.get(OsRelease(), None) or {},
+                              system.arch if system is not None else "")
+        if release not in lock["releases"]:
+            raise PlanError(f"{lock['path']} has no packages for {release} ({self.host}'s OS "
+                            f"release; it has {', '.join(sorted(lock['releases'])) or 'none'})"
+                            ": run `invoke lock` again now that the host is in the inventory")
+        return Apt.for_host(self.vars, pins=lock["releases"][release])
 
     def template(self, name: str, **extra: Any) -> bytes:
         """Render roles/<role>/templates/<name> (or templates/<name>) with vars + extra."""

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuk8s.cluster_values import cluster_values, mark_joined
+from gpuk8s.cluster_values import cluster_values, mark_joined, use_lock
 from gpuk8s.drain import drain, pause_gpu_clients, resume_gpu_clients, uncordon, wait_ready
 from gpuk8s.errors import (
     ConnectError,
@@ -336,6 +336,7 @@ def converge(session: Session, *, check: bool = False, diff: bool = False, yes: 
             _leave_out(session, "facts", {h: r.error for h, r in exc.results.items()
                                           if r.error}, budget, exc.results)
         cluster_values(session)
+        use_lock(session)
         blocked: PreflightError | None = None
         try:
             preflight(session)

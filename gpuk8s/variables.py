@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import difflib
 import functools
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,16 @@ from gpuk8s.templating import ENV, is_rendered
 CLUSTER_DEFAULTS = "gpuk8s/defaults.yaml"
 
 
+def check_workload_names(name: str, value: list[Any]) -> VarProblem | None:
+    """Names of gpuk8s workloads (which ones exist is checked where they are used)."""
+    for item in value:
+        if not isinstance(item, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", item):
+            return VarProblem(name, f"{name}: {show(item)} is not a workload name",
+                              f'write {name}: ["tensorflow-job"] (the names `invoke deploy` '
+                              "takes)")
+    return None
+
+
 # Variables whose value is one of a few words. nvidia_fabricmanager also takes a YAML bool.
 #: the cluster-level variables' rules (gpuk8s/defaults.yaml); each role declares its own
 #: variables' rules in its RULES (roles/<role>/role.py)
@@ -39,6 +50,7 @@ CLUSTER_RULES: dict[str, Rule] = {
                             check_url(name, value, allow_empty=True)),
     "apt_proxy_direct": Rule(check_host_list),
     "backup_keep": Rule(check_count, cluster_wide=True),
+    "lock_workloads": Rule(check_workload_names, cluster_wide=True),
 }
 
 

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from gpuk8s.errors import PlanError
 from gpuk8s.facts.system import FileState, PackageState
-from gpuk8s.ops import Op, change, noop, q, sha256, write_file
+from gpuk8s.lockfile import AptPins
+from gpuk8s.ops import Op, change, q, sha256, write_file
 from gpuk8s.sinks import UnsafeValue, apt_conf_host, apt_conf_string
+
+#: Op.meta keys `invoke lock` reads from a plan: an apt source a role configures (JSON of
+#: name, url, suite, components, key_url, fingerprint) and the packages an op wants (JSON of
+#: name -> version pattern, see version_matches)
+SOURCE_META = "apt.source"
+PACKAGES_META = "apt.packages"
 
 
 @dataclass(frozen=True)
@@ -24,11 +34,15 @@ class Apt:
     conf: str = ""
     #: one ``apt-get update`` may take this long; a stalled one is killed and tried once more
     update_timeout: int = 240
+    #: the inventory's lock, this host's OS release of it (None: no lock): packages() installs
+    #: exactly the versions it pins, with the pinned packages they need
+    pins: AptPins | None = None
 
     @classmethod
-    def for_host(cls, vars: Mapping[str, Any], conf: str = "") -> Apt:
-        """apt as a host's variables say (its apt_lock_timeout)."""
-        return cls(int(vars.get("apt_lock_timeout", 300)), conf)
+    def for_host(cls, vars: Mapping[str, Any], conf: str = "",
+                 pins: AptPins | None = None) -> Apt:
+        """apt as a host's variables say (its apt_lock_timeout), with its lock's pins."""
+        return cls(int(vars.get("apt_lock_timeout", 300)), conf, pins=pins)
 
     @property
     def cmd(self) -> str:
@@ -275,6 +289,10 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
                               "(apt takes logins from /etc/apt/auth.conf.d, man apt_auth.conf)")
     keyring = key_state.path
     want = normalize_fingerprint(fingerprint)
+    # what `invoke lock` reads from the plan: the sources a node gets, as the roles say
+    meta = {SOURCE_META: json.dumps({"name": name, "url": url, "suite": suite,
+                                     "components": components, "key_url": key_url,
+                                     "fingerprint": want}, sort_keys=True)}
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
                                                                        keyring)
     data = text.encode()
@@ -286,7 +304,7 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     if list_state.exists and key_ok and not stale and list_state.sha256 == sha256(data):
         pinned = f" (key {want[-16:]})" if want else ""
         note = f"; {why}" if why else ""
-        return noop(op_id, f"= apt source {name} -> {url}{pinned}{note}")
+        return Op(op_id, (), f"= apt source {name} -> {url}{pinned}{note}", meta=meta)
     reason = f"+ apt source {name} -> {url}"
     if key_state.exists and not key_ok:
         held = ", ".join(h[-16:] for h in have or []) or "no key"
@@ -296,13 +314,36 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     update = apt.script(apt.update(f"-o Dir::Etc::sourcelist={q(list_state.path)} "
                                    "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"))
     return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
-                  write_file(list_state.path, data), update)
+                  write_file(list_state.path, data), update, meta=meta)
 
 
 def version_matches(version: str, pattern: str) -> bool:
-    """A version prefix ("1.36.", "" for any), or with a leading "*" a suffix ("*+cuda13.0")."""
+    """A version prefix ("1.36.", "" for any), with a leading "*" a suffix ("*+cuda13.0"), or
+    with a leading "=" exactly that version (a lock's pin)."""
+    if pattern.startswith("="):
+        return version == pattern[1:]
     return version.endswith(pattern[1:]) if pattern.startswith("*") else \
         version.startswith(pattern)
+
+
+def _pinned(wanted: Mapping[str, str], pins: AptPins) -> dict[str, str]:
+    """``wanted`` as the lock pins it: each pinned package at "=<its version>", followed by
+    the pinned packages it needs; a package the lock does not pin (the OS archive's) keeps its
+    pattern. A pin that no longer matches what the inventory asks is an error: the lock is
+    older than the inventory."""
+    out: dict[str, str] = {}
+    for name, pattern in wanted.items():
+        if name not in pins.packages:
+            out.setdefault(name, pattern)
+            continue
+        version = pins.packages[name][0]
+        if not version_matches(version, pattern):
+            raise PlanError(f"{pins.lock} pins {name} {version} for {pins.release}, but the "
+                            f"inventory asks for {pattern!r}: the lock is older than the "
+                            "inventory; run `invoke lock` again (or put the inventory back)")
+        for item in pins.closure(name):
+            out[item] = "=" + pins.packages[item][0]
+    return out
 
 
 def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[str, str], *,
@@ -317,26 +358,45 @@ def packages(installed: Mapping[str, PackageState], op_id: str, wanted: Mapping[
 
     No-op when: each package is installed at a matching version (and held when asked).
     """
+    meta = {PACKAGES_META: json.dumps(dict(wanted), sort_keys=True)}
+    asked = dict(wanted)
+    if apt.pins is not None:
+        wanted = _pinned(wanted, apt.pins)
     missing: dict[str, str] = {}
-    for name, prefix in wanted.items():
+    for name in asked:
         state = installed.get(name)
-        if state is None or not version_matches(state.version, prefix):
-            missing[name] = prefix
-    unheld = [n for n in wanted if hold and n not in missing and not installed[n].held]
+        if state is None or not version_matches(state.version, wanted[name]):
+            missing[name] = wanted[name]
+    if missing:  # the pinned packages they need come along, at their pins
+        missing.update({n: p for n, p in wanted.items() if n not in asked})
+    unheld = [n for n in asked if hold and n not in missing and not installed[n].held]
     if not missing and not unheld:
-        desc = ", ".join(f"{n} {installed[n].version}" for n in wanted)
-        return noop(op_id, f"= {desc}" + (" (held)" if hold else ""))
+        desc = ", ".join(f"{n} {installed[n].version}" for n in asked)
+        locked = " (as the lock pins)" if apt.pins is not None and \
+            any(n in apt.pins.packages for n in asked) else ""
+        return Op(op_id, (), f"= {desc}" + (" (held)" if hold else "") + locked, meta=meta)
     commands: list[str] = []
     if missing:
         if update_first:
             commands.append(apt.script(apt.update()))
         commands.append(apt.script(_install_script(missing, pin_deps, apt)))
     if hold:
-        commands.append("apt-mark hold " + " ".join(q(n) for n in wanted) + " >/dev/null")
-    what = ", ".join(f"{n}{'=' + p if p.startswith('*') else '=' + p + '*' if p else ''}"
-                     for n, p in missing.items())
+        commands.append("apt-mark hold " + " ".join(q(n) for n in asked) + " >/dev/null")
+    what = ", ".join(f"{n}{_shown(p)}" for n, p in missing.items())
     reason = f"+ install {what}" if missing else f"+ hold {', '.join(unheld)}"
-    return change(op_id, reason, *commands, timeout=1800)
+    drift = [f"{n} {installed[n].version}" for n, p in missing.items()
+             if p.startswith("=") and n in installed]
+    if missing and apt.pins is not None and any(p.startswith("=") for p in missing.values()):
+        reason += f" (pinned by {Path(apt.pins.lock).name}" + (
+            f"; the node has {', '.join(drift)})" if drift else ")")
+    return change(op_id, reason, *commands, timeout=1800, meta=meta)
+
+
+def _shown(pattern: str) -> str:
+    """How a version pattern reads after a package name: =1.36.2-1.1, =*+cuda13.0, =1.36.*."""
+    if pattern.startswith(("=", "*")):
+        return pattern if pattern.startswith("=") else "=" + pattern
+    return f"={pattern}*" if pattern else ""
 
 
 def purge_script(names: Sequence[str], apt: Apt = DEFAULT_APT) -> str:
@@ -363,7 +423,7 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
     """Resolve version prefixes on the host (refreshing stale package lists once), then one
     apt-get install of everything."""
     lines = [RESOLVE_HELPERS]
-    pinned = {n: p for n, p in missing.items() if p}
+    pinned = {n: p for n, p in missing.items() if p and not p.startswith("=")}
     var = {n: f"v{i}" for i, n in enumerate(pinned)}
     if pinned:
         resolve = "; ".join(f"{var[n]}=$(r {q(n)} {q(p)})" for n, p in pinned.items())
@@ -374,8 +434,10 @@ def _install_script(missing: Mapping[str, str], pin_deps: bool, apt: Apt) -> str
             lines.append(f'[ -n "${var[n]}" ] || {{ printf \'no %s version matching "%s" in '
                          f"the configured apt sources\\n' {q(n)} {q(p)} >&2; exit 100; }}")
     specs = []
-    for name in missing:
-        if name in pinned:
+    for name, pattern in missing.items():
+        if pattern.startswith("="):  # a lock's pin: that version, its pinned needs listed too
+            specs.append(f"{q(name)}={q(pattern[1:])}")
+        elif name in pinned:
             specs.append(f"{q(name)}=\"${var[name]}\"")
             if pin_deps:
                 specs.append(f"$(d {q(name)} \"${var[name]}\")")

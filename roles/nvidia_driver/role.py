@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpuk8s.checks import (
@@ -171,13 +172,11 @@ def plan(ctx: HostContext) -> list[Op]:
                       hold=bool(ctx.var("gpu_node_lock")),
                       update_first=driver_source(ctx.vars, os_) == "ubuntu", pin_deps=True,
                       apt=ctx.apt)
-    if pkg_op.changes:
-        pkg_op = change(pkg_op.id, pkg_op.reason, *pkg_op.commands,
-                        notify=("reboot", "verify driver"), timeout=pkg_op.timeout)
+    if pkg_op.changes:  # (replace keeps the op's meta: the packages `invoke lock` reads)
+        pkg_op = replace(pkg_op, notify=("reboot", "verify driver"))
     if pkg_op.changes and nv.exit_code == 0 and nv.loaded_version:
-        pkg_op = change(pkg_op.id, pkg_op.reason + f" (replaces the loaded driver "
-                        f"{nv.loaded_version})", *pkg_op.commands, notify=pkg_op.notify,
-                        timeout=pkg_op.timeout)
+        pkg_op = replace(pkg_op, reason=pkg_op.reason + " (replaces the loaded driver "
+                         f"{nv.loaded_version})")
     ops.append(pkg_op)
     driver_pkg = next(n for n in wanted if not n.startswith("linux-headers"))
     installed_version = installed[driver_pkg].version if driver_pkg in installed else ""

@@ -222,3 +222,64 @@ def push_busybox(tag: str = "gpuk8s-lab") -> str:
     return push("library/busybox", tag, [blob], {
         "Entrypoint": ["/bin/busybox"], "Cmd": ["sh"],
         "Labels": {"org.opencontainers.image.description": LAB_NOTE}})
+
+
+PLACEHOLDER_NOTE = ("gpuk8s lab placeholder: the lab's stand-ins play this image's program; "
+                    "it runs nothing")
+
+
+def push_placeholder(image: str, platforms: tuple[str, ...] = ("linux/amd64", "linux/arm64")
+                     ) -> str:
+    """A LAB placeholder for an upstream image the lab's stand-ins play (kube-apiserver, the
+    CNI's, the device plugin's...), so that tools that read images (`invoke lock`, a bundle)
+    have one to read: an OCI index of one manifest per platform, each a layer holding only a
+    note that names the image. Pushed under the name a mirror without a path is asked for
+    (the reference without its registry), children first (distribution 2.8.2 refuses an index
+    whose manifests are missing: storage/manifestlisthandler.go@v2.8.2). Its digest; nothing
+    is pushed when the tag already exists."""
+    from gpuk8s.lock.digests import Reference
+
+    ref = Reference.parse(image)
+    status, headers, _ = _request("HEAD", f"{URL}/v2/{ref.repository}/manifests/{ref.tag}",
+                                  headers={"Accept": "application/vnd.oci.image.index.v1+json"})
+    if status == 200:
+        return headers.get("Docker-Content-Digest", "")
+    children = []
+    for platform in platforms:
+        os_, arch = platform.split("/")
+        note = f"{PLACEHOLDER_NOTE}\nimage: {image}\nplatform: {platform}\n".encode()
+        blob = layer({"etc/gpuk8s-lab-image": (note, 0o644)})
+        pushed = Layer(_push_blob(ref.repository, blob), len(blob),
+                       _digest(gzip.decompress(blob)))
+        config = {"architecture": arch, "os": os_, "config": {"Labels": {
+            "org.opencontainers.image.description": PLACEHOLDER_NOTE}},
+            "rootfs": {"type": "layers", "diff_ids": [pushed.diff_id]}}
+        config_blob = json.dumps(config, sort_keys=True).encode()
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": _push_blob(ref.repository, config_blob),
+                       "size": len(config_blob)},
+            "layers": [{"mediaType": pushed.media_type, "digest": pushed.digest,
+                        "size": pushed.size}],
+            "annotations": {"org.opencontainers.image.description": PLACEHOLDER_NOTE}},
+            sort_keys=True).encode()
+        digest = _digest(manifest)
+        status, _, text = _request("PUT", f"{URL}/v2/{ref.repository}/manifests/{digest}",
+                                   manifest, {"Content-Type":
+                                              "application/vnd.oci.image.manifest.v1+json"})
+        if status != 201:
+            raise LabError(f"registry refused {image} ({platform}): {status} {text[:200]!r}")
+        children.append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                         "digest": digest, "size": len(manifest),
+                         "platform": {"os": os_, "architecture": arch}})
+    index = json.dumps({"schemaVersion": 2,
+                        "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": children,
+                        "annotations": {"org.opencontainers.image.description":
+                                        PLACEHOLDER_NOTE}}, sort_keys=True).encode()
+    status, _, text = _request("PUT", f"{URL}/v2/{ref.repository}/manifests/{ref.tag}", index,
+                               {"Content-Type": "application/vnd.oci.image.index.v1+json"})
+    if status != 201:
+        raise LabError(f"registry refused the index of {image}: {status} {text[:200]!r}")
+    return _digest(index)

@@ -133,7 +133,7 @@ def test_no_import_cycle_between_packages() -> None:
 
 # The layers. A package imports only what its ALLOWED row names: packages of lower layers (not
 # necessarily all of them) and, in the order shown, of its own; never upward, never in a loop.
-#   commands       cli, api, day2, workloads, images, bundle, gpucheck (+ their helpers
+#   commands       cli, api, day2, workloads, images, bundle, gpucheck, lock (+ their helpers
 #                  bundlefiles, gpucheck_script, htmlreport)
 #   runner/session runner > backups > gather, drain, handoffs, cluster_values > session > report
 #                  (etcdsnap, the snapshot reader backups use, imports nothing of gpuk8s)
@@ -142,10 +142,11 @@ def test_no_import_cycle_between_packages() -> None:
 #                  import the executor, and neither do roles, which only plan)
 #   ops/facts      dra, mig > ops > facts
 #   transport      ssh, local, known_hosts
-#   leaves         errors, sinks, sections, progress, redact, cafile, checks, paths, parallel:
+#   leaves         errors, sinks, sections, progress, redact, cafile, checks, paths, parallel,
+#                  lockfile:
 #                  importable by all
 LEAVES = frozenset({"errors", "sinks", "sections", "progress", "redact", "cafile", "checks",
-                    "paths", "parallel"})
+                    "paths", "parallel", "lockfile"})
 #: every package below the commands
 ENGINE = frozenset({"runner", "backups", "etcdsnap", "gather", "drain", "handoffs",
                     "cluster_values", "session", "report", "inventory", "variables", "roles",
@@ -157,6 +158,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(), "sections": frozenset(), "progress": frozenset(),
     "redact": frozenset(), "sinks": frozenset({"errors"}), "cafile": frozenset({"errors"}),
     "paths": frozenset({"errors"}), "parallel": frozenset(),
+    # where an inventory's lock lives and its apt pins (gpuk8s/lock writes it)
+    "lockfile": frozenset({"errors"}),
     "checks": frozenset({"errors", "sinks", "cafile"}),
     "transport": LEAVES,
     "facts": LEAVES,
@@ -201,7 +204,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "images": ENGINE | {"workloads"},
     "bundle": ENGINE | {"bundlefiles"},
     "gpucheck": ENGINE | {"gpucheck_script"},
-    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck", "accept"},
+    # `invoke lock`: the plan's apt sources and packages, and the images (images, workloads)
+    "lock": ENGINE | {"images", "workloads"},
+    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck", "accept",
+                     "lock"},
     # scripts that run on a node (torch_probe.py...): nothing of gpuk8s
     "data": frozenset(),
 }

@@ -41,7 +41,7 @@ def test_the_console_script_is_the_invoke_tasks_without_the_lab() -> None:
     assert set(tasks.ns.collections) == {"lab"} and not cli.ns.collections
     assert all(tasks.ns.tasks[name] is task for name, task in cli.ns.tasks.items())
     ours, invokes = contexts(cli.ns), contexts(tasks.ns)
-    assert len(ours) == 24
+    assert len(ours) == 25
     for name, ctx in ours.items():  # built twice: the help survives a second parser
         assert ctx.help_tuples() == invokes[name].help_tuples(), name
         assert [a.name for a in ctx.positional_args] == \
@@ -62,7 +62,8 @@ def test_every_flag_has_help_and_its_one_short_alias_in_every_command() -> None:
         else:
             assert "-e" not in ctx.flags, name
     assert {n for n, ctx in contexts(cli.ns).items() if "-e" in ctx.flags} == {
-        "bootstrap", "plan", "check", "facts", "images", "deploy", "undeploy", "verify"}
+        "bootstrap", "plan", "check", "facts", "images", "deploy", "undeploy", "verify",
+        "lock"}
     for flag in ("inventory", "ask_become_pass", "drain_timeout", "values", "diff", "max_fail"):
         assert len(helps[flag]) == 1, (flag, helps[flag])
     assert "any failure stops the run" in next(iter(helps["max_fail"]))
@@ -123,6 +124,8 @@ CALLS = [
     (["images", "-o", "list", "-f", "a", "-f", "b"], "images",
      {"inventory": cli.INVENTORY, "sets": [], "values_files": ["a", "b"], "output": "list"}),
     (["report", "--run", "runs/x"], "report", {"run": "runs/x"}),
+    (["lock", "-i", "x", "-e", "lock_workloads=[jupyter]", "-o", "x.lock"], "lock",
+     {"inventory": "x", "output": "x.lock", "sets": ["lock_workloads=[jupyter]"]}),
 ]
 
 
