@@ -20,9 +20,12 @@ change shows in `git diff` as the lines it changes.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,16 @@ from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.system import OsRelease, System
 from gpuk8s.gather import gathered_session
 from gpuk8s.lock.aptindex import Fetch, Index, LockError, Source, http_fetch, read_index
+from gpuk8s.lock.debversion import version_key
 from gpuk8s.lock.digests import Resolved, resolve_image
-from gpuk8s.lock.resolve import resolve
+from gpuk8s.lock.osarchive import (
+    READ_STATUS,
+    Fetched,
+    minimal_status,
+    parse_print_uris,
+    resolve_script,
+)
+from gpuk8s.lock.resolve import Resolution, resolve
 from gpuk8s.lockfile import lock_path, release_key
 from gpuk8s.ops.apt import PACKAGES_META, SOURCE_META
 from gpuk8s.ops.registry import Mirror, mirrors
@@ -41,7 +52,7 @@ from gpuk8s.playbook import PHASES
 from gpuk8s.report import Reporter
 from gpuk8s.roles import load_role
 from gpuk8s.runner import phase_hosts
-from gpuk8s.session import Session, context, role_vars
+from gpuk8s.session import Session, context, role_vars, run_step
 
 __all__ = ["LockError", "lock", "lock_path"]
 
@@ -54,19 +65,27 @@ def host_release(session: Session, host: str) -> str:
     return release_key(session.facts[host][OsRelease()], session.facts[host][System()].arch)
 
 
-def planned_apt(session: Session) -> dict[str, tuple[dict[str, Source], dict[str, str],
-                                                     list[str]]]:
-    """Per OS release: the apt sources and package patterns the plan gives its hosts, and
-    which hosts those are. Two hosts of one release asking different patterns of one package
-    cannot share one lock: that is an error naming both."""
-    out: dict[str, tuple[dict[str, Source], dict[str, str], list[str]]] = {}
+@dataclass
+class Planned:
+    """One OS release's part of the plan: the apt sources its hosts get, the version pattern
+    of each package asked, and what each host asks."""
+
+    sources: dict[str, Source] = field(default_factory=dict)
+    wanted: dict[str, str] = field(default_factory=dict)
+    hosts: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def planned_apt(session: Session) -> dict[str, Planned]:
+    """Per OS release: the apt sources and package patterns the plan gives its hosts. Two
+    hosts of one release asking different patterns of one package cannot share one lock:
+    that is an error naming both."""
+    out: dict[str, Planned] = {}
     asked_by: dict[tuple[str, str], str] = {}
     for phase in PHASES:
         for host in phase_hosts(session, phase):
             key = host_release(session, host)
-            sources, wanted, hosts = out.setdefault(key, ({}, {}, []))
-            if host not in hosts:
-                hosts.append(host)
+            planned = out.setdefault(key, Planned())
+            asks = planned.hosts.setdefault(host, {})
             for role in phase.roles:
                 try:
                     ops = load_role(role).plan(context(session, host, role))
@@ -76,40 +95,92 @@ def planned_apt(session: Session) -> dict[str, tuple[dict[str, Source], dict[str
                 for op in ops:
                     if SOURCE_META in op.meta:
                         src = Source(**json.loads(op.meta[SOURCE_META]))
-                        sources[src.name] = src
+                        planned.sources[src.name] = src
                     for name, pattern in json.loads(op.meta.get(PACKAGES_META, "{}")).items():
-                        if wanted.get(name, pattern) != pattern:
+                        if planned.wanted.get(name, pattern) != pattern:
                             raise LockError(
                                 f"{host} asks for {name} {pattern!r} but "
                                 f"{asked_by[key, name]} of the same OS release ({key}) asks "
-                                f"for {wanted[name]!r}: one lock pins one version per release; "
-                                "set the variable behind it the same on both")
-                        wanted[name] = pattern
+                                f"for {planned.wanted[name]!r}: one lock pins one version per "
+                                "release; set the variable behind it the same on both")
+                        planned.wanted[name] = asks[name] = pattern
                         asked_by.setdefault((key, name), host)
     return out
 
 
-def lock_apt(session: Session, fetch: Fetch) -> dict[str, Any]:
+def os_archive(session: Session, host: str, indexes: Sequence[Index], asks: Mapping[str, str],
+               pinned: Mapping[str, str]) -> list[Fetched]:
+    """What ``host``'s apt would fetch from its OS archive for what it asks (lock.osarchive),
+    the packages of gpuk8s's sources left out: their pins come from the signed indexes, and
+    apt's answer for them must agree."""
+    raw = run_step(session, host, READ_STATUS, "lock | read dpkg status", timeout=120)
+    try:
+        status = gzip.decompress(base64.b64decode(raw.strip())).decode("utf-8", "replace")
+    except (ValueError, OSError) as exc:
+        raise LockError(f"{host}: cannot read its dpkg status ({exc})") from None
+    script = resolve_script([(i.source, i.keyring) for i in indexes], minimal_status(status),
+                            {n: p for n, p in asks.items() if n not in pinned}, pinned)
+    try:
+        out = run_step(session, host, script, "lock | resolve with the node's apt",
+                       timeout=900)
+    except Gpuk8sError as exc:
+        raise LockError(f"{host}: its apt cannot resolve what bootstrap installs: {exc}"
+                        ) from exc
+    bases = [i.source.base() for i in indexes]
+    found = []
+    for item in parse_print_uris(out):
+        if any(item.url.startswith(b) for b in bases):
+            if pinned.get(item.name, item.version) != item.version:
+                raise LockError(f"{host}: its apt would install {item.name} {item.version}, "
+                                f"not the {pinned[item.name]} the lock pins")
+            continue
+        found.append(item)
+    return found
+
+
+def lock_apt(session: Session, fetch: Fetch, *, with_os: bool = True) -> dict[str, Any]:
     indexes: dict[tuple[str, str], Index] = {}
     releases: dict[str, Any] = {}
     used: dict[str, dict[str, str]] = {}
-    for key, (sources, wanted, hosts) in sorted(planned_apt(session).items()):
+    for key, planned in sorted(planned_apt(session).items()):
         arch = key.rsplit("-", 1)[1]
         got = []
-        for name in sorted(sources):
-            src = sources[name]
+        for name in sorted(planned.sources):
+            src = planned.sources[name]
             if (name, arch) not in indexes:
                 indexes[name, arch] = read_index(src, arch, fetch)
             got.append(indexes[name, arch])
             used[name] = {"url": src.url, "suite": src.suite, "components": src.components,
                           "key_url": src.key_url,
                           "key_fingerprint": indexes[name, arch].fingerprint}
-        res = resolve(wanted, got)
+        res = resolve(planned.wanted, got)
+        os_pkgs: dict[str, Fetched] = {}
+        if with_os:
+            for host in sorted(planned.hosts):
+                asks = planned.hosts[host]
+                pinned = {n: res.packages[n].version for want in asks if want in res.packages
+                          for n in _closure(res, want)}
+                for item in os_archive(session, host, got, asks, pinned):
+                    old = os_pkgs.get(item.name)
+                    if old is None or version_key(item.version) > version_key(old.version):
+                        os_pkgs[item.name] = item
         releases[key] = {
-            "hosts": sorted(hosts),
+            "hosts": sorted(planned.hosts),
             "packages": {n: res.packages[n].as_dict() for n in sorted(res.packages)},
-            "os_archive": sorted(res.os_archive)}
+            "os_archive": {n: os_pkgs[n].as_dict() for n in sorted(os_pkgs)} if with_os
+            else sorted(res.os_archive)}
     return {"sources": dict(sorted(used.items())), "releases": releases}
+
+
+def _closure(res: Resolution, name: str) -> list[str]:
+    out: list[str] = []
+    todo = [name]
+    while todo:
+        item = todo.pop()
+        if item not in out and item in res.packages:
+            out.append(item)
+            todo.extend(res.packages[item].requires)
+    return out
 
 
 def lock_images(session: Session, kubeadm: str,
@@ -154,12 +225,13 @@ def render(data: Mapping[str, Any]) -> str:
 
 def lock(inventory: str | Path, *, output: str | Path | None = None, sets: Sequence[str] = (),
          reporter: Reporter | None = None, fetch: Fetch = http_fetch,
-         resolver: Callable[[str, Mirror | None], Resolved] = resolve_image) -> Path:
+         resolver: Callable[[str, Mirror | None], Resolved] = resolve_image,
+         with_os: bool = True) -> Path:
     """Write the inventory's lock (default: beside it, lock_path) and return its path. The
     file is replaced only once everything resolved: a failed lock leaves the old one."""
     session = gathered_session(inventory, None, "lock", sets=sets, reporter=reporter)
     with closing(session):
-        apt = lock_apt(session, fetch)
+        apt = lock_apt(session, fetch, with_os=with_os)
         kubeadm = ""
         for release in apt["releases"].values():
             kubeadm = kubeadm or release["packages"].get("kubeadm", {}).get("version", "")

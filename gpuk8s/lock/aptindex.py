@@ -181,6 +181,8 @@ class Index:
     source: Source
     fingerprint: str
     packages: tuple[dict[str, str], ...]
+    #: the pinned key (binary keyring) the index was checked with
+    keyring: bytes = b""
 
 
 def read_index(source: Source, arch: str, fetch: Fetch = http_fetch) -> Index:
@@ -209,4 +211,5 @@ def read_index(source: Source, arch: str, fetch: Fetch = http_fetch) -> Index:
         else:
             raise LockError(f"{where}: the signed Release lists no {stem} index")
     return Index(source, fingerprint, tuple(p for p in found
-                                            if p.get("Architecture") in (arch, "all")))
+                                            if p.get("Architecture") in (arch, "all")),
+                 keyring)

@@ -17,8 +17,9 @@ import yaml
 from gpuk8s.errors import PlanError
 from gpuk8s.facts.system import PackageState
 from gpuk8s.lock import render
-from gpuk8s.lock.aptindex import LockError, Source, dearmor, read_index
+from gpuk8s.lock.aptindex import LockError, Source, dearmor, read_index, stanzas
 from gpuk8s.lock.debversion import compare, parse_relations, satisfies
+from gpuk8s.lock.osarchive import minimal_status, parse_print_uris, resolve_script
 from gpuk8s.lock.resolve import resolve
 from gpuk8s.lockfile import AptPins, read_apt_pins
 from gpuk8s.ops.apt import PACKAGES_META, SOURCE_META, Apt, packages
@@ -341,3 +342,69 @@ def test_a_host_whose_os_release_the_lock_lacks_is_an_error_naming_both(tmp_path
     path.write_text("apt: [not, a, lock]\n")
     with pytest.raises(PlanError, match="not a lock gpuk8s can read"):
         read_apt_pins(path)
+
+
+# -- the OS archive's part: the node's apt, against a minimal dpkg status ----------------------
+def _apt_check(status: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "status"
+    path.write_text(status)
+    return subprocess.run(["apt-get", "-o", f"Dir::State::status={path}", "-o",
+                           "Debug::NoLocking=1", "check"], capture_output=True, text=True)
+
+
+def test_the_minimal_status_is_a_consistent_install_apt_itself_accepts(tmp_path: Path) -> None:
+    """This machine's own dpkg status (Debian's data): its required and important packages
+    with what they need, which `apt-get check` finds without an unmet dependency; the same
+    packages without their needs it refuses."""
+    full = Path("/var/lib/dpkg/status").read_text()
+    small = minimal_status(full)
+    names = {p["Package"] for p in stanzas(small)}
+    required = {p["Package"] for p in stanzas(full)
+                if p.get("Priority") in ("required", "important")
+                and p.get("Status", "").endswith(" installed")}
+    assert required <= names and len(names) < full.count("\nPackage: ") + 1
+    ok = _apt_check(small, tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    naive = "".join(p.strip("\n") + "\n\n" for p in full.split("\n\n")
+                    if next(stanzas(p), {}).get("Package") in required)
+    broken = _apt_check(naive, tmp_path)
+    assert broken.returncode != 0 and "nmet dependencies" in broken.stdout + broken.stderr
+
+
+# apt 2.6's --print-uris lines (the MD5Sum it prints, none at all for the security archive's
+# record) and the records apt-cache show printed for them, from a lab node
+PRINTED = """\
+'http://deb.debian.org/debian/pool/main/c/conntrack-tools/conntrack_1%3a1.4.7-1%2bb2_amd64.deb' \
+conntrack_1%3a1.4.7-1+b2_amd64.deb 35240 MD5Sum:0c5c87e49401d34ca8b7b384db092d80
+'http://deb.debian.org/debian-security/pool/updates/main/c/cyrus-sasl2/libsasl2-modules_2.1.28\
+%2bdfsg-10%2bdeb12u1_amd64.deb' libsasl2-modules_2.1.28+dfsg-10+deb12u1_amd64.deb 66868 
+--- records
+Package: conntrack
+Version: 1:1.4.7-1+b2
+SHA256: 9827d60b60c1b5673e97f34db48d9db79e9f9ef807ee998320f6dafc80711e82
+Description: Program to modify the conntrack tables
+ conntrack is a userspace command line program
+
+Package: libsasl2-modules
+Version: 2.1.28+dfsg-10+deb12u1
+SHA256: c8f4780356794ed00b154866ead8c7bcdc6c3b76ffcd120b8d6bfcbdc536c8af
+"""
+
+
+def test_print_uris_and_the_records_give_each_deb_with_its_sha256() -> None:
+    got = {f.name: f for f in parse_print_uris(PRINTED)}
+    assert got["conntrack"].version == "1:1.4.7-1+b2"
+    assert got["conntrack"].sha256.startswith("9827d60b") and got["conntrack"].size == 35240
+    assert got["libsasl2-modules"].url.endswith("deb12u1_amd64.deb")
+    with pytest.raises(LockError, match=r"conntrack 1:1\.4\.7-1\+b2 .* has no SHA256"):
+        parse_print_uris(PRINTED.replace("SHA256: 9827", "MD5sum: 9827"))
+
+
+def test_the_node_script_keeps_node_text_out_of_the_shell() -> None:
+    """The status (node text) and the keys travel base64-encoded; a source's URL is quoted."""
+    src = Source("k8s", "http://repo/x'$(reboot)/", "/", "", "http://repo/k", LAB_FPR)
+    script = resolve_script([(src, b"\x99key")], "Package: a\n$(reboot)\n", {"curl": "",
+                            "nvidia-driver-580-server": "580."}, {"kubeadm": "1.36.2-1.1"})
+    assert "$(reboot)\n" not in script and "'\"'\"'$(reboot)" in script
+    assert "kubeadm=1.36.2-1.1" in script and "v1=$(r nvidia-driver-580-server 580.)" in script
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,13 @@ def test_the_lock_pins_what_the_repositories_and_the_registry_serve(
     # the dependencies the sources carry come along, pinned (kubeadm needs cri-tools)
     assert {"cri-tools", "kubernetes-cni", "nvidia-open-580", "nvidia-container-toolkit",
             "containerd.io"} <= set(pkgs)
-    assert {"curl", "conntrack"} <= set(release["os_archive"])
+    # the OS archive's part, as the nodes' own apt would fetch it (from Debian, through the
+    # lab's apt-cacher-ng): curl and conntrack for base, what they need, each with its SHA256
+    os_pkgs = release["os_archive"]
+    assert {"curl", "conntrack", "libcurl4"} <= set(os_pkgs), sorted(os_pkgs)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", p["sha256"]) and
+               p["url"].startswith("http://deb.debian.org/") for p in os_pkgs.values())
+    assert not set(os_pkgs) & set(pkgs), "gpuk8s's sources' packages are pinned once"
     # every pin is the very file the repository serves
     sources = data["apt"]["sources"]
     for name, pkg in pkgs.items():
