@@ -197,7 +197,8 @@ def install_text(version: str, target: Target, name: str, wheels: int) -> tuple[
 def bundle(output: str | Path = "dist", *, python_version: str | None = None,
            platforms: Sequence[str] = (), tarball: bool = False,
            find_links: Sequence[str] = (), no_index: bool = False, root: Path | None = None,
-           runner: Runner = _run, out: TextIO | None = None) -> dict[str, Any]:
+           runner: Runner = _run, out: TextIO | None = None,
+           extra: Callable[[Path], list[str]] | None = None) -> dict[str, Any]:
     """Build ``<output>/gpuk8s-bundle-<version>-py3X-<arch>/`` (or, with ``tarball``, that
     ``.tar.gz``): the checkout, wheels/ and INSTALL.txt; print a summary and return it.
 
@@ -209,6 +210,8 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
         find_links, no_index: pip's options of those names (a local folder of wheels).
         root: the checkout (default: the one gpuk8s runs from).
         runner: runs one pip command (tests pass fakes).
+        extra: adds to the bundle's folder before it is packed (`bundle --cluster`: the
+            cluster's packages and images); the summary lines it returns are printed.
     """
     out = out or sys.stdout
     root = root or project_root()
@@ -250,6 +253,7 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
     (dest / "install.sh").write_text(script)
     (dest / "install.sh").chmod(0o755)
     size = sum(p.stat().st_size for p in wheels.glob("*.whl"))
+    added = extra(dest) if extra is not None else []
     path = dest
     if tarball:
         path = output / f"{name}.tar.gz"
@@ -263,7 +267,7 @@ def bundle(output: str | Path = "dist", *, python_version: str | None = None,
              f"dependencies, for {target.describe()}",
              f"  gpuk8s-{meta['version']}/: the checkout's files of {source.origin}, "
              f"{len(files)} files, listed in {MANIFEST}"]
-    lines += left_out(source)
+    lines += left_out(source) + added
     lines += [f"install on the admin machine (python3 {target.version}, no index needed):",
               *([f"  tar xzf {path.name}"] if tarball else []),
               f"  cd {name}/gpuk8s-{meta['version']}", f"  {INSTALL}",

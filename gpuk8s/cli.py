@@ -13,12 +13,12 @@ from invoke import Collection, Context, Exit, Program, Task, task
 from invoke.parser import Argument, ParseError
 
 from gpuk8s import __version__, api, day2, gpucheck
-from gpuk8s import bundle as _bundle
 from gpuk8s import images as _images
 from gpuk8s import lock as _lock
 from gpuk8s import workloads as _workloads
 from gpuk8s.accept import command as _accept
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
+from gpuk8s.lock import bundle as _cluster_bundle
 from gpuk8s.report import untrusted
 
 #: command name -> the one function it calls
@@ -31,7 +31,7 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "user_kubeconfig": day2.user_kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": _bundle.bundle, "lock": _lock.lock, "backup": day2.backup,
+    "bundle": _cluster_bundle.bundle, "lock": _lock.lock, "backup": day2.backup,
     "renew_certs": day2.renew_certs,
     "restore": day2.restore, "accept": _accept.accept, "release": _accept.release,
 }
@@ -402,15 +402,20 @@ def verify(c: Context, inventory: str = INVENTORY, values: list[str] | None = No
                            "machine's)",
                "tarball": "one gpuk8s-bundle-*.tar.gz instead of a folder",
                "find_links": "a folder of wheels for pip to take from (repeatable)",
-               "no_index": "no package index: only the --find-links folders"},
+               "no_index": "no package index: only the --find-links folders",
+               "cluster": "also every .deb and image the inventory's lock names (invoke "
+                          "lock), downloaded and checked, for an air-gapped cluster"},
          iterable=["platform", "find_links"])
 def bundle(c: Context, output: str = "dist", python_version: str | None = None,
            platform: list[str] | None = None, tarball: bool = False,
-           find_links: list[str] | None = None, no_index: bool = False) -> None:
+           find_links: list[str] | None = None, no_index: bool = False, cluster: bool = False,
+           inventory: str = INVENTORY) -> None:
     """gpuk8s, its checkout and every dependency as wheels, for an admin machine without a
-    package index: run it where PyPI answers, carry the result over (INSTALL.txt says how)."""
+    package index: run it where PyPI answers, carry the result over (INSTALL.txt says how).
+    With --cluster, also the cluster's packages and images (serve them with serve-bundle)."""
     _call("bundle", output=output, python_version=python_version, platforms=platform or [],
-          tarball=tarball, find_links=find_links or [], no_index=no_index)
+          tarball=tarball, find_links=find_links or [], no_index=no_index, cluster=cluster,
+          inventory=inventory)
 
 
 @command(help={"run": "run folder (default: the latest under runs/)"})

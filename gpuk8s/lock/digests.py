@@ -107,19 +107,49 @@ def _token(challenge: str, get: Get, ref: Reference) -> str:
     return str(data.get("token") or data.get("access_token") or "")
 
 
+def authed_get(ref: Reference, url: str, get: Get, headers: Mapping[str, str] | None = None
+               ) -> tuple[Mapping[str, str], bytes]:
+    """GET ``url`` of ``ref``'s registry, with an anonymous token when it asks for one; the
+    response headers and body (an error naming the URL for anything but 200)."""
+    sent = dict(headers or {})
+    status, resp, body = get(url, sent)
+    challenge = next((v for k, v in resp.items() if k.lower() == "www-authenticate"), "")
+    if status == 401 and challenge.lower().startswith("bearer "):
+        sent["Authorization"] = f"Bearer {_token(challenge[7:], get, ref)}"
+        status, resp, body = get(url, sent)
+    if status != 200:
+        raise LockError(f"{ref.registry}/{ref.repository}: {url} answered HTTP {status}; is "
+                        "the image mirrored there?")
+    return resp, body
+
+
+def fetch_manifest(ref: Reference, mirror: Mirror | None, what: str, get: Get
+                   ) -> tuple[str, bytes]:
+    """The manifest or index ``what`` (a tag or digest) names: its media type and bytes; by
+    digest, the bytes must hash to it."""
+    url = manifest_url(ref, mirror, what)
+    resp, body = authed_get(ref, url, get, {"Accept": ACCEPT})
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    if what.startswith("sha256:") and digest != what:
+        raise LockError(f"{url}: the registry sent content of digest {digest}, not {what}")
+    try:
+        media = str(json.loads(body).get("mediaType") or "")
+    except (ValueError, AttributeError):
+        raise LockError(f"{url} sent no JSON manifest") from None
+    return media or next((v for k, v in resp.items() if k.lower() == "content-type"), ""), body
+
+
+def opener(mirror: Mirror | None) -> Get:
+    """A GET for this mirror (its CA, or no verification when it is ``insecure``)."""
+    return _opener(mirror)
+
+
 def resolve_image(image: str, mirror: Mirror | None = None, get: Get | None = None) -> Resolved:
     """The digest ``image`` resolves to (through ``mirror`` when given) and its platforms."""
     ref = Reference.parse(image)
     get = get or _opener(mirror)
     url = manifest_url(ref, mirror, ref.digest or ref.tag)
-    headers = {"Accept": ACCEPT}
-    status, resp, body = get(url, headers)
-    challenge = next((v for k, v in resp.items() if k.lower() == "www-authenticate"), "")
-    if status == 401 and challenge.lower().startswith("bearer "):
-        headers["Authorization"] = f"Bearer {_token(challenge[7:], get, ref)}"
-        status, resp, body = get(url, headers)
-    if status != 200:
-        raise LockError(f"{image}: {url} answered HTTP {status}; is the image mirrored there?")
+    resp, body = authed_get(ref, url, get, {"Accept": ACCEPT})
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
     if ref.digest and ref.digest != digest:
         raise LockError(f"{image}: the registry sent content of digest {digest}")

@@ -205,9 +205,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "bundle": ENGINE | {"bundlefiles"},
     "gpucheck": ENGINE | {"gpucheck_script"},
     # `invoke lock`: the plan's apt sources and packages, and the images (images, workloads)
-    "lock": ENGINE | {"images", "workloads"},
-    "cli": ENGINE | {"api", "day2", "workloads", "images", "bundle", "gpucheck", "accept",
-                     "lock"},
+    "lock": ENGINE | {"images", "workloads", "bundle"},
+    "cli": ENGINE | {"api", "day2", "workloads", "images", "gpucheck", "accept", "lock"},
     # scripts that run on a node (torch_probe.py...): nothing of gpuk8s
     "data": frozenset(),
 }

@@ -334,15 +334,21 @@ def test_artifacts_and_run_folders_are_ignored_at_any_depth(tmp_path: Path) -> N
 def test_invoke_and_cli_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     import tasks
     from gpuk8s import cli
+    from gpuk8s.lock import bundle as cluster
 
-    assert cli.COMMANDS["bundle"] is b.bundle
+    assert cli.COMMANDS["bundle"] is cluster.bundle  # which calls b.bundle, --cluster or not
     assert cli.run("bundle", python_version="2.7") == 1  # a BundleError: message, exit 1
+    # --cluster needs the inventory's lock: said before any wheel is fetched
+    assert cli.run("bundle", cluster=True, inventory="/nonexistent/inv.yaml") == 1
     seen: list[dict[str, object]] = []
     monkeypatch.setitem(cli.COMMANDS, "bundle", lambda **kw: seen.append(kw))
     assert cli.main(["bundle", "--python-version", "3.12", "--platform", "a", "--platform",
                      "b", "--tarball", "-o", "out"]) == 0
     assert seen[-1] == {"output": "out", "python_version": "3.12", "platforms": ["a", "b"],
-                        "tarball": True, "find_links": [], "no_index": False}
+                        "tarball": True, "find_links": [], "no_index": False,
+                        "cluster": False, "inventory": cli.INVENTORY}
+    assert cli.main(["bundle", "--cluster", "-i", "x.yaml"]) == 0
+    assert seen[-1]["cluster"] is True and seen[-1]["inventory"] == "x.yaml"
     assert "bundle" in tasks.ns.task_names
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 import re
+import shutil
+import subprocess
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from gpuk8s.images import cluster_images
 from gpuk8s.inventory import load_inventory
 from gpuk8s.lock import lock, render
 from gpuk8s.lock.aptindex import LockError
+from gpuk8s.lock.bundle import check_sums, cluster_bundle
 from gpuk8s.lock.debversion import version_key
 from gpuk8s.report import Reporter
 from gpuk8s.session import role_vars
@@ -221,3 +226,73 @@ def derived_inventory_like(inv: Path, **variables: Any) -> Path:
     out.with_name("newer.gpuk8s.lock").write_text(
         inv.with_name("inventory.gpuk8s.lock").read_text())
     return out
+
+
+# -- invoke bundle --cluster -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bundled(lab: Lab, first: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cluster part of a bundle made from the first lock (beside a copy of the lab's
+    inventory): every .deb from the lab's repositories and Debian (through the lab's
+    apt-cacher-ng, as the nodes fetch it), every image from the lab's registry."""
+    top = tmp_path_factory.mktemp("bundle")
+    inv = top / "inventory.yaml"
+    inv.write_text(lab.inventory_path.read_text())
+    inv.with_name("inventory.gpuk8s.lock").write_text(first.read_text())
+    cluster_bundle(inv, top / "out")
+    return top / "out" / "cluster"
+
+
+def test_the_bundle_holds_every_locked_file_checked(bundled: Path, first: Path) -> None:
+    lock_data = yaml.safe_load(first.read_text())
+    release = lock_data["apt"]["releases"]["debian-12-amd64"]
+    debs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (bundled / "debs").iterdir()}
+    want = {p["sha256"] for p in [*release["packages"].values(),
+                                  *release["os_archive"].values()]}
+    assert set(debs.values()) == want
+    # coreutils' own check of the manifest, and gpuk8s's (which also refuses extra files)
+    check = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=bundled,
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check_sums(bundled) == len((bundled / "SHA256SUMS").read_text().splitlines())
+    layout = json.loads((bundled / "images" / "index.json").read_text())
+    names = {m["annotations"]["org.opencontainers.image.ref.name"]: m["digest"]
+             for m in layout["manifests"]}
+    assert names == {i: e["digest"] for i, e in lock_data["images"].items()}
+    for digest in names.values():  # each index/manifest, and what it names, is in blobs/
+        assert (bundled / "images" / "blobs" / "sha256" / digest[7:]).is_file()
+
+
+def test_a_tampered_deb_or_layer_is_refused_with_its_checksum_named(bundled: Path,
+                                                                     tmp_path: Path) -> None:
+    for pick in ("debs", "images/blobs/sha256"):
+        copy = tmp_path / pick.replace("/", "-")
+        shutil.copytree(bundled, copy, copy_function=os.link)  # links: 2 GB not copied
+        victim = max((copy / pick).iterdir(), key=lambda p: p.stat().st_size)
+        victim.unlink()  # the one file changed, a copy of its own
+        shutil.copyfile(bundled / victim.relative_to(copy), victim)
+        with victim.open("r+b") as fh:
+            fh.seek(victim.stat().st_size // 2)
+            byte = fh.read(1)
+            fh.seek(-1, 1)
+            fh.write(bytes([byte[0] ^ 1]))
+        rel = victim.relative_to(copy).as_posix()
+        listed = next(line.split()[0] for line in (copy / "SHA256SUMS").read_text()
+                      .splitlines() if line.endswith("  " + rel))
+        with pytest.raises(LockError, match=f"{re.escape(rel)}: SHA256 [0-9a-f]{{64}} is not "
+                                            f"the {listed} SHA256SUMS lists"):
+            check_sums(copy)
+
+
+def test_an_edited_lock_cannot_smuggle_a_deb_into_the_bundle(lab: Lab, first: Path,
+                                                             tmp_path: Path) -> None:
+    data = yaml.safe_load(first.read_text())
+    pkg = data["apt"]["releases"]["debian-12-amd64"]["packages"]["kubeadm"]
+    pkg["sha256"] = hashlib.sha256(b"not kubeadm").hexdigest()
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(lab.inventory_path.read_text())
+    inv.with_name("inventory.gpuk8s.lock").write_text(render(data))
+    with pytest.raises(LockError, match=r"pins kubeadm .* which apt source kubernetes's signed "
+                                        r"index does not list"):
+        cluster_bundle(inv, tmp_path / "out")
+    assert not list((tmp_path / "out" / "cluster" / "debs").glob("*.deb"))
