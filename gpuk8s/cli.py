@@ -19,6 +19,7 @@ from gpuk8s import workloads as _workloads
 from gpuk8s.accept import command as _accept
 from gpuk8s.errors import Gpuk8sError, PhaseFailed, PreflightError
 from gpuk8s.lock import bundle as _cluster_bundle
+from gpuk8s.lock import serve as _serve
 from gpuk8s.report import untrusted
 
 #: command name -> the one function it calls
@@ -31,8 +32,8 @@ COMMANDS: dict[str, Callable[..., object]] = {
     "user_kubeconfig": day2.user_kubeconfig,
     "verify_local": gpucheck.verify_local, "images": _images.print_images, "check": api.check,
     "report": api.report,
-    "bundle": _cluster_bundle.bundle, "lock": _lock.lock, "backup": day2.backup,
-    "renew_certs": day2.renew_certs,
+    "bundle": _cluster_bundle.bundle, "lock": _lock.lock, "serve_bundle": _serve.serve_bundle,
+    "backup": day2.backup, "renew_certs": day2.renew_certs,
     "restore": day2.restore, "accept": _accept.accept, "release": _accept.release,
 }
 # workloads on the cluster (gpuk8s/workloads/)
@@ -350,6 +351,26 @@ def lock(c: Context, inventory: str = INVENTORY, output: str | None = None,
     _call("lock", inventory=inventory, output=output, sets=set or [])
 
 
+@command(name="serve-bundle",
+         help={"bundle": "the bundle (invoke bundle --cluster): its folder or .tar.gz",
+               "listen": "the admin machine's address the nodes reach, e.g. 10.0.0.5",
+               "name": "another name (DNS or IP) of the admin machine for the certificate "
+                       "(repeatable)",
+               "apt_port": "HTTPS port of the apt repositories (default 8443)",
+               "registry_port": "HTTPS port of the registry (default 5443)",
+               "state": f"where the served files, CA and keys live (default "
+                        f"{_serve.DEFAULT_STATE})"},
+         iterable=["name"])
+def serve_bundle(c: Context, bundle: str, listen: str, name: list[str] | None = None,
+                 apt_port: int = 8443, registry_port: int = 5443,
+                 state: str = _serve.DEFAULT_STATE) -> None:
+    """Serve a cluster bundle to air-gapped nodes: its apt repositories (signed by a key made
+    here) and a read-only registry, over HTTPS; print the inventory lines to paste; serve
+    until Ctrl-C. A bundle whose files do not match their SHA256SUMS is refused."""
+    _call("serve_bundle", bundle=bundle, listen=listen, names=name or [], apt_port=apt_port,
+          registry_port=registry_port, state=state)
+
+
 @command(help={"name": "workload: " + ", ".join(_workloads.WORKLOADS), "set": WORKLOAD_SET,
                "timeout": "seconds to wait for the workload's pods",
                "render": "print the manifests deploy would apply; contact no host"},
@@ -448,7 +469,7 @@ def release(c: Context, host: str, inventory: str = INVENTORY, quick: bool = Fal
 ns = Collection(bootstrap, plan, check, facts, reprovision, add_node, remove_node, reset, status,
                 user_kubeconfig,
                 gpu_usage, upgrade, backup, restore, renew_certs, kubeconfig, images, deploy,
-                undeploy, verify, bundle, lock, report, accept, release)
+                undeploy, verify, bundle, lock, serve_bundle, report, accept, release)
 
 #: the gpuk8s console script: the same commands, flags and help as invoke's
 program = Program(namespace=ns, name="gpuk8s", binary="gpuk8s", version=__version__)

@@ -65,3 +65,22 @@ def read_apt_pins(path: Path) -> dict[str, AptPins]:
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
         raise PlanError(f"{path}: not a lock gpuk8s can read ({type(exc).__name__}: {exc}); "
                         "write it again with `invoke lock`, or remove it") from None
+
+
+def read_image_pins(path: Path) -> dict[str, str]:
+    """image reference -> the digest the lock at ``path`` pins for it."""
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+        return {str(image): str(entry["digest"]) for image, entry in
+                (data.get("images") or {}).items()}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        raise PlanError(f"{path}: not a lock gpuk8s can read ({type(exc).__name__}: {exc}); "
+                        "write it again with `invoke lock`, or remove it") from None
+
+
+def pinned_image(image: str, pins: Mapping[str, str]) -> str:
+    """``image`` pulled by the lock's digest (``name:tag@sha256:...``: containerd pulls by
+    the digest, the tag stays for people), or as it is when the lock does not name it."""
+    if "@" in image or image not in pins:
+        return image
+    return f"{image}@{pins[image]}"

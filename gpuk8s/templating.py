@@ -87,7 +87,10 @@ class _Renderer:
 
 def render_url(vars: Mapping[str, Any], name: str, **data: str) -> str:
     """The URL variable ``name`` rendered (host facts in ``data`` as plain text), then
-    checked like any URL the inventory gives; PlanError names the variable otherwise."""
+    checked like any URL the inventory gives; PlanError names the variable otherwise. An
+    empty value stays empty (the variable's own check said whether "" is allowed)."""
+    if vars[name] == "":
+        return ""
     url = render_value(vars[name], vars, name=name, data=data)
     problem = check_url(name, url, rendered=True)
     if problem:

@@ -104,3 +104,35 @@ fi; true"""
 
 #: where an op that notifies a handler leaves a marker (written before its change) until the
 #: handler has run: a run killed in between leaves the handler to the next run
+
+
+#: an apt source file the node's own OS sources may live in (Debian's sources.list, Ubuntu
+#: 24.04's sources.list.d/ubuntu.sources, anything else an admin dropped in sources.list.d)
+_SOURCE_FILE = re.compile(r"/etc/apt/sources\.list(\.d/[A-Za-z0-9_.:-]+\.(list|sources))?")
+#: the suffix gpuk8s gives the node's own source files while apt_os_mirror_url replaces them
+SOURCES_OFF = ".gpuk8s-off"
+
+
+class AptOsSources(Fact[tuple[tuple[str, ...], tuple[str, ...]]]):
+    """(active, set aside): the node's own apt source files, i.e. those whose first line is not
+    gpuk8s's marker, and those gpuk8s set aside (``<file>.gpuk8s-off``) while the inventory's
+    apt_os_mirror_url stands in for them. Other paths are never listed."""
+
+    def command(self) -> str:
+        return (f"for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+                f"/etc/apt/sources.list.d/*.sources; do [ -f \"$f\" ] || continue; "
+                f"head -n 1 \"$f\" | grep -q '^# managed by gpuk8s' || echo \"A $f\"; done; "
+                f"for f in /etc/apt/sources.list{SOURCES_OFF} "
+                f"/etc/apt/sources.list.d/*{SOURCES_OFF}; do [ -f \"$f\" ] && echo \"D $f\"; "
+                "done; true")
+
+    def parse(self, output: str, exit_code: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        active, off = [], []
+        for line in output.splitlines():
+            kind, _, path = line.partition(" ")
+            if kind == "A" and _SOURCE_FILE.fullmatch(path):
+                active.append(path)
+            elif kind == "D" and path.endswith(SOURCES_OFF) and \
+                    _SOURCE_FILE.fullmatch(path.removesuffix(SOURCES_OFF)):
+                off.append(path)
+        return tuple(sorted(active)), tuple(sorted(off))

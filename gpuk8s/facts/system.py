@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gpuk8s.facts import Fact
 from gpuk8s.facts.dpkg import PACKAGE_NAME as PACKAGE_NAME
+from gpuk8s.facts.dpkg import AptOsSources as AptOsSources
 from gpuk8s.facts.dpkg import DpkgHealth as DpkgHealth
 from gpuk8s.facts.dpkg import DpkgPackages as DpkgPackages
 from gpuk8s.facts.dpkg import Packages as Packages

@@ -151,7 +151,7 @@ def lock_apt(session: Session, fetch: Fetch, *, with_os: bool = True) -> dict[st
                 indexes[name, arch] = read_index(src, arch, fetch)
             got.append(indexes[name, arch])
             used[name] = {"url": src.url, "suite": src.suite, "components": src.components,
-                          "key_url": src.key_url,
+                          "key_url": src.key_url, "variable": src.variable,
                           "key_fingerprint": indexes[name, arch].fingerprint}
         res = resolve(planned.wanted, got)
         os_pkgs: dict[str, Fetched] = {}

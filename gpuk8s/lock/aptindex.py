@@ -61,6 +61,8 @@ class Source:
     components: str
     key_url: str
     fingerprint: str = ""
+    #: the inventory variables that set it: <variable>_url, _key_url, _key_fingerprint
+    variable: str = ""
 
     def base(self) -> str:
         return self.url if self.url.endswith("/") else self.url + "/"

@@ -37,12 +37,17 @@ class Apt:
     #: the inventory's lock, this host's OS release of it (None: no lock): packages() installs
     #: exactly the versions it pins, with the pinned packages they need
     pins: AptPins | None = None
+    #: the https hosts of the apt sources whose certificates apt_ca_file's CA signs: a key
+    #: fetched from one of them is checked against that CA (APT_CA_FILE on the node)
+    ca_hosts: frozenset[str] = frozenset()
 
     @classmethod
     def for_host(cls, vars: Mapping[str, Any], conf: str = "",
                  pins: AptPins | None = None) -> Apt:
-        """apt as a host's variables say (its apt_lock_timeout), with its lock's pins."""
-        return cls(int(vars.get("apt_lock_timeout", 300)), conf, pins=pins)
+        """apt as a host's variables say (its apt_lock_timeout, apt_ca_file), with its lock's
+        pins."""
+        hosts = https_hosts(vars) if vars.get("apt_ca_file") else frozenset()
+        return cls(int(vars.get("apt_lock_timeout", 300)), conf, pins=pins, ca_hosts=hosts)
 
     @property
     def cmd(self) -> str:
@@ -76,6 +81,31 @@ class Apt:
             return body
         return (f"(c=$(mktemp) && trap 'rm -f \"$c\"' EXIT && printf '%s\\n' {q(self.conf)} "
                 f'> "$c"\n{body}\n)')
+
+
+#: where apt_ca_file's certificates live on a node (roles/base), and the apt.conf file that
+#: gives them to apt for each https source host (Acquire::https::<host>::CAInfo, the key
+#: methods/basehttp.cc@2.6.1 reads: the man page's "CAInfo::host" is written the other way)
+APT_CA_FILE = "/usr/local/share/gpuk8s/apt-ca.crt"
+APT_CA_CONF = "/etc/apt/apt.conf.d/90gpuk8s-ca"
+
+
+def https_hosts(vars: Mapping[str, Any]) -> frozenset[str]:
+    """The hosts of every https apt source and key URL the variables name (*_repo_url,
+    *_repo_key_url, apt_os_mirror_url and its key URL)."""
+    import urllib.parse
+
+    names = [n for n in vars if n.endswith(("_repo_url", "_repo_key_url"))
+             or n in ("apt_os_mirror_url", "apt_os_mirror_key_url")]
+    urls = [vars[n] for n in names]
+    return frozenset(h for u in urls if isinstance(u, str) and u.startswith("https://")
+                     and (h := urllib.parse.urlsplit(u).hostname))
+
+
+def ca_conf(hosts: Sequence[str]) -> str:
+    """apt.conf lines that check each host's certificate against APT_CA_FILE."""
+    return "".join(f'Acquire::https::{apt_conf_host(h, "apt_ca_file")}::CAInfo '
+                   f'"{APT_CA_FILE}";\n' for h in sorted(hosts))
 
 
 def proxy_conf(proxy: str, https: str = "", direct: Sequence[str] = ()) -> str:
@@ -220,11 +250,14 @@ def normalize_fingerprint(value: str) -> str:
     return text[2:] if text.startswith("0X") else text
 
 
-def _fetch_key(key_url: str, keyring: str, fingerprint: str, variable: str) -> str:
+def _fetch_key(key_url: str, keyring: str, fingerprint: str, variable: str,
+               cacert: str = "") -> str:
     """Fetch the key into a scratch keyring, check its fingerprint, then install it: a key
-    that is not the expected one never reaches /etc/apt/keyrings."""
+    that is not the expected one never reaches /etc/apt/keyrings. ``cacert``: the CA that
+    signs the key host's certificate (apt_ca_file's copy), instead of the system's."""
     proto = "=https" if key_url.startswith("https://") else "=http,https"
-    fetch = (f"curl -fsSL --retry 3 --proto {proto} --proto-redir {proto} {q(key_url)} "
+    ca = f"--cacert {q(cacert)} " if cacert else ""
+    fetch = (f"curl -fsSL --retry 3 {ca}--proto {proto} --proto-redir {proto} {q(key_url)} "
              '| gpg --dearmor --yes -o "$t/keyring"')
     check = ""
     if fingerprint:
@@ -292,7 +325,9 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
     # what `invoke lock` reads from the plan: the sources a node gets, as the roles say
     meta = {SOURCE_META: json.dumps({"name": name, "url": url, "suite": suite,
                                      "components": components, "key_url": key_url,
-                                     "fingerprint": want}, sort_keys=True)}
+                                     "fingerprint": want,
+                                     "variable": fingerprint_var.removesuffix(
+                                         "_key_fingerprint")}, sort_keys=True)}
     text = f"# managed by gpuk8s; key from {key_url}\n" + source_line(url, suite, components,
                                                                        keyring)
     data = text.encode()
@@ -313,7 +348,10 @@ def repo(list_state: FileState, key_state: FileState, op_id: str, *, name: str, 
         reason += f" ({why}, checked against the pinned fingerprint)" if want else f" ({why})"
     update = apt.script(apt.update(f"-o Dir::Etc::sourcelist={q(list_state.path)} "
                                    "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0"))
-    return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var),
+    import urllib.parse
+
+    cacert = APT_CA_FILE if urllib.parse.urlsplit(key_url).hostname in apt.ca_hosts else ""
+    return change(op_id, reason, _fetch_key(key_url, keyring, want, fingerprint_var, cacert),
                   write_file(list_state.path, data), update, meta=meta)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import gpuk8s.workloads.hub as hub
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.inventory import load_inventory
+from gpuk8s.lockfile import lock_path, pinned_image, read_image_pins
 from gpuk8s.ops import Op
 from gpuk8s.report import Reporter, untrusted
 from gpuk8s.session import DEFAULT_OPENER, Opener, Session
@@ -160,7 +161,7 @@ def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence
         prepared = hub.offline(values, load_inventory(inventory))
         extra.update(prepared.context)
         outside = prepared.outside
-    docs = render(name, values, **extra)
+    docs = pin_images(render(name, values, **extra), inventory)
     head = f"# gpuk8s deploy {name} --render: what deploy would apply (no host was contacted)\n"
     if name == "jupyter":
         head += f"# (plus Secret {values['tokenSecret']}, made at deploy time)\n"
@@ -169,6 +170,40 @@ def render_manifests(inventory: str | Path, name: str, *, values_files: Sequence
                  "time; profiles\n# list only what the nodes offer, which deploy reads from the "
                  "cluster: none here)\n")
     return head + "---\n" + dump([_namespace_doc(values["namespace"]), *docs, *outside])
+
+
+def pin_images(docs: list[dict[str, Any]], inventory: str | Path,
+               reporter: Reporter | None = None) -> list[dict[str, Any]]:
+    """With a lock beside the inventory, every container image it names is pulled by the
+    digest it pins (``image:tag@sha256:...``); an image it does not name is said once."""
+    path = lock_path(inventory)
+    if not path.is_file():
+        return docs
+    pins = read_image_pins(path)
+    loose: list[str] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("containers", "initContainers") and isinstance(value, list):
+                    for c in value:
+                        if isinstance(c, dict) and isinstance(c.get("image"), str):
+                            c["image"] = pinned_image(c["image"], pins)
+                            if "@" not in c["image"] and c["image"] not in loose:
+                                loose.append(c["image"])
+                else:
+                    visit(value)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    for doc in docs:
+        visit(doc)
+    if reporter is not None:
+        reporter.print(f"  images pulled by the digests {path.name} pins"
+                       + (f"; not in it (pulled by tag; add the workload to lock_workloads "
+                          f"and lock again): {', '.join(loose)}" if loose else ""))
+    return docs
 
 
 def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = (),
@@ -205,7 +240,7 @@ def deploy(inventory: str | Path, name: str, *, values_files: Sequence[str] = ()
         prepared = hub.prepare(session, remote, values) if name == "jupyterhub" else None
         if prepared:
             extra.update(prepared.context)
-        docs = render(name, values, **extra)
+        docs = pin_images(render(name, values, **extra), inventory, rep)
         token = None
         if name == "jupyter":
             token, secret = _notebook_token(remote, values, found.get("token"))

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from gpuk8s.checks import Rule, check_sysctls
+from gpuk8s.cafile import CaFileProblem, read_ca_file
+from gpuk8s.checks import (
+    Rule,
+    VarProblem,
+    check_fingerprint,
+    check_sysctls,
+    check_url,
+    pinned_key,
+    show,
+)
 from gpuk8s.facts import Fact
 from gpuk8s.facts.system import DpkgHealth, Files, KernelModules, Packages, Sysctls, System
 from gpuk8s.ops import Op, change, files, noop, q, warn
 from gpuk8s.ops.apt import packages, proxy_conf
 from gpuk8s.roles import HostContext
 from gpuk8s.sinks import url_has_secret
+from roles.base import aptsources
 
 MODULES = ("overlay", "br_netfilter")
 MODULES_FILE = "/etc/modules-load.d/k8s.conf"
@@ -25,9 +37,28 @@ K8S_SYSCTLS = {
 BASE_PACKAGES = ("ca-certificates", "curl", "gnupg", "conntrack", "iptables")
 
 
+def check_ca_file(name: str, value: str) -> VarProblem | None:
+    """"" or the absolute path of a PEM file of CA certificates on this machine."""
+    if value == "":
+        return None
+    if not os.path.isabs(os.path.expanduser(value)):
+        return VarProblem(name, f"{name} must be an absolute path, got {show(value)}",
+                          f"write {name}: /path/of/the/ca.crt (PEM, on this machine)")
+    try:
+        read_ca_file(value)
+    except CaFileProblem as exc:
+        return VarProblem(name, f"{name}: {exc.problem}", exc.fix)
+    return None
+
+
 #: this role's variables beyond their type (their defaults are in defaults.yaml)
 RULES: dict[str, Rule] = {
     "base_sysctls": Rule(check_sysctls),
+    "apt_os_mirror_key_fingerprint": Rule(check_fingerprint, across=pinned_key(
+        "apt_os_mirror_key_url", "apt_os_mirror_key_fingerprint")),
+    "apt_ca_file": Rule(check_ca_file),
+    "apt_os_mirror_url": Rule(functools.partial(check_url, allow_empty=True)),
+    "apt_os_mirror_key_url": Rule(functools.partial(check_url, allow_empty=True)),
 }
 
 
@@ -37,7 +68,8 @@ def _sysctls(vars: Mapping[str, Any]) -> dict[str, str]:
 
 def facts(vars: Mapping[str, Any]) -> list[Fact[Any]]:
     return [System(), DpkgHealth(), KernelModules(*MODULES), Sysctls(*_sysctls(vars)),
-            Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE), Packages(*BASE_PACKAGES)]
+            Files(MODULES_FILE, SYSCTL_FILE, "+" + PROXY_FILE), Packages(*BASE_PACKAGES),
+            *aptsources.facts(vars)]
 
 
 def _repair_dpkg(reinstall: list[str], ctx: HostContext) -> Op:
@@ -92,6 +124,9 @@ def plan(ctx: HostContext) -> list[Op]:
                                  mode="0600" if secret else "0644", secret=secret))
     elif file_states[PROXY_FILE].exists:
         ops.append(files.absent(file_states[PROXY_FILE], "base | apt proxy"))
+    # an https mirror's CA, then the OS archive's mirror (air-gapped: serve-bundle's), before
+    # the first apt-get update
+    ops += aptsources.ca_ops(ctx) + aptsources.mirror_ops(ctx)
     ops.append(packages(f[Packages(*BASE_PACKAGES)], "base | packages",
                         dict.fromkeys(BASE_PACKAGES, ""), update_first=True, apt=ctx.apt))
     if sysinfo.swap_active or sysinfo.swap_fstab:

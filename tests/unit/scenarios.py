@@ -57,6 +57,9 @@ def fresh_value(fact: Fact[Any], os_key: str, gpus: int, name: str) -> Any:
         return {u: Unit("inactive", "not-found") for u in fact.args}
     if kind == "PendingHandlers":
         return frozenset()
+    if kind == "AptOsSources":  # the node's own sources, none set aside
+        return (("/etc/apt/sources.list.d/ubuntu.sources",) if os_key.startswith("ubuntu")
+                else ("/etc/apt/sources.list",)), ()
     if kind == "DpkgHealth":
         return {"interrupted": False, "reinstall": [], "lock_holders": []}
     if kind == "Containerd":

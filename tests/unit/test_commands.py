@@ -41,7 +41,7 @@ def test_the_console_script_is_the_invoke_tasks_without_the_lab() -> None:
     assert set(tasks.ns.collections) == {"lab"} and not cli.ns.collections
     assert all(tasks.ns.tasks[name] is task for name, task in cli.ns.tasks.items())
     ours, invokes = contexts(cli.ns), contexts(tasks.ns)
-    assert len(ours) == 25
+    assert len(ours) == 26
     for name, ctx in ours.items():  # built twice: the help survives a second parser
         assert ctx.help_tuples() == invokes[name].help_tuples(), name
         assert [a.name for a in ctx.positional_args] == \
