@@ -366,6 +366,18 @@ done; true"""
         return tuple(sorted(found))
 
 
+def api_check_url(url: str) -> str:
+    """Where a mirror's registry API answers its version check: ``<url>/v2/``, or for a
+    mirror URL with a path (the API root itself, containerd's override_path: a Harbor
+    project, a serve-bundle registry's ``/v2/<registry>``) the server's own ``/v2/``."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.path.strip("/"):
+        return f"{parts.scheme}://{parts.netloc}/v2/"
+    return url.rstrip("/") + "/v2/"
+
+
 class RegistryAnswers(Fact[dict[str, tuple[int, str]]]):
     """Whether a registry's API answers at each URL: url -> (HTTP status of GET <url>/v2/, the
     curl error when none came: "" on an answer, "no curl" when curl is missing). The certificate
@@ -378,7 +390,7 @@ class RegistryAnswers(Fact[dict[str, tuple[int, str]]]):
             return "true"
         lines = ["command -v curl >/dev/null 2>&1 || { echo 'NOCURL'; exit 0; }"]
         for url in self.args:
-            target = shell(url.rstrip("/") + "/v2/")
+            target = shell(api_check_url(url))
             lines.append(f"c=$(curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 {target} "
                          f"2>&1); echo \"R $? $c\"")
         return "\n".join(lines)

@@ -126,8 +126,9 @@ def bundle_debs(lock: Mapping[str, Any], dest: Path, *, proxy: str = "",
     taken: dict[str, str] = {}
     for release, body in sorted(apt["releases"].items()):
         files: dict[str, str] = {}
-        # (name, version, url, size, sha256, through the proxy?): gpuk8s's sources as `invoke
-        # lock` read them (directly), the OS archive as the nodes fetch it (apt_proxy)
+        # (name, version, url, size, sha256, may go through the proxy?): gpuk8s's sources as
+        # `invoke lock` read them (directly); the OS archive directly too, or through apt_proxy
+        # (as the nodes may fetch it) when this machine cannot reach it directly
         wanted: list[tuple[str, str, str, int, str, bool]] = []
         for name, pkg in sorted(body["packages"].items()):
             if (name, pkg["version"], pkg["sha256"]) not in listed:
@@ -154,9 +155,15 @@ def bundle_debs(lock: Mapping[str, Any], dest: Path, *, proxy: str = "",
             if target.exists() and _sha256(target) == sha:
                 files[name] = target.name
                 continue
-            via = proxy if proxied and url.startswith("http://") else ""
-            with _urlopen(url, proxy=via) as resp:
-                _stream(resp, target, sha, size, f"{name} {version} ({url})")
+            ways = [""] + ([proxy] if proxied and proxy and url.startswith("http://") else [])
+            for i, via in enumerate(ways):
+                try:
+                    with _urlopen(url, proxy=via) as resp:
+                        _stream(resp, target, sha, size, f"{name} {version} ({url})")
+                    break
+                except LockError as exc:
+                    if i == len(ways) - 1 or "SHA256" in str(exc):
+                        raise
             files[name] = target.name
         summary[release] = files
         if out:

@@ -10,7 +10,7 @@ from gpuk8s import mig
 from gpuk8s.checks import LAB_KEY_FINGERPRINT, LAB_SUBNET, Rule, check_str_list
 from gpuk8s.facts import Fact
 from gpuk8s.facts.controlplane import Reaches
-from gpuk8s.facts.kube import Containerd, RegistryAnswers
+from gpuk8s.facts.kube import Containerd, RegistryAnswers, api_check_url
 from gpuk8s.facts.nvidia import Nvidia
 from gpuk8s.facts.system import (
     OS_RELEASE_IDS,
@@ -119,9 +119,10 @@ def _mirror_problems(ctx: HostContext) -> Problems:
                              "install curl, or check by hand: curl -sk URL/v2/"))
         elif error or status not in (200, 401):
             errors.append(("registry_mirror", f"{of} does not answer from this node: "
-                           + (error or f"HTTP {status} for /v2/"),
+                           + (error or f"HTTP {status} for {api_check_url(url)}"),
                            f"check the URL, the registry and the network from the node: "
-                           f"curl -sk {url}/v2/ (it answers 200, or 401 when it wants a login)"))
+                           f"curl -sk {api_check_url(url)} (it answers 200, or 401 when it "
+                           "wants a login)"))
     return errors, warnings
 
 

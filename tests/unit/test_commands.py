@@ -124,6 +124,10 @@ CALLS = [
     (["images", "-o", "list", "-f", "a", "-f", "b"], "images",
      {"inventory": cli.INVENTORY, "sets": [], "values_files": ["a", "b"], "output": "list"}),
     (["report", "--run", "runs/x"], "report", {"run": "runs/x"}),
+    (["serve-bundle", "b.tar.gz", "--listen", "10.0.0.5", "--name", "admin.lab"],
+     "serve_bundle", {"bundle": "b.tar.gz", "listen": "10.0.0.5", "names": ["admin.lab"],
+                      "apt_port": 8443, "registry_port": 5443,
+                      "state": "/var/lib/gpuk8s-bundle"}),
     (["lock", "-i", "x", "-e", "lock_workloads=[jupyter]", "-o", "x.lock"], "lock",
      {"inventory": "x", "output": "x.lock", "sets": ["lock_workloads=[jupyter]"]}),
 ]

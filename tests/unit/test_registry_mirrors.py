@@ -151,7 +151,7 @@ def test_preflight_names_each_mirror_that_does_not_answer() -> None:
     assert [e[1] for e in errors] == [
         "mirror http://10.0.0.5:5000 (of docker.io, nvcr.io) does not answer from this node: "
         "connection refused or no route",
-        "mirror https://n.lab (of nvcr.io) does not answer from this node: HTTP 404 for /v2/"]
+        "mirror https://n.lab (of nvcr.io) does not answer from this node: HTTP 404 for https://n.lab/v2/"]
     assert "curl -sk http://10.0.0.5:5000/v2/" in errors[0][2]
     errors, warnings = preflight({u: (0, "no curl") for u in ("http://10.0.0.5:5000",
                                                               "https://n.lab")})
@@ -169,3 +169,13 @@ def test_the_reachability_probe_runs_curl_against_v2(tmp_path: Path) -> None:
     got = fact.parse(out, 0)
     assert got["http://127.0.0.1:9/"] == (0, "connection refused or no route")
     assert "'http://a b/v2/'" in fact.command()  # a URL is one quoted word, never shell
+
+
+def test_a_mirror_with_a_path_is_checked_at_its_server_s_own_api_root() -> None:
+    """A mirror URL with a path is the API root itself (override_path: a Harbor project,
+    serve-bundle's /v2/<registry>): the version check asks the server's /v2/, which the
+    distribution spec defines, not <url>/v2/, which no registry serves."""
+    from gpuk8s.facts.kube import api_check_url
+
+    assert api_check_url("https://h:5443/v2/registry.k8s.io") == "https://h:5443/v2/"
+    assert api_check_url("http://10.0.0.5:5000/") == "http://10.0.0.5:5000/v2/"

@@ -30,6 +30,7 @@ from gpuk8s.lock import lock, render
 from gpuk8s.lock.aptindex import LockError
 from gpuk8s.lock.bundle import check_sums, cluster_bundle
 from gpuk8s.lock.debversion import version_key
+from gpuk8s.lock.serve import prepare
 from gpuk8s.report import Reporter
 from gpuk8s.session import role_vars
 from tests.lab import images, registry, repos
@@ -56,7 +57,9 @@ def newest(name: str, prefix: str) -> str:
 @pytest.fixture(scope="module")
 def lab_images(lab: Lab) -> dict[str, str]:
     """The TensorFlow lab image (real TensorFlow) and a placeholder for each cluster image at
-    the Kubernetes patch the lab's repository offers: image -> the digest pushed."""
+    the Kubernetes patch the lab's repository offers: image -> the digest pushed. The lab is
+    the bootstrapped one (its nodes' apt sources as the lab's inventory says)."""
+    restore_bootstrapped(lab)
     registry.start()
     pushed = {TF: images.ensure_images([TF])[images.qualify(TF)]}
     vars = dict(role_vars(load_inventory(lab.inventory_path).control_planes[0]))
@@ -279,9 +282,11 @@ def test_a_tampered_deb_or_layer_is_refused_with_its_checksum_named(bundled: Pat
         rel = victim.relative_to(copy).as_posix()
         listed = next(line.split()[0] for line in (copy / "SHA256SUMS").read_text()
                       .splitlines() if line.endswith("  " + rel))
+        # serve-bundle checks before it builds or serves anything
         with pytest.raises(LockError, match=f"{re.escape(rel)}: SHA256 [0-9a-f]{{64}} is not "
                                             f"the {listed} SHA256SUMS lists"):
-            check_sums(copy)
+            prepare(copy, listen="127.0.0.1", state=tmp_path / "state")
+        assert not (tmp_path / "state" / "www").exists()
 
 
 def test_an_edited_lock_cannot_smuggle_a_deb_into_the_bundle(lab: Lab, first: Path,
