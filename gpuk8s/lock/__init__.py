@@ -44,7 +44,7 @@ from gpuk8s.lock.osarchive import (
     parse_print_uris,
     resolve_script,
 )
-from gpuk8s.lock.resolve import Resolution, resolve
+from gpuk8s.lock.resolve import Locked, Resolution, resolve
 from gpuk8s.lockfile import lock_path, release_key
 from gpuk8s.ops.apt import PACKAGES_META, SOURCE_META
 from gpuk8s.ops.registry import Mirror, mirrors
@@ -109,16 +109,18 @@ def planned_apt(session: Session) -> dict[str, Planned]:
 
 
 def os_archive(session: Session, host: str, indexes: Sequence[Index], asks: Mapping[str, str],
-               pinned: Mapping[str, str]) -> list[Fetched]:
-    """What ``host``'s apt would fetch from its OS archive for what it asks (lock.osarchive),
-    the packages of gpuk8s's sources left out: their pins come from the signed indexes, and
-    apt's answer for them must agree."""
+               pinned: Mapping[str, str]) -> tuple[list[Fetched], list[Locked]]:
+    """What ``host``'s apt would fetch from its OS archive for what it asks (lock.osarchive);
+    and, from gpuk8s's sources, what it would fetch beyond the pins (a Recommends, a
+    dependency met through Provides), pinned from the signed index the admin machine read.
+    apt's answer for a pinned package must agree with its pin."""
     raw = run_step(session, host, READ_STATUS, "lock | read dpkg status", timeout=120)
     try:
-        status = gzip.decompress(base64.b64decode(raw.strip())).decode("utf-8", "replace")
+        status = minimal_status(gzip.decompress(base64.b64decode(raw.strip()))
+                                .decode("utf-8", "replace"))
     except (ValueError, OSError) as exc:
         raise LockError(f"{host}: cannot read its dpkg status ({exc})") from None
-    script = resolve_script([(i.source, i.keyring) for i in indexes], minimal_status(status),
+    script = resolve_script([(i.source, i.keyring) for i in indexes], status,
                             {n: p for n, p in asks.items() if n not in pinned}, pinned)
     try:
         out = run_step(session, host, script, "lock | resolve with the node's apt",
@@ -126,33 +128,47 @@ def os_archive(session: Session, host: str, indexes: Sequence[Index], asks: Mapp
     except Gpuk8sError as exc:
         raise LockError(f"{host}: its apt cannot resolve what bootstrap installs: {exc}"
                         ) from exc
-    bases = [i.source.base() for i in indexes]
-    found = []
+    found, extra = [], []
     for item in parse_print_uris(out):
-        if any(item.url.startswith(b) for b in bases):
-            if pinned.get(item.name, item.version) != item.version:
+        index = next((i for i in indexes if item.url.startswith(i.source.base())), None)
+        if index is None:
+            found.append(item)
+            continue
+        if item.name in pinned:
+            if pinned[item.name] != item.version:
                 raise LockError(f"{host}: its apt would install {item.name} {item.version}, "
                                 f"not the {pinned[item.name]} the lock pins")
             continue
-        found.append(item)
-    return found
+        record = next((p for p in index.packages if p["Package"] == item.name
+                       and p["Version"] == item.version), None)
+        if record is None or record.get("SHA256") != item.sha256:
+            raise LockError(f"{host}: its apt would fetch {item.name} {item.version} from apt "
+                            f"source {index.source.name}, whose signed index (as read here) "
+                            "does not list it with that SHA256")
+        extra.append(Locked(item.name, item.version, index.source.name,
+                            record.get("Filename", ""), int(record.get("Size", "0") or 0),
+                            record["SHA256"]))
+    return found, extra
 
 
 def lock_apt(session: Session, fetch: Fetch, *, with_os: bool = True) -> dict[str, Any]:
-    indexes: dict[tuple[str, str], Index] = {}
+    # one index per source URL, suite, key and architecture: two OS releases may share a
+    # source name (docker) with different URLs and suites
+    indexes: dict[tuple[str, ...], Index] = {}
     releases: dict[str, Any] = {}
-    used: dict[str, dict[str, str]] = {}
     for key, planned in sorted(planned_apt(session).items()):
         arch = key.rsplit("-", 1)[1]
         got = []
+        sources: dict[str, dict[str, str]] = {}
         for name in sorted(planned.sources):
             src = planned.sources[name]
-            if (name, arch) not in indexes:
-                indexes[name, arch] = read_index(src, arch, fetch)
-            got.append(indexes[name, arch])
-            used[name] = {"url": src.url, "suite": src.suite, "components": src.components,
-                          "key_url": src.key_url, "variable": src.variable,
-                          "key_fingerprint": indexes[name, arch].fingerprint}
+            cache = (src.url, src.suite, src.components, src.key_url, src.fingerprint, arch)
+            if cache not in indexes:
+                indexes[cache] = read_index(src, arch, fetch)
+            got.append(indexes[cache])
+            sources[name] = {"url": src.url, "suite": src.suite, "components": src.components,
+                             "key_url": src.key_url, "variable": src.variable,
+                             "key_fingerprint": indexes[cache].fingerprint}
         res = resolve(planned.wanted, got)
         os_pkgs: dict[str, Fetched] = {}
         if with_os:
@@ -160,16 +176,20 @@ def lock_apt(session: Session, fetch: Fetch, *, with_os: bool = True) -> dict[st
                 asks = planned.hosts[host]
                 pinned = {n: res.packages[n].version for want in asks if want in res.packages
                           for n in _closure(res, want)}
-                for item in os_archive(session, host, got, asks, pinned):
+                found, extra = os_archive(session, host, got, asks, pinned)
+                for item in found:
                     old = os_pkgs.get(item.name)
                     if old is None or version_key(item.version) > version_key(old.version):
                         os_pkgs[item.name] = item
+                for locked in extra:
+                    res.packages.setdefault(locked.name, locked)
         releases[key] = {
             "hosts": sorted(planned.hosts),
+            "sources": sources,
             "packages": {n: res.packages[n].as_dict() for n in sorted(res.packages)},
             "os_archive": {n: os_pkgs[n].as_dict() for n in sorted(os_pkgs)} if with_os
             else sorted(res.os_archive)}
-    return {"sources": dict(sorted(used.items())), "releases": releases}
+    return {"releases": releases}
 
 
 def _closure(res: Resolution, name: str) -> list[str]:
@@ -242,8 +262,9 @@ def lock(inventory: str | Path, *, output: str | Path | None = None, sets: Seque
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-    pkgs = sum(len(r["packages"]) for r in apt["releases"].values())
+    pkgs = sum(len(r["packages"]) + len(r["os_archive"]) for r in apt["releases"].values())
+    sources = {n for r in apt["releases"].values() for n in r["sources"]}
     (reporter or Reporter()).print(
         f"lock: {pkgs} package(s) in {len(apt['releases'])} OS release(s) from "
-        f"{len(apt['sources'])} apt source(s), {len(images)} image(s) -> {path}")
+        f"{len(sources)} apt source(s) and the OS archive, {len(images)} image(s) -> {path}")
     return path

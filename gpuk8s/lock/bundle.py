@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import ssl
 import sys
 import tempfile
@@ -100,16 +101,28 @@ def deb_url(source: Mapping[str, str], filename: str) -> str:
     return base + filename.removeprefix("./")
 
 
-def _signed(sources: Mapping[str, Mapping[str, str]], arches: set[str],
+#: a .deb file name the bundle takes (from a URL's last part or a lock's Filename): no
+#: folders, no control characters, nothing SHA256SUMS or a shell could misread
+DEB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~%_:-]*\.deb")
+
+
+def deb_name(url: str) -> str:
+    """The file name a .deb gets in the bundle, from its URL; LockError for anything else."""
+    name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+    if not DEB_NAME.fullmatch(name):
+        raise LockError(f"{url}: {name!r} is not a .deb file name the bundle takes")
+    return name
+
+
+def _signed(sources: Mapping[str, Mapping[str, str]], arch: str,
             fetch: Callable[[str], bytes] | None) -> set[tuple[str, str, str]]:
     """(package, version, SHA256) of every record of every source's signed index, read now."""
     listed: set[tuple[str, str, str]] = set()
     for name, src in sorted(sources.items()):
         source = Source(name, src["url"], src["suite"], src["components"], src["key_url"],
                         src["key_fingerprint"])
-        for arch in sorted(arches):
-            index = read_index(source, arch, fetch) if fetch else read_index(source, arch)
-            listed |= {(p["Package"], p["Version"], p.get("SHA256", "")) for p in index.packages}
+        index = read_index(source, arch, fetch) if fetch else read_index(source, arch)
+        listed |= {(p["Package"], p["Version"], p.get("SHA256", "")) for p in index.packages}
     return listed
 
 
@@ -119,12 +132,15 @@ def bundle_debs(lock: Mapping[str, Any], dest: Path, *, proxy: str = "",
                 ) -> dict[str, Any]:
     """Download every .deb of the lock into ``dest`` (checked); per release what it holds."""
     apt = lock["apt"]
-    arches = {key.rsplit("-", 1)[1] for key in apt["releases"]}
-    listed = _signed(apt["sources"], arches, fetch)
     dest.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {}
     taken: dict[str, str] = {}
     for release, body in sorted(apt["releases"].items()):
+        sources = body.get("sources")
+        if not isinstance(sources, Mapping):
+            raise LockError("the lock has no apt sources per OS release (an older `invoke "
+                            "lock`): run `invoke lock` again")
+        listed = _signed(sources, release.rsplit("-", 1)[1], fetch)
         files: dict[str, str] = {}
         # (name, version, url, size, sha256, may go through the proxy?): gpuk8s's sources as
         # `invoke lock` read them (directly); the OS archive directly too, or through apt_proxy
@@ -136,7 +152,7 @@ def bundle_debs(lock: Mapping[str, Any], dest: Path, *, proxy: str = "",
                                 f"{pkg['sha256']}, which apt source {pkg['source']}'s signed "
                                 "index does not list (now): the lock was edited or the "
                                 "repository changed; run `invoke lock` again")
-            url = deb_url(apt["sources"][pkg["source"]], pkg["filename"])
+            url = deb_url(sources[pkg["source"]], pkg["filename"])
             wanted.append((name, pkg["version"], url, int(pkg["size"]), pkg["sha256"], False))
         os_archive = body.get("os_archive") or {}
         if not isinstance(os_archive, Mapping):
@@ -146,7 +162,9 @@ def bundle_debs(lock: Mapping[str, Any], dest: Path, *, proxy: str = "",
             wanted.append((name, pkg["version"], pkg["url"], int(pkg["size"]), pkg["sha256"],
                            urllib.parse.urlsplit(pkg["url"]).hostname not in direct))
         for name, version, url, size, sha, proxied in wanted:
-            target = dest / urllib.parse.unquote(url.rsplit("/", 1)[1]).replace("/", "_")
+            if not url.startswith(("http://", "https://")):
+                raise LockError(f"{name} {version}: {url} is not an http or https URL")
+            target = dest / deb_name(url)
             if target.name in taken and taken[target.name] != sha:
                 raise LockError(f"{url}: another .deb of the same name ({target.name}) with "
                                 f"another SHA256 is in the bundle already; two sources serve "
@@ -192,8 +210,11 @@ def _blob(ref: Reference, mirror: Mirror | None, digest: str, blobs: Path, get: 
     fetcher = urllib.request.build_opener(*handlers)
     headers: dict[str, str] = {}
     for attempt in (1, 2):
+        req = urllib.request.Request(url)
+        for key, value in headers.items():  # never sent on to a redirect's storage host
+            req.add_unredirected_header(key, value)
         try:
-            with fetcher.open(urllib.request.Request(url, headers=headers), timeout=120) as body:
+            with fetcher.open(req, timeout=120) as body:
                 _stream(body, target, digest.split(":", 1)[1], None,
                         f"{ref.repository}@{digest}")
                 return

@@ -70,7 +70,12 @@ def _opener(mirror: Mirror | None) -> Get:
         context = ssl._create_unverified_context()
 
     def get(url: str, headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
-        req = urllib.request.Request(url, headers=dict(headers))
+        req = urllib.request.Request(url)
+        for key, value in headers.items():  # a token never follows a redirect elsewhere
+            if key.lower() == "authorization":
+                req.add_unredirected_header(key, value)
+            else:
+                req.add_header(key, value)
         try:
             with urllib.request.urlopen(req, timeout=60, context=context) as resp:
                 return resp.status, dict(resp.headers), resp.read()

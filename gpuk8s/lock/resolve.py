@@ -115,6 +115,9 @@ def resolve(wanted: Mapping[str, str], indexes: Sequence[Index]) -> Resolution:
                     satisfies(result.packages[a[0]].version, a[1], a[2])]
             if held:
                 requires.setdefault(name, set()).add(held[0])
+                # kept, so that a later pick of it still meets this relation
+                rel = next(a for a in carried if a[0] == held[0])
+                relations.setdefault(held[0], []).append((name, rel[1], rel[2]))
                 continue
             dep, op, want = carried[0]
             requires.setdefault(name, set()).add(dep)

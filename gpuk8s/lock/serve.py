@@ -24,9 +24,12 @@ It prints the inventory lines that send the nodes there, then serves until inter
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,10 +37,7 @@ import ssl
 import subprocess
 import tarfile
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,11 +45,11 @@ from typing import Any, TextIO
 import yaml
 
 from gpuk8s.lock.aptindex import LockError
-from gpuk8s.lock.bundle import check_sums
-from gpuk8s.lock.digests import INDEX_TYPES, Reference
+from gpuk8s.lock.bundle import DEB_NAME, SUMS, check_sums
+from gpuk8s.lock.digests import Reference
+from gpuk8s.lock.registry import _registry, build_registry
 from gpuk8s.lock.tls import server_cert
 
-REGISTRY = "/usr/bin/docker-registry"
 DEFAULT_STATE = "/var/lib/gpuk8s-bundle"
 ORIGIN = "gpuk8s-bundle"  # Origin/Label never change between bundles (apt refuses that)
 
@@ -97,7 +97,7 @@ def open_bundle(bundle: Path, state: Path) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
         with tarfile.open(bundle) as tar:
-            tar.extractall(dest, filter="data")
+            _extract(tar, dest)
         found = sorted(dest.glob("*/cluster")) + sorted(dest.glob("cluster"))
         if not found:
             raise LockError(f"{bundle}: no cluster/ in it: make it with `invoke bundle "
@@ -107,6 +107,52 @@ def open_bundle(bundle: Path, state: Path) -> Path:
         root = bundle / "cluster" if (bundle / "cluster").is_dir() else bundle
     check_sums(root)
     return root
+
+
+def _extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Unpack only plain files and folders that stay inside ``dest`` (tarfile's "data" filter
+    where this Python has it, PEP 706; the same rules by hand otherwise)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    for member in tar.getmembers():
+        target = (dest / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not target.is_relative_to(dest.resolve()):
+            raise LockError(f"the bundle holds {member.name!r}, which is not a plain file or "
+                            "folder inside it; refusing the bundle")
+    tar.extractall(dest)
+
+
+#: names a bundle may give its OS releases and apt sources (they become folders served)
+RELEASE = re.compile(r"[a-z0-9][a-z0-9.+~-]*-[0-9][0-9.]*-[a-z0-9]+")
+SOURCE = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
+
+
+def _checked(root: Path, lock: Mapping[str, Any], bundle: Mapping[str, Any]
+             ) -> dict[str, dict[str, Path]]:
+    """release -> package -> its .deb in the bundle, each file name a plain .deb name inside
+    debs/ and each file the one the lock pins (its SHA256, as SHA256SUMS, just checked, says):
+    the lock and bundle.json travel with the bundle, so nothing in them is taken on trust."""
+    sums = dict((line.partition("  ")[2], line.partition("  ")[0])
+                for line in (root / SUMS).read_text().splitlines())
+    out: dict[str, dict[str, Path]] = {}
+    for release, body in lock["apt"]["releases"].items():
+        if not RELEASE.fullmatch(str(release)):
+            raise LockError(f"the bundle's lock names an OS release {release!r}; refusing it")
+        files = bundle["releases"].get(release, {})
+        pins = {**body.get("os_archive", {}), **body.get("packages", {})}
+        out[release] = {}
+        for name, pkg in pins.items():
+            file = str(files.get(name, ""))
+            if not DEB_NAME.fullmatch(file) or sums.get(f"debs/{file}") != pkg["sha256"]:
+                raise LockError(f"the bundle's {name} ({file or 'no file'}) is not the .deb "
+                                f"the lock pins (SHA256 {pkg['sha256']}); refusing the bundle")
+            out[release][name] = root / "debs" / file
+        for pkg in body.get("packages", {}).values():
+            if not SOURCE.fullmatch(str(pkg["source"])) or pkg["source"] == "os":
+                raise LockError(f"the bundle's lock names an apt source {pkg['source']!r}; "
+                                "refusing it")
+    return out
 
 
 # -- apt ---------------------------------------------------------------------------------------
@@ -167,24 +213,27 @@ def build_apt(root: Path, state: Path) -> tuple[str, list[str]]:
     """The apt repositories of the bundle under ``state``/www/apt; the key's fingerprint and
     the releases served."""
     lock = yaml.safe_load((root / "gpuk8s.lock").read_text())
+    debs_of = _checked(root, lock, json.loads((root / "bundle.json").read_text()))
     fpr = signing_key(state)
     home = state / "gnupg"
     www = state / "www" / "apt"
     shutil.rmtree(www, ignore_errors=True)
     www.mkdir(parents=True)
     (www / "key.asc").write_text(_gpg(home, "--armor", "--export", fpr))
-    bundle = json.loads((root / "bundle.json").read_text())
-    sources = lock["apt"]["sources"]
     releases = []
     for release, body in sorted(lock["apt"]["releases"].items()):
-        files = bundle["releases"][release]
+        files = debs_of[release]
+        sources = body["sources"]
         top = www / distro(release)
         by_source: dict[str, list[Path]] = {}
         for name, pkg in body["packages"].items():
-            by_source.setdefault(pkg["source"], []).append(root / "debs" / files[name])
-        by_source["os"] = [root / "debs" / files[n] for n in body.get("os_archive") or {}]
+            by_source.setdefault(pkg["source"], []).append(files[name])
+        by_source["os"] = [files[n] for n in body.get("os_archive") or {}]
         for source, debs in sorted(by_source.items()):
             src = sources.get(source, {"suite": "/"})
+            if src["suite"] != "/" and not SOURCE.fullmatch(src["suite"]):
+                raise LockError(f"the bundle's lock gives apt source {source} the suite "
+                                f"{src['suite']!r}; refusing it")
             if src["suite"] == "/":
                 _flat(top / source, debs)
                 _release(top / source, fpr, home, distro(release))
@@ -203,7 +252,16 @@ def build_apt(root: Path, state: Path) -> tuple[str, list[str]]:
 
 
 class _Files(http.server.SimpleHTTPRequestHandler):
-    """GET and HEAD of the served folder's files; no listings, no other method."""
+    """GET and HEAD of the served folder's files; no listings, no other method. The TLS
+    handshake happens here, in the connection's own thread, within ``timeout``: a client that
+    never finishes it holds only its own thread, never the server's accept loop."""
+
+    timeout = 60
+
+    def setup(self) -> None:
+        self.request.settimeout(self.timeout)
+        self.request.do_handshake()
+        super().setup()
 
     def list_directory(self, path: str) -> None:  # type: ignore[override]
         self.send_error(404)
@@ -229,150 +287,9 @@ def apt_server(www: Path, host: str, port: int, crt: Path, key: Path, log: Path
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(str(crt), str(key))
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.socket = context.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)
     return server
-
-
-# -- the registry --------------------------------------------------------------------------------
-REGISTRY_CONFIG = """\
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: false
-storage:
-  filesystem:
-    rootdirectory: {data}
-  maintenance:
-    uploadpurging:
-      enabled: false
-    readonly:
-      enabled: {readonly}
-http:
-  addr: {addr}
-{tls}"""
-
-
-def _registry(state: Path, addr: str, readonly: bool, tls: tuple[Path, Path] | None,
-              log: Path) -> subprocess.Popen[bytes]:
-    if not os.path.exists(REGISTRY):
-        raise LockError(f"{REGISTRY} is missing: apt install docker-registry (Debian's CNCF "
-                        "distribution registry; its own service on :5000 can stay off: "
-                        "systemctl disable --now docker-registry)")
-    conf = state / ("registry-ro.yml" if readonly else "registry-rw.yml")
-    tls_text = (f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n"
-                "    minimumtls: tls1.2\n") if tls else ""
-    conf.write_text(REGISTRY_CONFIG.format(data=state / "registry", addr=addr,
-                                           readonly=str(readonly).lower(), tls=tls_text))
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen([REGISTRY, "serve", str(conf)], stdin=subprocess.DEVNULL,
-                                stdout=fh, stderr=fh, start_new_session=True)
-    host, _, port = addr.rpartition(":")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.settimeout(0.5)
-            if s.connect_ex((host.strip("[]"), int(port))) == 0:
-                return proc
-        time.sleep(0.1)
-    proc.kill()
-    raise LockError(f"docker-registry did not listen on {addr}; see {log}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _put(url: str, data: bytes, headers: dict[str, str], method: str = "PUT"
-         ) -> tuple[int, dict[str, str]]:
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            return resp.status, dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers or {})
-
-
-def _layout(images: Path) -> Iterator[tuple[str, str, str]]:
-    """(image, media type, digest) of each image the bundle's OCI layout names."""
-    index = json.loads((images / "index.json").read_text())
-    for desc in index["manifests"]:
-        yield (desc["annotations"]["org.opencontainers.image.ref.name"], desc["mediaType"],
-               desc["digest"])
-
-
-def import_images(images: Path, base: str) -> int:
-    """Push the layout's images into a (writable) registry at ``base``, under
-    ``<registry>/<repository>``: blobs, then manifests (children before their index, which
-    distribution 2.8.2 requires), then the tag; the count of images."""
-    count = 0
-    for image, media, digest in _layout(images):
-        ref = Reference.parse(image)
-        _push_manifest(images / "blobs" / "sha256", base, f"{ref.registry}/{ref.repository}",
-                       image, media, digest, ref.tag if not ref.digest else "")
-        count += 1
-    return count
-
-
-def _push_manifest(blobs: Path, base: str, name: str, image: str, media: str, digest: str,
-                   tag: str = "") -> None:
-    body = (blobs / digest[7:]).read_bytes()
-    doc = json.loads(body)
-    if media in INDEX_TYPES or "manifests" in doc:
-        for child in doc.get("manifests", []):
-            _push_manifest(blobs, base, name, image, child.get("mediaType", ""),
-                           child["digest"])
-    else:
-        for desc in [doc["config"], *doc.get("layers", [])]:
-            _push_blob(base, name, blobs / desc["digest"][7:], desc["digest"])
-    for ref_name in (digest, tag):
-        if not ref_name:
-            continue
-        status, _ = _put(f"{base}/v2/{name}/manifests/{ref_name}", body,
-                         {"Content-Type": media or doc.get("mediaType", "")})
-        if status != 201:
-            raise LockError(f"the bundle registry refused {image} ({ref_name}): HTTP {status}")
-
-
-def _push_blob(base: str, name: str, path: Path, digest: str) -> None:
-    status, _ = _put(f"{base}/v2/{name}/blobs/{digest}", b"", {}, method="HEAD")
-    if status == 200:
-        return
-    status, headers = _put(f"{base}/v2/{name}/blobs/uploads/", b"", {}, method="POST")
-    location = headers.get("Location", "")
-    if status != 202 or not location:
-        raise LockError(f"the bundle registry refused an upload to {name}: HTTP {status}")
-    if location.startswith("/"):
-        location = base + location
-    sep = "&" if "?" in location else "?"
-    with path.open("rb") as fh:
-        req = urllib.request.Request(f"{location}{sep}digest={digest}", data=fh, method="PUT",
-                                     headers={"Content-Type": "application/octet-stream",
-                                              "Content-Length": str(path.stat().st_size)})
-        try:
-            with urllib.request.urlopen(req, timeout=600) as resp:
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-    if status != 201:
-        raise LockError(f"the bundle registry refused blob {digest} of {name}: HTTP {status}")
-
-
-def build_registry(root: Path, state: Path) -> int:
-    """The registry's storage, filled from the bundle by a writable instance on loopback."""
-    shutil.rmtree(state / "registry", ignore_errors=True)
-    (state / "registry").mkdir(parents=True)
-    port = _free_port()
-    proc = _registry(state, f"127.0.0.1:{port}", False, None, state / "registry-import.log")
-    try:
-        return import_images(root / "images", f"http://127.0.0.1:{port}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 # -- the snippet ---------------------------------------------------------------------------------
@@ -380,7 +297,9 @@ def snippet(served: Served, lock: dict[str, Any]) -> str:
     """The inventory lines that send the nodes to this server."""
     base = f"{served.apt_url}/{{{{ nvidia_cuda_distro }}}}"
     out: dict[str, Any] = {}
-    for name, src in sorted(lock["apt"]["sources"].items()):
+    sources = {n: src for release in lock["apt"]["releases"].values()
+               for n, src in release.get("sources", {}).items()}
+    for name, src in sorted(sources.items()):
         var = src.get("variable")
         if not var:
             continue
@@ -402,11 +321,20 @@ def prepare(bundle: str | Path, *, listen: str, names: Sequence[str] = (),
             state: str | Path = DEFAULT_STATE, out: TextIO | None = None) -> Served:
     """Check the bundle, then build what serve() serves (apt repositories, registry storage,
     certificate); nothing listens yet."""
+    try:
+        address = ipaddress.ip_address(listen)
+    except ValueError:
+        address = None
+    if address is not None and address.is_unspecified:
+        raise LockError(f"--listen {listen}: give the address the nodes reach this machine at "
+                        "(it goes into the URLs they are given and into the certificate)")
     state = Path(state)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     root = open_bundle(Path(bundle), state)
     if out:
-        out.write(f"serve-bundle: {root}: every file matches its SHA256SUMS\n")
+        lock_sum = hashlib.sha256((root / "gpuk8s.lock").read_bytes()).hexdigest()
+        out.write(f"serve-bundle: {root}: every file matches its SHA256SUMS; its lock's "
+                  f"SHA256 is {lock_sum} (compare with the lock you made)\n")
     fpr, releases = build_apt(root, state)
     count = build_registry(root, state)
     server_cert(state, [listen, *names])

@@ -29,6 +29,8 @@ def ensure_ca(state: Path) -> tuple[Path, Path]:
             .not_valid_before(now - dt.timedelta(hours=1))
             .not_valid_after(now + dt.timedelta(days=3650))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(private.public_key()),
+                           critical=False)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
                                          False), critical=True)
             .sign(private, hashes.SHA256()))
@@ -73,6 +75,11 @@ def server_cert(state: Path, names: Sequence[str]) -> tuple[Path, Path]:
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
                            critical=False)
+            # Python 3.13's default verification (VERIFY_X509_STRICT) wants both identifiers
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(private.public_key()),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca.public_key()), critical=False)  # type: ignore[arg-type]
             .sign(signer, hashes.SHA256()))  # type: ignore[arg-type]
     crt, key = state / "server.crt", state / "server.key"
     _write_private(key, private.private_bytes(serialization.Encoding.PEM,

@@ -63,7 +63,7 @@ def mirror_ops(ctx: HostContext) -> list[Op]:
                                  "empty)", *(f"mv -f {q(p)} {q(p.removesuffix(SOURCES_OFF))}"
                                             for p in off)))
         return ops
-    ops = [repo(states[OS_LIST], states[OS_KEYRING], "base | OS archive mirror", name="os",
+    ops = [repo(states[OS_LIST], states[OS_KEYRING], "base | OS archive mirror", name="os-mirror",
                 url=url, suite="/", components="", key_url=ctx.var("apt_os_mirror_key_url"),
                 fingerprint=ctx.var("apt_os_mirror_key_fingerprint"),
                 fingerprint_var="apt_os_mirror_key_fingerprint", apt=ctx.apt)]

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import socket
+import ssl
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,8 @@ from gpuk8s.facts.system import AptOsSources
 from gpuk8s.inventory import load_inventory
 from gpuk8s.lock import render
 from gpuk8s.lock.aptindex import LockError
-from gpuk8s.lock.bundle import check_sums, write_sums
-from gpuk8s.lock.serve import Served, distro, open_bundle, snippet
+from gpuk8s.lock.bundle import check_sums, deb_name, write_sums
+from gpuk8s.lock.serve import Served, _checked, distro, open_bundle, snippet
 from gpuk8s.lock.tls import ensure_ca, server_cert
 from gpuk8s.ops.apt import APT_CA_CONF, APT_CA_FILE, ca_conf, https_hosts
 from gpuk8s.roles import HostContext, load_role
@@ -73,14 +76,13 @@ def test_a_bundle_tarball_is_unpacked_and_checked_before_use(tmp_path: Path) -> 
 
 
 LOCK: dict[str, Any] = {
-    "apt": {"sources": {
+    "apt": {"releases": {"debian-12-amd64": {"packages": {}, "os_archive": {}, "sources": {
         "kubernetes": {"url": "http://x/", "suite": "/", "components": "",
                        "key_url": "http://x/k", "key_fingerprint": "F" * 40,
                        "variable": "kubernetes_repo"},
         "docker": {"url": "http://d/", "suite": "bookworm", "components": "stable",
                    "key_url": "http://d/k", "key_fingerprint": "E" * 40,
-                   "variable": "docker_repo"}},
-        "releases": {"debian-12-amd64": {"packages": {}, "os_archive": {}}}},
+                   "variable": "docker_repo"}}}}},
     "images": {"registry.k8s.io/pause:3.10.2": {"digest": DIGEST},
                "tensorflow/tensorflow:2.21.0-gpu": {"digest": DIGEST}}}
 
@@ -117,6 +119,26 @@ def test_the_certificate_names_every_address_in_its_san(tmp_path: Path) -> None:
     assert san.get_values_for_type(x509.DNSName) == ["admin.lab"]
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     assert oct((tmp_path / "ca.key").stat().st_mode & 0o777) == "0o600"
+    # a real handshake, verified the strict way (Python 3.13's default: key identifiers)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(crt), str(key))
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    client.verify_flags |= ssl.VERIFY_X509_STRICT
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            with server.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        with socket.create_connection(("127.0.0.1", port)) as raw, \
+                client.wrap_socket(raw, server_hostname="admin.lab") as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+            tls.sendall(b"x")
+        thread.join(5)
 
 
 def test_with_a_lock_a_workload_pulls_by_the_locked_digest(tmp_path: Path) -> None:
@@ -162,3 +184,35 @@ def test_the_os_mirror_sets_the_node_s_sources_aside_and_puts_them_back(tmp_path
     assert back["base | the node's own apt sources"].commands == (
         "mv -f /etc/apt/sources.list.gpuk8s-off /etc/apt/sources.list",)
     assert not back["base | apt CA"].changes
+
+
+def test_names_in_a_bundle_cannot_reach_outside_its_debs(tmp_path: Path) -> None:
+    """The lock and bundle.json travel inside the bundle: a file name that leaves debs/ (the
+    serve state's CA key, say), an odd source or release name, or a .deb that is not the one
+    the lock pins are refused before any repository is built."""
+    root = _tree(tmp_path)
+    sha = hashlib.sha256(b"deb a").hexdigest()
+    lock = {"apt": {"releases": {"debian-12-amd64": {"sources": {}, "os_archive": {}, "packages": {
+        "a": {"version": "1", "source": "kubernetes", "filename": "a.deb", "size": 5,
+              "sha256": sha}}}}}}
+    assert _checked(root, lock, {"releases": {"debian-12-amd64": {"a": "a_1_amd64.deb"}}}) == {
+        "debian-12-amd64": {"a": root / "debs" / "a_1_amd64.deb"}}
+    for files in ({"a": "../../state/ca.key"}, {"a": "a_1_amd64.deb\nx.deb"}, {}):
+        with pytest.raises(LockError, match=r"is not the \.deb the lock pins"):
+            _checked(root, lock, {"releases": {"debian-12-amd64": files}})
+    other = yaml.safe_load(yaml.safe_dump(lock))
+    other["apt"]["releases"]["debian-12-amd64"]["packages"]["a"]["sha256"] = "0" * 64
+    with pytest.raises(LockError, match=r"is not the \.deb the lock pins"):
+        _checked(root, other, {"releases": {"debian-12-amd64": {"a": "a_1_amd64.deb"}}})
+    other = yaml.safe_load(yaml.safe_dump(lock))
+    other["apt"]["releases"]["debian-12-amd64"]["packages"]["a"]["source"] = "../os"
+    with pytest.raises(LockError, match=r"names an apt source '\.\./os'"):
+        _checked(root, other, {"releases": {"debian-12-amd64": {"a": "a_1_amd64.deb"}}})
+    other = {"apt": {"releases": {"../x-1-amd64": {}}}}
+    with pytest.raises(LockError, match=r"names an OS release '\.\./x-1-amd64'"):
+        _checked(root, other, {"releases": {}})
+    for url in ("http://h/pool/..", "http://h/a%0ab.deb", "http://h/x/../../etc/passwd"):
+        with pytest.raises(LockError, match=r"is not a \.deb file name"):
+            deb_name(url)
+    assert deb_name("http://h/pool/c/curl_7.88.1-10%2bdeb12u15_amd64.deb") == \
+        "curl_7.88.1-10+deb12u15_amd64.deb"

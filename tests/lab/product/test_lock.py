@@ -99,7 +99,7 @@ def test_the_lock_pins_what_the_repositories_and_the_registry_serve(
                p["url"].startswith("http://deb.debian.org/") for p in os_pkgs.values())
     assert not set(os_pkgs) & set(pkgs), "gpuk8s's sources' packages are pinned once"
     # every pin is the very file the repository serves
-    sources = data["apt"]["sources"]
+    sources = release["sources"]
     for name, pkg in pkgs.items():
         # a Filename is relative to the URL (flat) or to the archive root (dists/): both
         # the URL here
