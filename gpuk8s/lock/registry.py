@@ -153,8 +153,15 @@ def build_registry(root: Path, state: Path) -> int:
     """The registry's storage, filled from the bundle by a writable instance on loopback."""
     shutil.rmtree(state / "registry", ignore_errors=True)
     (state / "registry").mkdir(parents=True)
-    port = _free_port()
-    proc = _registry(state, f"127.0.0.1:{port}", False, None, state / "registry-import.log")
+    for attempt in range(3):  # the port may be taken between the check and the bind
+        port = _free_port()
+        try:
+            proc = _registry(state, f"127.0.0.1:{port}", False, None,
+                             state / "registry-import.log")
+            break
+        except LockError:
+            if attempt == 2:
+                raise
     try:
         return import_images(root / "images", f"http://127.0.0.1:{port}")
     finally:

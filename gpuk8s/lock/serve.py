@@ -248,6 +248,9 @@ def build_apt(root: Path, state: Path) -> tuple[str, list[str]]:
                 _release(suite, fpr, home, src["suite"], Codename=src["suite"],
                          Components=comp, Architectures=release.rsplit("-", 1)[1])
         releases.append(release)
+    # gpg started an agent for this home to sign: it has nothing more to do
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                   capture_output=True)
     return fpr, releases
 
 

@@ -160,6 +160,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     _gpg(home, "--local-user", LAB_FPR, "--clearsign", "-o",
          str(dists / "dists" / "stable" / "InRelease"), str(dists / "dists" / "stable" / "Release"))
     yield top
+    for gnupg in (home, other):  # gpg started an agent for each home: stop them
+        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"],
+                       capture_output=True)
 
 
 def files(top: Path, tamper: dict[str, bytes] | None = None):  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ nvidia-smi) are small fakes on PATH that print what the real ones print.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import ssl
@@ -37,11 +38,19 @@ Obj = dict[str, Any]
 
 
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port free now, below Linux's ephemeral range (32768-60999 by default): the
+    kernel hands ephemeral ports to every outgoing connection on the machine, and one took an
+    etcd's port between this check and etcd's bind once (CI of 0a052d8: "bind: address
+    already in use" on 127.0.0.1:60445)."""
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port in 20000-32000")
 
 
 # ------------------------------------------------------------------ fakes of the node's real tools
