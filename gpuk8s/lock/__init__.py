@@ -34,6 +34,7 @@ import yaml
 from gpuk8s.errors import Gpuk8sError
 from gpuk8s.facts.system import OsRelease, System
 from gpuk8s.gather import gathered_session
+from gpuk8s.images import registry_of
 from gpuk8s.lock.aptindex import Fetch, Index, LockError, Source, http_fetch, read_index
 from gpuk8s.lock.debversion import version_key
 from gpuk8s.lock.digests import Resolved, resolve_image
@@ -225,8 +226,6 @@ def lock_images(session: Session, kubeadm: str,
     wanted = mirrors(vars.get("registry_mirrors") or {})
     out: dict[str, Any] = {}
     for image in sorted(found):
-        from gpuk8s.images import registry_of
-
         via = wanted.get(registry_of(image)) or wanted.get("_default") or []
         mirror = via[0] if via else None
         got = resolver(image, mirror)

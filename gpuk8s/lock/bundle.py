@@ -47,6 +47,7 @@ from gpuk8s.lock.digests import (
     fetch_manifest,
     manifest_url,
     opener,
+    ssl_context,
 )
 from gpuk8s.lockfile import lock_path
 from gpuk8s.ops.registry import Mirror, mirrors
@@ -252,7 +253,7 @@ def bundle_images(lock: Mapping[str, Any], registry_mirrors: Mapping[str, Any], 
         via = wanted.get(registry_of(image)) or wanted.get("_default") or []
         mirror = via[0] if via else None
         get = opener(mirror)
-        context = _context(mirror)
+        context = ssl_context(mirror)
         top_media, top = fetch_manifest(ref, mirror, entry["digest"], get)
         (blobs / entry["digest"].split(":", 1)[1]).write_bytes(top)
         todo = [(top_media, top)]
@@ -277,14 +278,6 @@ def bundle_images(lock: Mapping[str, Any], registry_mirrors: Mapping[str, Any], 
         {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
          "manifests": entries}, indent=1, sort_keys=True) + "\n")
     return summary
-
-
-def _context(mirror: Mirror | None) -> ssl.SSLContext | None:
-    if mirror is not None and mirror.ca_file:
-        return ssl.create_default_context(cafile=mirror.ca_file)
-    if mirror is not None and mirror.insecure:
-        return ssl._create_unverified_context()
-    return None
 
 
 def write_sums(root: Path) -> Path:

@@ -62,12 +62,20 @@ class Resolved:
 Get = Callable[[str, Mapping[str, str]], tuple[int, Mapping[str, str], bytes]]
 
 
-def _opener(mirror: Mirror | None) -> Get:
-    context = ssl.create_default_context()
+def ssl_context(mirror: Mirror | None) -> ssl.SSLContext:
+    """How a mirror's certificate is checked: against its ca_file, not at all when it is
+    ``insecure``, else against the system's CAs."""
     if mirror is not None and mirror.ca_file:
-        context = ssl.create_default_context(cafile=mirror.ca_file)
-    elif mirror is not None and mirror.insecure:
-        context = ssl._create_unverified_context()
+        return ssl.create_default_context(cafile=mirror.ca_file)
+    if mirror is not None and mirror.insecure:
+        return ssl._create_unverified_context()
+    return ssl.create_default_context()
+
+
+def opener(mirror: Mirror | None) -> Get:
+    """A GET for this mirror (or the registry itself), its certificate checked as
+    ssl_context says."""
+    context = ssl_context(mirror)
 
     def get(url: str, headers: Mapping[str, str]) -> tuple[int, Mapping[str, str], bytes]:
         req = urllib.request.Request(url)
@@ -144,15 +152,10 @@ def fetch_manifest(ref: Reference, mirror: Mirror | None, what: str, get: Get
     return media or next((v for k, v in resp.items() if k.lower() == "content-type"), ""), body
 
 
-def opener(mirror: Mirror | None) -> Get:
-    """A GET for this mirror (its CA, or no verification when it is ``insecure``)."""
-    return _opener(mirror)
-
-
 def resolve_image(image: str, mirror: Mirror | None = None, get: Get | None = None) -> Resolved:
     """The digest ``image`` resolves to (through ``mirror`` when given) and its platforms."""
     ref = Reference.parse(image)
-    get = get or _opener(mirror)
+    get = get or opener(mirror)
     url = manifest_url(ref, mirror, ref.digest or ref.tag)
     resp, body = authed_get(ref, url, get, {"Accept": ACCEPT})
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
